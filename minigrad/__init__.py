@@ -1,0 +1,60 @@
+"""minigrad: a small, readable deep-learning framework on NumPy (CPU) and CuPy (GPU), with a real
+distributed runtime. Public names mirror MegEngine, so MegEngine programs run with only the import
+changed::
+
+    import minigrad as mg
+    import minigrad.autodiff as ad
+    import minigrad.functional as F
+"""
+
+from minigrad.backend import (
+    get_default_device,
+    get_device_count,
+    is_cuda_available,
+    set_default_device,
+)
+from minigrad.tensor import Parameter, Tensor, tensor  # noqa: I001  (tensor before functional)
+from minigrad import autodiff, functional, random  # noqa: E402
+from minigrad.autodiff import Function, GradManager, enable_grad, no_grad  # noqa: E402
+from minigrad.functional.creation import (  # noqa: E402
+    arange,
+    eye,
+    full,
+    full_like,
+    linspace,
+    ones,
+    ones_like,
+    zeros,
+    zeros_like,
+)
+
+float16, float32, float64 = "float16", "float32", "float64"
+int8, int32, int64, uint8, bool_ = "int8", "int32", "int64", "uint8", "bool"
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Function",
+    "GradManager",
+    "Parameter",
+    "Tensor",
+    "arange",
+    "autodiff",
+    "enable_grad",
+    "eye",
+    "full",
+    "full_like",
+    "functional",
+    "get_default_device",
+    "get_device_count",
+    "is_cuda_available",
+    "linspace",
+    "no_grad",
+    "ones",
+    "ones_like",
+    "random",
+    "set_default_device",
+    "tensor",
+    "zeros",
+    "zeros_like",
+]

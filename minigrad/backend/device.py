@@ -1,0 +1,174 @@
+"""Device names and objects.
+
+Names follow MegEngine: ``cpu0``, ``gpu0``..``gpuN``, and the wildcards ``xpux`` (a GPU when CuPy sees
+a CUDA device, else the CPU), ``cpux`` and ``gpux``. A :class:`Device` knows its array module and
+how to move arrays onto itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from minigrad.backend.xp import cupy_import_error, cupy_or_none
+
+_NAME = re.compile(r"^(cpu|gpu|xpu|cuda)(\d+|x)?(?::\d+)?$")
+
+
+def is_cuda_available() -> bool:
+    """True when CuPy is installed and sees at least one CUDA device."""
+    return get_device_count("gpu") > 0
+
+
+def get_device_count(device_type: str = "gpu") -> int:
+    """Number of devices of a kind: ``"gpu"`` counts CUDA devices, ``"cpu"`` is always 1."""
+    if device_type == "cpu":
+        return 1
+    if device_type not in ("gpu", "cuda"):
+        raise ValueError(f"get_device_count: unknown device type {device_type!r}, expected 'gpu' or 'cpu'")
+    cp = cupy_or_none()
+    if cp is None:
+        return 0
+    try:
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+class Device:
+    """A concrete device: ``Device("cpu", 0)`` or ``Device("gpu", 1)``.
+
+    Equality and hashing go by name so devices can key dicts; ``str(dev)`` is MegEngine's name.
+    """
+
+    __slots__ = ("kind", "index", "_xp")
+
+    def __init__(self, kind: str, index: int = 0):
+        self.kind = kind
+        self.index = index
+        if kind == "cpu":
+            self._xp = np
+        else:
+            self._xp = _require_cupy(f"gpu{index}")
+            n = get_device_count("gpu")
+            if index >= n:
+                raise RuntimeError(f"device gpu{index} requested but only {n} CUDA device(s) are visible")
+
+    @property
+    def xp(self):
+        """The array module (numpy or cupy) whose arrays live on this device."""
+        return self._xp
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "gpu"
+
+    def put(self, array, dtype=None):
+        """Return ``array`` as an array on this device (copying across devices when needed)."""
+        if self.kind == "cpu":
+            cp = cupy_or_none()
+            if cp is not None and isinstance(array, cp.ndarray):
+                array = cp.asnumpy(array)
+            return np.asarray(array, dtype=dtype)
+        cp = self._xp
+        with cp.cuda.Device(self.index):
+            if isinstance(array, cp.ndarray) and array.device.id == self.index:
+                return array if dtype is None or array.dtype == dtype else array.astype(dtype)
+            return cp.asarray(array, dtype=dtype)
+
+    def context(self):
+        """A context manager that makes this device current (a no-op on the CPU)."""
+        if self.kind == "gpu":
+            return self._xp.cuda.Device(self.index)
+        return _NullContext()
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.index}"
+
+    def __repr__(self) -> str:
+        return f"Device('{self}')"
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, str):
+            try:
+                other = as_device(other)
+            except (ValueError, RuntimeError):
+                return False
+        return isinstance(other, Device) and other.kind == self.kind and other.index == self.index
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.index))
+
+
+class _NullContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _require_cupy(what: str):
+    cp = cupy_or_none()
+    if cp is None:
+        raise RuntimeError(
+            f"{what} needs CuPy, which could not be imported ({cupy_import_error()}); "
+            'install it with pip install -e ".[cuda12]" or ".[cuda13]"'
+        )
+    if get_device_count("gpu") == 0:
+        raise RuntimeError(f"{what} requested but CuPy sees no CUDA device (is a driver installed?)")
+    return cp
+
+
+_CACHE: dict[str, Device] = {}
+_default_name: str | None = None
+
+
+def as_device(device) -> Device:
+    """Resolve a name (``"cpu0"``, ``"gpu1"``, ``"xpux"``, ``"cuda:0"``) or Device to a Device."""
+    if isinstance(device, Device):
+        return device
+    if device is None:
+        return get_default_device_obj()
+    name = str(device).strip().lower()
+    cached = _CACHE.get(name)
+    if cached is not None:
+        return cached
+    m = _NAME.match(name)
+    if m is None:
+        raise ValueError(f"unknown device {device!r}: expected cpu0, gpu0..gpuN, xpux, cpux or gpux")
+    kind, idx = m.group(1), m.group(2)
+    if name.startswith("cuda"):
+        kind = "gpu"
+        idx = name.split(":")[1] if ":" in name else (idx or "0")
+    if kind == "xpu":
+        kind = "gpu" if is_cuda_available() else "cpu"
+    if idx is None or idx == "x":
+        idx = _current_gpu() if kind == "gpu" else 0
+    dev = Device(kind, int(idx))
+    _CACHE[name] = dev
+    return dev
+
+
+def _current_gpu() -> int:
+    cp = _require_cupy("gpux")
+    return int(cp.cuda.runtime.getDevice())
+
+
+def set_default_device(device: str = "xpux") -> None:
+    """Set the device new tensors go to (``mg.set_default_device("cpu0")``)."""
+    global _default_name
+    as_device(device)  # validate now, not at the first tensor
+    _default_name = str(device)
+
+
+def get_default_device() -> str:
+    """The default device's name, e.g. ``"cpu0"``."""
+    return str(get_default_device_obj())
+
+
+def get_default_device_obj() -> Device:
+    name = _default_name or os.environ.get("MINIGRAD_DEFAULT_DEVICE") or "xpux"
+    return as_device(name)

@@ -1,0 +1,105 @@
+"""Linear algebra: batched/broadcast ``matmul`` and ``einsum`` are primitives; ``dot`` composes."""
+
+from __future__ import annotations
+
+import re
+
+from minigrad.autodiff.function import Function
+from minigrad.functional._util import binary_args
+from minigrad.functional.shape import broadcast_to, expand_dims, reshape, swapaxes
+from minigrad.tensor import Tensor
+
+
+class MatMul(Function):
+    def forward(self, a, b):
+        self.a, self.b = a, b
+        return a.xp.matmul(a._data, b._data)
+
+    def backward(self, dy):
+        a, b = self.a, self.b
+        return matmul(dy, swapaxes(b, -1, -2)), matmul(swapaxes(a, -1, -2), dy)
+
+
+def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
+    """Matrix product with NumPy's rules: batch dimensions broadcast, 1-D operands are promoted."""
+    a, b = binary_args(a, b, "matmul")
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor) or a.ndim == 0 or b.ndim == 0:
+        raise ValueError("matmul: both operands must be tensors of rank >= 1")
+    if transpose_a and a.ndim >= 2:
+        a = swapaxes(a, -1, -2)
+    if transpose_b and b.ndim >= 2:
+        b = swapaxes(b, -1, -2)
+    if a.shape[-1] != b.shape[0 if b.ndim == 1 else -2]:
+        raise ValueError(
+            f"matmul: shapes {a.shape} and {b.shape} are not aligned "
+            f"({a.shape[-1]} != {b.shape[0 if b.ndim == 1 else -2]})"
+        )
+    if a._device != b._device:
+        raise RuntimeError(f"matmul: operands on different devices ({a._device} and {b._device})")
+    squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
+    if squeeze_a:
+        a = reshape(a, (1, a.shape[0]))
+    if squeeze_b:
+        b = reshape(b, (b.shape[0], 1))
+    out = MatMul()(a, b)
+    if squeeze_a or squeeze_b:
+        shape = out.shape[:-2] + (() if squeeze_a else out.shape[-2:-1]) + (() if squeeze_b else out.shape[-1:])
+        out = reshape(out, shape)
+    return out
+
+
+def dot(a, b) -> Tensor:
+    """Inner product of two vectors (a scalar tensor)."""
+    a, b = binary_args(a, b, "dot")
+    if a.ndim != 1 or b.ndim != 1:
+        raise ValueError(f"dot: expects two vectors, got shapes {a.shape} and {b.shape}")
+    return matmul(a, b)
+
+
+_SUBSCRIPT = re.compile(r"^[a-zA-Z]*$")
+
+
+class Einsum(Function):
+    def forward(self, spec, *xs):
+        self.spec, self.xs = spec, xs
+        return xs[0].xp.einsum(spec, *[x._data for x in xs], optimize=True)
+
+    def backward(self, dy):
+        ins, out = self.spec.split("->")
+        terms = ins.split(",")
+        grads = [None]
+        for i, x in enumerate(self.xs):
+            others = [t for j, t in enumerate(terms) if j != i]
+            rest = [t for j, t in enumerate(self.xs) if j != i]
+            avail = set(out).union(*others)
+            keep = "".join(c for c in terms[i] if c in avail)
+            g = einsum(",".join([out, *others]) + "->" + keep, dy, *rest)
+            # letters summed away inside this operand alone: the gradient is constant along them
+            missing = [k for k, c in enumerate(terms[i]) if c not in avail]
+            if missing:
+                g = broadcast_to(expand_dims(g, missing), x.shape)
+            grads.append(g)
+        return tuple(grads)
+
+
+def einsum(spec: str, *operands) -> Tensor:
+    """Einstein summation with an explicit ``->`` output (e.g. ``"bij,bjk->bik"``); no repeated
+    subscripts within one operand."""
+    spec = spec.replace(" ", "")
+    if "->" not in spec:
+        raise ValueError(f"einsum: spec {spec!r} needs an explicit '->' output")
+    ins, out = spec.split("->")
+    terms = ins.split(",")
+    if len(terms) != len(operands):
+        raise ValueError(f"einsum: spec {spec!r} names {len(terms)} operands, got {len(operands)}")
+    xs = [x if isinstance(x, Tensor) else Tensor(x) for x in operands]
+    sizes: dict[str, int] = {}
+    for term, x in zip(terms, xs):
+        if not _SUBSCRIPT.match(term) or len(set(term)) != len(term):
+            raise ValueError(f"einsum: operand subscripts {term!r} must be distinct letters")
+        if len(term) != x.ndim:
+            raise ValueError(f"einsum: subscripts {term!r} do not match operand of shape {x.shape}")
+        for c, n in zip(term, x.shape):
+            if sizes.setdefault(c, n) != n:
+                raise ValueError(f"einsum: subscript {c!r} has sizes {sizes[c]} and {n}")
+    return Einsum()(spec, *xs)

@@ -1,0 +1,172 @@
+"""Reductions over an ``axis`` (int, tuple or None) with ``keepdims``.
+
+``sum``, ``max``/``min`` and ``prod`` are primitives; mean, var, std, norm and logsumexp are
+compositions.
+"""
+
+from __future__ import annotations
+
+from minigrad.autodiff.function import Function
+from minigrad.functional._util import normalize_axis
+from minigrad.functional.elementwise import _f, _t, exp, log, sqrt
+from minigrad.functional.elementwise import abs as _abs
+from minigrad.functional.shape import broadcast_to, expand_dims
+from minigrad.tensor import Tensor
+
+
+def _restore(dy, axes, keepdims, shape):
+    """Bring a reduced gradient back to the input shape (differentiable)."""
+    if not keepdims and axes:
+        dy = expand_dims(dy, sorted(axes))
+    return broadcast_to(dy, shape)
+
+
+class Sum(Function):
+    def forward(self, x, axes, keepdims):
+        self.shape, self.axes, self.keepdims = x.shape, axes, keepdims
+        return x.xp.sum(x._data, axis=axes, keepdims=keepdims)
+
+    def backward(self, dy):
+        return _restore(dy, self.axes, self.keepdims, self.shape), None, None
+
+
+class _Extremum(Function):
+    """max/min: the gradient goes to the extremal entries, split evenly between ties."""
+
+    def forward(self, x, axes, keepdims, fn):
+        d = x._data
+        out = fn(d, axis=axes, keepdims=True)
+        mask = (d == out).astype(d.dtype)
+        self.weight = mask / mask.sum(axis=axes, keepdims=True)
+        self.axes, self.keepdims, self.shape = axes, keepdims, d.shape
+        return out if keepdims else out.reshape([s for i, s in enumerate(d.shape) if i not in axes])
+
+    def backward(self, dy):
+        w = Tensor._wrap(self.weight, dy._device)
+        return _restore(dy, self.axes, self.keepdims, self.shape) * w, None, None, None
+
+
+class Prod(Function):
+    def forward(self, x, axes, keepdims):
+        self.x, self.axes, self.keepdims = x, axes, keepdims
+        return x.xp.prod(x._data, axis=axes, keepdims=keepdims)
+
+    def backward(self, dy):
+        # product of all *other* entries: exclusive cumulative products from both sides (zero-safe)
+        x = self.x
+        xp, d = x.xp, x._data
+        axes = self.axes
+        moved = xp.moveaxis(d, axes, tuple(range(d.ndim - len(axes), d.ndim)))
+        flat = moved.reshape(moved.shape[: d.ndim - len(axes)] + (-1,))
+        ones = xp.ones(flat.shape[:-1] + (1,), d.dtype)
+        left = xp.cumprod(xp.concatenate([ones, flat[..., :-1]], axis=-1), axis=-1)
+        right = xp.cumprod(xp.concatenate([ones, flat[..., :0:-1]], axis=-1), axis=-1)[..., ::-1]
+        others = (left * right).reshape(moved.shape)
+        others = xp.moveaxis(others, tuple(range(d.ndim - len(axes), d.ndim)), axes)
+        g = _restore(dy, axes, self.keepdims, d.shape)
+        return g * Tensor._wrap(xp.ascontiguousarray(others), x._device), None, None
+
+
+def sum(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Sum over ``axis`` (all axes when None)."""
+    x = _t(x)
+    axes = normalize_axis(axis, x.ndim, "sum")
+    if x.dtype.kind == "b":
+        x = x.astype("int32")
+    return Sum()(x, axes, keepdims)
+
+
+def mean(x, axis=None, keepdims: bool = False) -> Tensor:
+    x = _f(x)
+    axes = normalize_axis(axis, x.ndim, "mean")
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    return Sum()(x, axes, keepdims) * (1.0 / n if n else float("nan"))
+
+
+def _extremum(x, axis, keepdims, name):
+    x = _t(x)
+    if x.size == 0:
+        raise ValueError(f"{name}: cannot reduce an empty tensor of shape {x.shape}")
+    axes = normalize_axis(axis, x.ndim, name)
+    fn = x.xp.max if name == "max" else x.xp.min
+    return _Extremum()(x, axes, keepdims, fn)
+
+
+def max(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _extremum(x, axis, keepdims, "max")
+
+
+def min(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _extremum(x, axis, keepdims, "min")
+
+
+def prod(x, axis=None, keepdims: bool = False) -> Tensor:
+    x = _t(x)
+    return Prod()(x, normalize_axis(axis, x.ndim, "prod"), keepdims)
+
+
+def var(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    """Variance (population by default, ``ddof=1`` for the unbiased estimate)."""
+    x = _f(x)
+    axes = normalize_axis(axis, x.ndim, "var")
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    centered = x - mean(x, axes, keepdims=True)
+    return sum(centered * centered, axes, keepdims) * (1.0 / (n - ddof))
+
+
+def std(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    return sqrt(var(x, axis, keepdims, ddof))
+
+
+def norm(x, ord: float = 2, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A002
+    """Vector p-norm over ``axis`` (the flattened tensor when None)."""
+    x = _f(x)
+    if ord == 2:
+        return sqrt(sum(x * x, axis, keepdims))
+    if ord == 1:
+        return sum(_abs(x), axis, keepdims)
+    if ord == float("inf"):
+        return max(_abs(x), axis, keepdims)
+    if ord == 0:
+        return sum((x != 0).astype(x.dtype), axis, keepdims)
+    return sum(_abs(x) ** ord, axis, keepdims) ** (1.0 / ord)
+
+
+def logsumexp(x, axis=None, keepdims: bool = False) -> Tensor:
+    """``log(sum(exp(x)))`` computed stably by shifting by the (constant) maximum."""
+    x = _f(x)
+    axes = normalize_axis(axis, x.ndim, "logsumexp")
+    m = Tensor._wrap(x.xp.max(x._data, axis=axes, keepdims=True), x._device)
+    m = Tensor._wrap(x.xp.where(x.xp.isfinite(m._data), m._data, 0), x._device)
+    out = log(sum(exp(x - m), axes, keepdims=True)) + m
+    if not keepdims:
+        out = out.reshape([s for i, s in enumerate(out.shape) if i not in axes])
+    return out
+
+
+def argmax(x, axis=None, keepdims: bool = False) -> Tensor:
+    return _arg(x, axis, keepdims, "argmax")
+
+
+def argmin(x, axis=None, keepdims: bool = False) -> Tensor:
+    return _arg(x, axis, keepdims, "argmin")
+
+
+def _arg(x, axis, keepdims, name):
+    x = _t(x)
+    fn = getattr(x.xp, name)
+    if axis is None:
+        out = fn(x._data.reshape(-1))
+        if keepdims:
+            out = out.reshape((1,) * x.ndim)
+    else:
+        (ax,) = normalize_axis(axis, x.ndim, name)
+        out = fn(x._data, axis=ax)
+        if keepdims:
+            out = x.xp.expand_dims(out, ax)
+    return Tensor._wrap(out.astype("int32"), x._device)
+
