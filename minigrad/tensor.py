@@ -89,12 +89,12 @@ class Tensor:
     @classmethod
     def _wrap(cls, array, device: Device | None) -> "Tensor":
         """Wrap a backend array without copying or checking (the fast path ops use)."""
-        t = object.__new__(Tensor)
         if device is None:
             xp = get_array_module(array)
             device = as_device("cpu0") if xp is np else as_device(f"gpu{array.device.id}")
-        if not hasattr(array, "dtype"):
-            array = device.xp.asarray(array)
+        if array.__class__ is not np.ndarray and device.kind == "cpu":
+            array = np.asarray(array)  # NumPy scalars and Python numbers from reductions
+        t = object.__new__(Tensor)
         t._data = array
         t._device = device
         t._node = None

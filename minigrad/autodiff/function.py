@@ -33,11 +33,11 @@ class Function:
         raise NotImplementedError(f"{type(self).__name__}.backward is not implemented")
 
     def __call__(self, *inputs):
-        from minigrad.tensor import Tensor  # noqa: PLC0415  (tensor imports this module)
-
+        Tensor = _tensor_class()
         state = STATE
-        device = None
+        may_record = state.recording > 0 and state.enabled
         record = False
+        device = None
         for x in inputs:
             if isinstance(x, Tensor):
                 if device is None:
@@ -47,31 +47,33 @@ class Function:
                         f"{type(self).__name__}: inputs are on different devices ({device} and "
                         f"{x._device}); move them with .to(device) first"
                     )
-                if not record and (x._requires_grad or (x._node is not None and x._node._epoch == state.epoch)):
-                    record = True
-        record = record and state.recording > 0 and state.enabled
-        prev = state.enabled
-        state.enabled = False
-        try:
-            out = self.forward(*inputs)
-        finally:
-            state.enabled = prev
+                if may_record and not record:
+                    node = x._node
+                    record = x._requires_grad or (node is not None and node._epoch == state.epoch)
         if device is None:
             from minigrad.backend.device import get_default_device_obj  # noqa: PLC0415
 
             device = get_default_device_obj()
-        multi = isinstance(out, tuple)
-        outs = out if multi else (out,)
-        tensors = tuple(
-            Tensor._wrap(o._data if isinstance(o, Tensor) else o, device) for o in outs
-        )
+        if may_record:  # a user-defined forward written with Tensor ops must not record itself
+            state.enabled = False
+            try:
+                out = self.forward(*inputs)
+            finally:
+                state.enabled = True
+        else:
+            out = self.forward(*inputs)
+        if type(out) is tuple:
+            outs = tuple(Tensor._wrap(o._data if isinstance(o, Tensor) else o, device) for o in out)
+            if record:
+                self._record(inputs, outs)
+            return outs
+        y = Tensor._wrap(out._data if isinstance(out, Tensor) else out, device)
         if record:
-            self._record(inputs, tensors)
-        return tensors if multi else tensors[0]
+            self._record(inputs, (y,))
+        return y
 
     def _record(self, inputs, outputs):
-        from minigrad.tensor import Tensor  # noqa: PLC0415
-
+        Tensor = _tensor_class()
         state = STATE
         epoch = state.epoch
         edges = []
@@ -81,10 +83,8 @@ class Function:
                 node = x._node
                 if node is not None and node._epoch == epoch:
                     edges.append((node, x._out_idx))
-                elif x._requires_grad:
-                    edges.append((x, 0))
                 else:
-                    edges.append(None)
+                    edges.append((x, 0) if x._requires_grad else None)
                 meta.append((x._data.shape, x._data.dtype))
             else:
                 edges.append(None)
@@ -106,3 +106,15 @@ class Function:
         """Drop everything saved for backward and the edges into the graph."""
         self.__dict__.clear()
         self._edges = None
+
+
+_TENSOR = []
+
+
+def _tensor_class():
+    """``minigrad.tensor.Tensor``, imported on first use (tensor.py imports this package)."""
+    if not _TENSOR:
+        from minigrad.tensor import Tensor  # noqa: PLC0415
+
+        _TENSOR.append(Tensor)
+    return _TENSOR[0]

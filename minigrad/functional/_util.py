@@ -36,6 +36,7 @@ def binary_args(a, b, op: str):
     """
     ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
     if ta and tb:
+        check_compatible(op, a, b)
         return a, b
     if not ta and not tb:
         a = as_tensor(a)
@@ -48,7 +49,27 @@ def binary_args(a, b, op: str):
             s = s.item()
     else:
         s = Tensor(s, device=t._device)
+        check_compatible(op, t, s)
     return (t, s) if ta else (s, t)
+
+
+def check_compatible(op: str, *tensors: Tensor) -> None:
+    """Raise a clear error naming ``op`` when tensors sit on different devices or their shapes do
+    not broadcast (rather than a raw NumPy/CuPy message from deep inside the kernel)."""
+    first = tensors[0]
+    for t in tensors[1:]:
+        if t._device != first._device:
+            raise RuntimeError(
+                f"{op}: operands are on different devices: {first.shape} {first.dtype} on "
+                f"{first._device} and {t.shape} {t.dtype} on {t._device}; move one with .to(device)"
+            )
+    shapes = [t.shape for t in tensors]
+    if any(s != shapes[0] for s in shapes[1:]):
+        try:
+            np.broadcast_shapes(*shapes)
+        except ValueError:
+            listed = " and ".join(str(s) for s in shapes)
+            raise ValueError(f"{op}: shapes {listed} cannot be broadcast") from None
 
 
 def data(x):
@@ -75,4 +96,12 @@ def normalize_axis(axis, ndim: int, op: str):
     return tuple(out)
 
 
-__all__ = ["as_dtype", "as_tensor", "binary_args", "data", "normalize_axis", "recording_backward"]
+__all__ = [
+    "as_dtype",
+    "as_tensor",
+    "binary_args",
+    "check_compatible",
+    "data",
+    "normalize_axis",
+    "recording_backward",
+]

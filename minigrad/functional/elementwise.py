@@ -12,7 +12,13 @@ import math
 import numpy as np
 
 from minigrad.autodiff.function import Function
-from minigrad.functional._util import FLOAT32, binary_args, data, recording_backward
+from minigrad.functional._util import (
+    FLOAT32,
+    binary_args,
+    check_compatible,
+    data,
+    recording_backward,
+)
 from minigrad.tensor import Tensor
 
 # ---------------------------------------------------------------------------------------------------
@@ -148,6 +154,7 @@ def where(mask, x, y) -> Tensor:
     if ref is None:
         x = Tensor(x, device=mask._device)
     x, y = binary_args(x, y, "where")
+    check_compatible("where", mask, *[t for t in (x, y) if isinstance(t, Tensor)])
     return Where()(mask, x, y)
 
 
