@@ -168,6 +168,10 @@ class GradManager:
                 return
             for cb in entry[1]:
                 grad = cb(tensor, grad)
+            hooks = _GRAD_HOOKS.get(id(tensor))
+            if hooks is not None and hooks[0]() is tensor:
+                for hook in hooks[1]:
+                    grad = hook(tensor, grad)
             final.append((tensor, grad))
 
         keep_graph = STATE.recording > 1  # an outer manager still needs this graph
@@ -204,3 +208,29 @@ def get_backwarding_grad_manager():
     return STATE.backwarding[-1] if STATE.backwarding else None
 
 
+
+
+_GRAD_HOOKS: dict[int, tuple[weakref.ref, list]] = {}
+
+
+class _HookHandle:
+    def __init__(self, key, hook):
+        self._key, self._hook = key, hook
+
+    def remove(self) -> None:
+        entry = _GRAD_HOOKS.get(self._key)
+        if entry is not None and self._hook in entry[1]:
+            entry[1].remove(self._hook)
+
+
+def register_grad_hook(tensor, hook: Callable) -> _HookHandle:
+    """Run ``hook(tensor, grad) -> grad`` whenever any GradManager finalises ``tensor``'s gradient,
+    after that manager's own callbacks (how ``DistributedDataParallel`` syncs gradients without
+    the user attaching a callback). Returns a handle with ``remove()``."""
+    key = id(tensor)
+    entry = _GRAD_HOOKS.get(key)
+    if entry is None or entry[0]() is not tensor:
+        ref = weakref.ref(tensor, lambda _r, key=key: _GRAD_HOOKS.pop(key, None))
+        entry = _GRAD_HOOKS[key] = (ref, [])
+    entry[1].append(hook)
+    return _HookHandle(key, hook)

@@ -27,16 +27,17 @@ def as_tensor(x, like: Tensor | None = None, dtype=None) -> Tensor:
     return Tensor(x, dtype=dtype, device=like._device if like is not None else None)
 
 
-def binary_args(a, b, op: str):
+def binary_args(a, b, op: str, broadcast: bool = True):
     """Coerce the operands of a binary op.
 
     Tensor (+) Tensor follows NumPy promotion; Tensor (+) Python scalar keeps the tensor dtype (the scalar
     stays a Python number, which NumPy and CuPy treat as weakly typed), except that an integer tensor
     meeting a float scalar becomes float32. Arrays and lists become tensors on the tensor's device.
+    Elementwise ops (``broadcast=True``) also get their shapes checked here, with ``op`` named.
     """
     ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
     if ta and tb:
-        check_compatible(op, a, b)
+        check_compatible(op, a, b, broadcast=broadcast)
         return a, b
     if not ta and not tb:
         a = as_tensor(a)
@@ -49,11 +50,11 @@ def binary_args(a, b, op: str):
             s = s.item()
     else:
         s = Tensor(s, device=t._device)
-        check_compatible(op, t, s)
+        check_compatible(op, *((t, s) if ta else (s, t)), broadcast=broadcast)
     return (t, s) if ta else (s, t)
 
 
-def check_compatible(op: str, *tensors: Tensor) -> None:
+def check_compatible(op: str, *tensors: Tensor, broadcast: bool = True) -> None:
     """Raise a clear error naming ``op`` when tensors sit on different devices or their shapes do
     not broadcast (rather than a raw NumPy/CuPy message from deep inside the kernel)."""
     first = tensors[0]
@@ -64,12 +65,21 @@ def check_compatible(op: str, *tensors: Tensor) -> None:
                 f"{first._device} and {t.shape} {t.dtype} on {t._device}; move one with .to(device)"
             )
     shapes = [t.shape for t in tensors]
-    if any(s != shapes[0] for s in shapes[1:]):
+    if broadcast and any(s != shapes[0] for s in shapes[1:]):
         try:
             np.broadcast_shapes(*shapes)
         except ValueError:
             listed = " and ".join(str(s) for s in shapes)
             raise ValueError(f"{op}: shapes {listed} cannot be broadcast") from None
+
+
+def accumulate_dtype(dtype) -> np.dtype:
+    """The result dtype of sum/prod/cumsum: floats and 32/64-bit ints keep theirs (NumPy would widen
+    int32 to int64); bool and 8/16-bit ints accumulate in int32 so they do not overflow at once."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f" or (dtype.kind in "iu" and dtype.itemsize >= 4):
+        return dtype
+    return np.dtype(np.int32)
 
 
 def data(x):
@@ -100,6 +110,7 @@ __all__ = [
     "as_dtype",
     "as_tensor",
     "binary_args",
+    "accumulate_dtype",
     "check_compatible",
     "data",
     "normalize_axis",

@@ -125,10 +125,8 @@ def mul(x, y) -> Tensor:
 def div(x, y) -> Tensor:
     """True division; integer operands are promoted to float32 first (as in MegEngine)."""
     x, y = binary_args(x, y, "div")
-    if isinstance(x, Tensor) and x.dtype.kind != "f" and (not isinstance(y, Tensor) or y.dtype.kind != "f"):
-        x = x.astype(FLOAT32)
-    elif isinstance(y, Tensor) and y.dtype.kind != "f" and (not isinstance(x, Tensor) or x.dtype.kind != "f"):
-        y = y.astype(FLOAT32)
+    if not any(isinstance(t, Tensor) and t.dtype.kind == "f" for t in (x, y)):
+        x, y = (t.astype(FLOAT32) if isinstance(t, Tensor) else t for t in (x, y))
     return Div()(x, y)
 
 
@@ -160,12 +158,12 @@ def where(mask, x, y) -> Tensor:
 
 def floor_div(x, y) -> Tensor:
     """``x // y`` (piecewise constant: not recorded)."""
-    return _raw(lambda xp, a, b: xp.floor_divide(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.floor_divide(a, b), x, y, op="floor_div")
 
 
 def mod(x, y) -> Tensor:
     """``x % y`` with Python's sign convention (not recorded)."""
-    return _raw(lambda xp, a, b: xp.mod(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.mod(a, b), x, y, op="mod")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -437,51 +435,49 @@ def _f(x) -> Tensor:
 # comparisons and logic (no gradient: results are bool)
 
 
-def _raw(fn, a, b=None):
+def _raw(fn, a, b=None, op="compare"):
     if b is None:
         a = _t(a)
         return Tensor._wrap(fn(a.xp, a._data), a._device)
-    a, b = binary_args(a, b, "compare")
+    a, b = binary_args(a, b, op)
     ref = a if isinstance(a, Tensor) else b
-    if isinstance(a, Tensor) and isinstance(b, Tensor) and a._device != b._device:
-        raise RuntimeError(f"comparison: operands on different devices ({a._device} and {b._device})")
     return Tensor._wrap(fn(ref.xp, data(a), data(b)), ref._device)
 
 
 def equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.equal(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.equal(a, b), x, y, op="equal")
 
 
 def not_equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.not_equal(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.not_equal(a, b), x, y, op="not_equal")
 
 
 def less(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.less(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.less(a, b), x, y, op="less")
 
 
 def less_equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.less_equal(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.less_equal(a, b), x, y, op="less_equal")
 
 
 def greater(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.greater(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.greater(a, b), x, y, op="greater")
 
 
 def greater_equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.greater_equal(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.greater_equal(a, b), x, y, op="greater_equal")
 
 
 def logical_and(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.logical_and(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.logical_and(a, b), x, y, op="logical_and")
 
 
 def logical_or(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.logical_or(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.logical_or(a, b), x, y, op="logical_or")
 
 
 def logical_xor(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.logical_xor(a, b), x, y)
+    return _raw(lambda xp, a, b: xp.logical_xor(a, b), x, y, op="logical_xor")
 
 
 def logical_not(x) -> Tensor:

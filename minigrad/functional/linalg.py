@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from minigrad.autodiff.function import Function
 from minigrad.functional._util import binary_args
 from minigrad.functional.shape import broadcast_to, expand_dims, reshape, swapaxes
@@ -22,7 +24,7 @@ class MatMul(Function):
 
 def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
     """Matrix product with NumPy's rules: batch dimensions broadcast, 1-D operands are promoted."""
-    a, b = binary_args(a, b, "matmul")
+    a, b = binary_args(a, b, "matmul", broadcast=False)
     if not isinstance(a, Tensor) or not isinstance(b, Tensor) or a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: both operands must be tensors of rank >= 1")
     if transpose_a and a.ndim >= 2:
@@ -36,6 +38,12 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor
         )
     if a._device != b._device:
         raise RuntimeError(f"matmul: operands on different devices ({a._device} and {b._device})")
+    try:
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ValueError(
+            f"matmul: batch dimensions of shapes {a.shape} and {b.shape} cannot be broadcast"
+        ) from None
     squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
     if squeeze_a:
         a = reshape(a, (1, a.shape[0]))
@@ -50,7 +58,7 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor
 
 def dot(a, b) -> Tensor:
     """Inner product of two vectors (a scalar tensor)."""
-    a, b = binary_args(a, b, "dot")
+    a, b = binary_args(a, b, "dot", broadcast=False)
     if a.ndim != 1 or b.ndim != 1:
         raise ValueError(f"dot: expects two vectors, got shapes {a.shape} and {b.shape}")
     return matmul(a, b)

@@ -1,73 +1,272 @@
-"""Neural-network ops. Most are compositions of elementwise, reduction and shape primitives
-(so they get gradients for free); convolution and pooling own their backward."""
+"""Neural-network ops (``F.nn``, also re-exported as ``F.<name>``), MegEngine names and signatures.
+
+This module holds the layers' functional forms: ``linear``, activations, softmax, dropout, embedding
+and one_hot. Activations are compositions of elementwise primitives and get gradients for free;
+softmax and logsoftmax own a (Tensor-op, hence twice differentiable) backward because they sit on
+every training step's hot path. The other families live in their own modules and are re-exported
+at the bottom: convolution and pooling (``conv``), normalisation (``normalization``), losses and
+metrics (``loss``) and attention (``attention``).
+"""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from minigrad.functional.elementwise import _f, exp, log, maximum, relu, sigmoid, tanh  # noqa: F401
+from minigrad.autodiff.function import Function
+from minigrad.functional.elementwise import (
+    _f,
+    _saved_out,
+    clip,
+    erf,
+    exp,
+    log1p,
+    relu,
+    sigmoid,
+    where,
+)
+from minigrad.functional.elementwise import abs as _abs
 from minigrad.functional.linalg import matmul
-from minigrad.functional.reduction import logsumexp, max, sum  # noqa: A004
-from minigrad.functional.shape import indexing_one_hot
+from minigrad.functional.reduction import sum as _sum
+from minigrad.functional.shape import getitem
 from minigrad.tensor import Tensor
 
 
 def linear(inp, weight, bias=None) -> Tensor:
-    """``inp @ weight.T + bias`` with ``weight`` stored (out_features, in_features)."""
+    """``inp @ weight.T + bias`` with ``weight`` stored (out_features, in_features) as MegEngine."""
+    inp, weight = _f(inp), _f(weight)
+    if inp.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"linear: input has {inp.shape[-1]} features (shape {inp.shape}) but weight "
+            f"{weight.shape} expects {weight.shape[-1]}"
+        )
     out = matmul(inp, weight, transpose_b=True)
     return out if bias is None else out + bias
 
 
-def softmax(inp, axis: int | None = None) -> Tensor:
-    """Softmax along ``axis`` (default: the last axis), shifted by the constant max for stability."""
+# --------------------------------------------------------------------------------------------------
+# activations (compositions)
+
+
+def leaky_relu(inp, negative_slope: float = 0.01) -> Tensor:
+    """``x`` for ``x > 0``, else ``negative_slope * x``."""
     inp = _f(inp)
-    axis = inp.ndim - 1 if axis is None else axis
-    m = Tensor._wrap(inp.xp.max(inp._data, axis=axis, keepdims=True), inp._device)
-    e = exp(inp - m)
-    return e / sum(e, axis, keepdims=True)
+    return where(inp > 0, inp, inp * negative_slope)
+
+
+def relu6(inp) -> Tensor:
+    """``min(max(x, 0), 6)``."""
+    return clip(_f(inp), 0.0, 6.0)
+
+
+def gelu(inp) -> Tensor:
+    """Exact GELU, ``x * Phi(x)`` with the normal CDF written through ``erf`` (not the tanh fit)."""
+    inp = _f(inp)
+    return inp * (erf(inp * (1.0 / math.sqrt(2.0))) * 0.5 + 0.5)
+
+
+def silu(inp) -> Tensor:
+    """``x * sigmoid(x)`` (a.k.a. swish)."""
+    inp = _f(inp)
+    return inp * sigmoid(inp)
+
+
+def softplus(inp) -> Tensor:
+    """``log(1 + exp(x))`` computed as ``relu(x) + log1p(exp(-|x|))`` so it never overflows."""
+    inp = _f(inp)
+    return relu(inp) + log1p(exp(-_abs(inp)))
+
+
+def hsigmoid(inp) -> Tensor:
+    """Hard sigmoid ``relu6(x + 3) / 6``."""
+    return relu6(_f(inp) + 3.0) * (1.0 / 6.0)
+
+
+def hswish(inp) -> Tensor:
+    """Hard swish ``x * relu6(x + 3) / 6``."""
+    inp = _f(inp)
+    return inp * hsigmoid(inp)
+
+
+# --------------------------------------------------------------------------------------------------
+# softmax family (primitives: one fused forward, a short Tensor-op backward)
+
+
+def _axis(inp: Tensor, axis, op: str) -> int:
+    if inp.ndim == 0:
+        raise ValueError(f"{op}: expected a tensor of rank >= 1, got a scalar")
+    axis = inp.ndim - 1 if axis is None else int(axis)
+    if not -inp.ndim <= axis < inp.ndim:
+        raise ValueError(f"{op}: axis {axis} is out of range for shape {inp.shape}")
+    return axis % inp.ndim
+
+
+class Softmax(Function):
+    def forward(self, x, axis):
+        d = x._data
+        y = x.xp.exp(d - d.max(axis=axis, keepdims=True))
+        y /= y.sum(axis=axis, keepdims=True)
+        self.x, self.y, self.axis = x, y, axis
+        return y
+
+    def backward(self, dy):
+        y = _saved_out(self, self.y, lambda: softmax(self.x, self.axis))
+        return y * (dy - _sum(dy * y, self.axis, keepdims=True)), None
+
+
+class LogSoftmax(Function):
+    def forward(self, x, axis):
+        xp, d = x.xp, x._data
+        s = d - d.max(axis=axis, keepdims=True)
+        s -= xp.log(xp.exp(s).sum(axis=axis, keepdims=True))
+        self.x, self.y, self.axis = x, s, axis
+        return s
+
+    def backward(self, dy):
+        y = _saved_out(self, self.y, lambda: logsoftmax(self.x, self.axis))
+        return dy - exp(y) * _sum(dy, self.axis, keepdims=True), None
+
+
+def softmax(inp, axis: int | None = None) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``axis`` (default: the last), shifted by the max for
+    stability."""
+    inp = _f(inp)
+    return Softmax()(inp, _axis(inp, axis, "softmax"))
 
 
 def logsoftmax(inp, axis: int | None = None) -> Tensor:
+    """``x - logsumexp(x)`` along ``axis`` (default: the last); stable for large logits."""
     inp = _f(inp)
-    axis = inp.ndim - 1 if axis is None else axis
-    return inp - logsumexp(inp, axis, keepdims=True)
+    return LogSoftmax()(inp, _axis(inp, axis, "logsoftmax"))
 
 
 log_softmax = logsoftmax
 
 
-def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True, label_smooth: float = 0.0,
-                  reduction: str = "mean") -> Tensor:
-    """Cross entropy of class scores ``pred`` (N, C, ...) against integer labels (N, ...)."""
-    pred = _f(pred)
-    label = label if isinstance(label, Tensor) else Tensor(np.asarray(label), device=pred._device)
-    if label.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: label must be an integer tensor, got dtype {label.dtype}")
-    axis = axis % pred.ndim
-    expect = pred.shape[:axis] + pred.shape[axis + 1 :]
-    if label.shape != expect:
-        raise ValueError(
-            f"cross_entropy: label shape {label.shape} does not match pred shape {pred.shape} "
-            f"(expected {expect} for axis={axis})"
-        )
-    n_cls = pred.shape[axis]
-    if label.size and (int(label._data.min()) < 0 or int(label._data.max()) >= n_cls):
-        raise ValueError(
-            f"cross_entropy: labels must be in [0, {n_cls}), got min {int(label._data.min())} "
-            f"max {int(label._data.max())}"
-        )
-    logp = logsoftmax(pred, axis) if with_logits else log(pred)
-    nll = -indexing_one_hot(logp, label, axis)
-    if label_smooth:
-        nll = (1 - label_smooth) * nll - label_smooth * sum(logp, axis) / n_cls
-    return _reduce(nll, reduction, "cross_entropy")
+# --------------------------------------------------------------------------------------------------
+# dropout, embedding, one_hot
 
 
-def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    if reduction == "none":
-        return loss
-    raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+def dropout(inp, drop_prob: float, training: bool = True) -> Tensor:
+    """Inverted dropout: zero each element with probability ``drop_prob`` and scale the survivors
+    by ``1 / (1 - drop_prob)``, so evaluation (``training=False``) is the identity. Draws from
+    ``mg.random.get_rng`` and is therefore reproducible under ``mg.random.seed``."""
+    from minigrad.random import get_rng  # noqa: PLC0415  (minigrad.random imports tensor)
+
+    inp = _f(inp)
+    if not 0.0 <= drop_prob <= 1.0:
+        raise ValueError(f"dropout: drop_prob must be in [0, 1], got {drop_prob}")
+    if not training or drop_prob == 0.0:
+        return inp
+    xp = inp.xp
+    if drop_prob == 1.0:
+        return inp * 0.0
+    keep = get_rng(inp._device).random(inp.shape, dtype=np.float32) >= drop_prob
+    mask = xp.asarray(keep, dtype=inp.dtype) * inp.dtype.type(1.0 / (1.0 - drop_prob))
+    return inp * Tensor._wrap(mask, inp._device)
+
+
+def _int_index(op: str, idx, device) -> Tensor:
+    idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx), device=device)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"{op}: indices must be an integer tensor, got dtype {idx.dtype}")
+    return idx
+
+
+def embedding(inp, weight, padding_idx: int | None = None, max_norm=None,
+              norm_type=None) -> Tensor:
+    """Rows of ``weight`` (num_embeddings, dim) picked by the integer tensor ``inp``: output shape
+    ``inp.shape + (dim,)``. Entries equal to ``padding_idx`` get ``weight[padding_idx]`` but send no
+    gradient to it. ``max_norm`` renormalisation is not supported."""
+    if max_norm is not None:
+        raise NotImplementedError("embedding: max_norm is not supported")
+    weight = _f(weight)
+    idx = _int_index("embedding", inp, weight._device)
+    if weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be 2-D (num, dim), got shape {weight.shape}")
+    n = weight.shape[0]
+    if idx.size and (int(idx._data.min()) < 0 or int(idx._data.max()) >= n):
+        raise IndexError(
+            f"embedding: indices must be in [0, {n}), got min {int(idx._data.min())} "
+            f"max {int(idx._data.max())}"
+        )
+    out = getitem(weight, idx)
+    if padding_idx is not None:
+        pad_row = Tensor._wrap(weight._data[padding_idx], weight._device)
+        mask = Tensor._wrap((idx._data == padding_idx)[..., None], weight._device)
+        out = where(mask, pad_row, out)
+    return out
+
+
+def one_hot(inp, num_classes: int) -> Tensor:
+    """``int32`` one-hot encoding of an integer tensor: shape ``inp.shape + (num_classes,)``."""
+    idx = _int_index("one_hot", inp, None)
+    if idx.size and (int(idx._data.min()) < 0 or int(idx._data.max()) >= num_classes):
+        raise ValueError(
+            f"one_hot: values must be in [0, {num_classes}), got min {int(idx._data.min())} "
+            f"max {int(idx._data.max())}"
+        )
+    xp = idx.xp
+    out = (idx._data[..., None] == xp.arange(num_classes)).astype(np.int32)
+    return Tensor._wrap(out, idx._device)
+
+
+# the other families, re-exported so that F.nn.<name> and F.<name> both work
+from minigrad.functional.attention import (  # noqa: E402
+    multi_head_attention,
+    scaled_dot_product_attention,
+)
+from minigrad.functional.conv import (  # noqa: E402
+    adaptive_avg_pool2d,
+    avg_pool2d,
+    conv1d,
+    conv2d,
+    conv_transpose2d,
+    max_pool2d,
+)
+from minigrad.functional.loss import (  # noqa: E402
+    binary_cross_entropy,
+    cross_entropy,
+    l1_loss,
+    mse_loss,
+    square_loss,
+    topk_accuracy,
+)
+from minigrad.functional.normalization import batch_norm, group_norm, layer_norm  # noqa: E402
+
+__all__ = [
+    "adaptive_avg_pool2d",
+    "avg_pool2d",
+    "batch_norm",
+    "binary_cross_entropy",
+    "conv1d",
+    "conv2d",
+    "conv_transpose2d",
+    "cross_entropy",
+    "dropout",
+    "embedding",
+    "gelu",
+    "group_norm",
+    "hsigmoid",
+    "hswish",
+    "l1_loss",
+    "layer_norm",
+    "leaky_relu",
+    "linear",
+    "log_softmax",
+    "logsoftmax",
+    "max_pool2d",
+    "mse_loss",
+    "multi_head_attention",
+    "one_hot",
+    "relu",
+    "relu6",
+    "scaled_dot_product_attention",
+    "sigmoid",
+    "silu",
+    "softmax",
+    "softplus",
+    "square_loss",
+    "topk_accuracy",
+]

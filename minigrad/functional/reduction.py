@@ -7,10 +7,10 @@ compositions.
 from __future__ import annotations
 
 from minigrad.autodiff.function import Function
-from minigrad.functional._util import normalize_axis
-from minigrad.functional.elementwise import _f, _t, exp, log, sqrt
+from minigrad.functional._util import accumulate_dtype, normalize_axis, recording_backward
+from minigrad.functional.elementwise import _f, _t, exp, log, sqrt, where
 from minigrad.functional.elementwise import abs as _abs
-from minigrad.functional.shape import broadcast_to, expand_dims
+from minigrad.functional.shape import broadcast_to, expand_dims, reshape, transpose
 from minigrad.tensor import Tensor
 
 
@@ -24,7 +24,8 @@ def _restore(dy, axes, keepdims, shape):
 class Sum(Function):
     def forward(self, x, axes, keepdims):
         self.shape, self.axes, self.keepdims = x.shape, axes, keepdims
-        return x.xp.sum(x._data, axis=axes, keepdims=keepdims)
+        dtype = accumulate_dtype(x._data.dtype)
+        return x.xp.sum(x._data, axis=axes, keepdims=keepdims, dtype=dtype)
 
     def backward(self, dy):
         return _restore(dy, self.axes, self.keepdims, self.shape), None, None
@@ -49,13 +50,16 @@ class _Extremum(Function):
 class Prod(Function):
     def forward(self, x, axes, keepdims):
         self.x, self.axes, self.keepdims = x, axes, keepdims
-        return x.xp.prod(x._data, axis=axes, keepdims=keepdims)
+        dtype = accumulate_dtype(x._data.dtype)
+        return x.xp.prod(x._data, axis=axes, keepdims=keepdims, dtype=dtype)
 
     def backward(self, dy):
+        x, axes = self.x, self.axes
+        g = _restore(dy, axes, self.keepdims, x.shape)
+        if recording_backward():  # differentiable (O(n^2) memory) only when a 2nd order is wanted
+            return g * _prod_of_others(x, axes), None, None
         # product of all *other* entries: exclusive cumulative products from both sides (zero-safe)
-        x = self.x
         xp, d = x.xp, x._data
-        axes = self.axes
         moved = xp.moveaxis(d, axes, tuple(range(d.ndim - len(axes), d.ndim)))
         flat = moved.reshape(moved.shape[: d.ndim - len(axes)] + (-1,))
         ones = xp.ones(flat.shape[:-1] + (1,), d.dtype)
@@ -63,16 +67,32 @@ class Prod(Function):
         right = xp.cumprod(xp.concatenate([ones, flat[..., :0:-1]], axis=-1), axis=-1)[..., ::-1]
         others = (left * right).reshape(moved.shape)
         others = xp.moveaxis(others, tuple(range(d.ndim - len(axes), d.ndim)), axes)
-        g = _restore(dy, axes, self.keepdims, d.shape)
         return g * Tensor._wrap(xp.ascontiguousarray(others), x._device), None, None
+
+
+def _prod_of_others(x: Tensor, axes: tuple) -> Tensor:
+    """For every entry, the product of the other entries along ``axes``, built from recorded ops:
+    an (..., n, n) copy with the diagonal set to 1, reduced by ``prod`` (zero-safe)."""
+    rest = [i for i in range(x.ndim) if i not in axes]
+    perm = rest + list(axes)
+    moved = transpose(x, perm)
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    flat = reshape(moved, moved.shape[: len(rest)] + (n,))
+    square = broadcast_to(expand_dims(flat, -2), flat.shape[:-1] + (n, n))
+    eye = Tensor._wrap(x.xp.eye(n, dtype=bool), x._device)
+    others = prod(where(eye, 1.0, square), axis=-1)
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return transpose(reshape(others, moved.shape), inverse)
 
 
 def sum(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     """Sum over ``axis`` (all axes when None)."""
     x = _t(x)
     axes = normalize_axis(axis, x.ndim, "sum")
-    if x.dtype.kind == "b":
-        x = x.astype("int32")
     return Sum()(x, axes, keepdims)
 
 

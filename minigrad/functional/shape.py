@@ -4,7 +4,7 @@ adjoint index_add), concat, pad, gather, scatter, cumsum. Everything else is a c
 from __future__ import annotations
 
 from minigrad.autodiff.function import Function
-from minigrad.functional._util import normalize_axis
+from minigrad.functional._util import accumulate_dtype, normalize_axis
 from minigrad.tensor import Tensor
 
 
@@ -395,7 +395,7 @@ def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False) -> Tenso
 class Cumsum(Function):
     def forward(self, x, axis):
         self.axis = axis
-        return x.xp.cumsum(x._data, axis=axis)
+        return x.xp.cumsum(x._data, axis=axis, dtype=accumulate_dtype(x._data.dtype))
 
     def backward(self, dy):
         flip = (slice(None),) * self.axis + (slice(None, None, -1),)

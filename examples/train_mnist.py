@@ -1,0 +1,182 @@
+"""Train an MNIST classifier data-parallel with ``@dist.launcher`` (the main job).
+
+Two CPU processes by default, one per GPU when GPUs are present. Uses the full MNIST set when it is
+cached (or ``--download``), else the 8,000/2,000 split of the real MNIST test set bundled with minigrad.
+
+    python examples/train_mnist.py                       # MLP, 2 CPU ranks
+    python examples/train_mnist.py --model cnn --epochs 4 --save cnn.mgc
+    python examples/train_mnist.py --resume cnn.mgc --epochs 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import OrderedDict
+
+import numpy as np
+
+import minigrad as mg
+import minigrad.autodiff as ad
+import minigrad.distributed as dist
+import minigrad.functional as F
+import minigrad.module as M
+import minigrad.optimizer as optim
+from minigrad.data import DataLoader, RandomSampler, SequentialSampler
+from minigrad.data.dataset.vision import load_mnist
+
+MEAN, STD = 0.1307, 0.3081
+DEFAULT_EPOCHS = {"mlp": 8, "cnn": 6}
+
+
+def build_model(kind: str) -> M.Module:
+    if kind == "mlp":
+        return M.Sequential(OrderedDict([
+            ("flatten", M.Flatten()),
+            ("fc1", M.Linear(784, 256)), ("relu1", M.ReLU()),
+            ("fc2", M.Linear(256, 128)), ("relu2", M.ReLU()),
+            ("out", M.Linear(128, 10)),
+        ]))
+    if kind == "cnn":
+        return M.Sequential(OrderedDict([
+            ("conv1", M.Conv2d(1, 16, 5)), ("relu1", M.ReLU()), ("pool1", M.MaxPool2d(2)),
+            ("conv2", M.Conv2d(16, 32, 5)), ("relu2", M.ReLU()), ("pool2", M.MaxPool2d(2)),
+            ("flatten", M.Flatten()),
+            ("fc1", M.Linear(512, 128)), ("relu3", M.ReLU()),
+            ("out", M.Linear(128, 10)),
+        ]))
+    raise ValueError(f"unknown model {kind!r}: choose mlp or cnn")
+
+
+def to_input(images: np.ndarray) -> mg.Tensor:
+    """uint8 NHWC batch -> normalised float32 NCHW tensor."""
+    x = (images.astype(np.float32) / 255.0 - MEAN) / STD
+    return mg.tensor(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+
+
+def evaluate(model: M.Module, loader: DataLoader) -> float:
+    """Accuracy over the whole test set: each rank scores its shard, counts are summed."""
+    model.eval()
+    correct = total = 0
+    with mg.no_grad():
+        for images, labels in loader:
+            pred = model(to_input(images)).numpy().argmax(axis=1)
+            correct += int((pred == labels).sum())
+            total += len(labels)
+    model.train()
+    counts = mg.tensor(np.array([correct, total], dtype=np.float64))
+    if dist.is_distributed() and dist.get_world_size() > 1:
+        counts = dist.functional.all_reduce_sum(counts)
+    correct, total = counts.numpy()
+    return float(correct / max(total, 1))
+
+
+def train(args) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mg.random.seed(args.seed)  # same initial weights everywhere; bcast_list_ makes sure of it
+    train_set = load_mnist(args.data, train=True, download=args.download, quiet=rank != 0)
+    test_set = load_mnist(args.data, train=False, download=False, quiet=True)
+    train_loader = DataLoader(train_set, RandomSampler(train_set, batch_size=args.batch_size,
+                                                       drop_last=True, seed=args.seed))
+    test_loader = DataLoader(test_set, SequentialSampler(test_set, batch_size=500))
+
+    model = build_model(args.model)
+    opt = optim.Adam(model.parameters(), lr=args.lr)
+    start_epoch = 0
+    if args.resume:
+        ckpt = mg.load(args.resume)
+        model.load_state_dict(ckpt["net"])
+        opt.load_state_dict(ckpt["opt"])
+        start_epoch = int(ckpt["epoch"]) + 1
+        if rank == 0:
+            print(f"resumed from {args.resume} (epoch {ckpt['epoch']}, acc {ckpt['acc']:.4f})")
+    dist.bcast_list_(model.tensors())
+    gm = ad.GradManager().attach(model.parameters(),
+                                 callbacks=[dist.make_allreduce_cb("mean")] if world > 1 else None)
+
+    acc, history = 0.0, []
+    for epoch in range(start_epoch, args.epochs):
+        train_loader.sampler.set_epoch(epoch)
+        bar = _progress(len(train_loader), f"epoch {epoch + 1}/{args.epochs}", rank)
+        t0, seen = time.perf_counter(), 0
+        for images, labels in train_loader:
+            with gm:
+                loss = F.nn.cross_entropy(model(to_input(images)), mg.tensor(labels))
+                gm.backward(loss)
+            opt.step().clear_grad()
+            seen += len(labels) * world
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss.item():.3f}",
+                                img_s=f"{seen / (time.perf_counter() - t0):.0f}")
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        acc = evaluate(model, test_loader)
+        history.append(acc)
+        if rank == 0:
+            print(f"epoch {epoch + 1}: test accuracy {acc:.4f} "
+                  f"({seen / (time.perf_counter() - t0):.0f} img/s)", flush=True)
+            if args.save:
+                mg.save({"net": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch,
+                         "acc": acc, "model": args.model}, args.save)
+    return {"acc": acc, "history": history}
+
+
+def _progress(total: int, desc: str, rank: int):
+    """A tqdm bar on rank 0 in a terminal, a one-line summary per epoch in logs, nothing elsewhere."""
+    if rank != 0:
+        return None
+    if not sys.stderr.isatty():
+        return _Plain(total, desc)
+    from tqdm import tqdm  # noqa: PLC0415
+
+    return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
+
+
+class _Plain:
+    """Progress without a terminal (CI logs): one line at the end of the epoch."""
+
+    def __init__(self, total, desc):
+        self.total, self.desc, self.n, self.post = total, desc, 0, {}
+
+    def update(self, n):
+        self.n += n
+
+    def set_postfix(self, **kw):
+        self.post = kw
+
+    def close(self):
+        print(f"{self.desc}: {self.n}/{self.total} steps " +
+              " ".join(f"{k}={v}" for k, v in self.post.items()), flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--epochs", type=int, default=None, help="default: 8 (mlp) or 6 (cnn)")
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default: #GPUs, else 2)")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    p.add_argument("--data", default=None, help="directory with the MNIST .gz files")
+    p.add_argument("--download", action="store_true", help="download the full MNIST if missing")
+    p.add_argument("--save", default="mnist_checkpoint.mgc", help="checkpoint path ('' to skip)")
+    p.add_argument("--resume", default=None, help="checkpoint to resume from")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.epochs is None:
+        args.epochs = DEFAULT_EPOCHS[args.model]
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    use_gpu = args.device == "gpu" or (args.device == "auto" and mg.is_cuda_available())
+    nproc = args.nproc or (mg.get_device_count("gpu") if use_gpu else 2)
+    results = dist.launcher(train, n_gpus=nproc, device="gpu" if use_gpu else "cpu")(args)
+    return results[0]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""DataLoader: turn a dataset + sampler into an iterator of collated NumPy batches.
+
+Batching is the sampler's job (MegEngine semantics): each list of indices it yields becomes one
+batch: ``dataset[i]`` for each index, then ``transform.apply_batch``, then ``collator.apply``.
+With ``num_workers > 0`` batches are built in worker processes (fork on Linux) and handed back in
+sampler order. A worker's exception is re-raised in the main process with its original type and
+message plus the worker's traceback; ``timeout`` bounds the wait for each batch; workers are shut
+down on exhaustion, ``break`` (when the iterator is garbage collected), errors and interpreter exit.
+
+Example::
+
+    loader = DataLoader(MNIST(subset="bundled"), RandomSampler(ds, batch_size=128, seed=0),
+                        transform=Compose([Normalize(33.3, 78.6), ToMode("CHW")]), num_workers=2)
+    for images, labels in loader:      # float32 (128, 1, 28, 28), int32 (128,)
+        ...
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from minigrad.data.collator import Collator
+from minigrad.data.dataset.base import StreamDataset
+from minigrad.data.sampler import Sampler, SequentialSampler, StreamSampler
+
+__all__ = ["DataLoader", "WorkerInfo", "get_worker_info"]
+
+# Seconds between liveness checks while waiting (a crashed worker is reported within this time).
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a worker process knows about itself (``None`` in the main process)."""
+
+    id: int
+    num_workers: int
+    seed: int
+
+
+_worker_info: WorkerInfo | None = None
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """Inside a DataLoader worker: its :class:`WorkerInfo`; in the main process: ``None``."""
+    return _worker_info
+
+
+class DataLoader:
+    """Iterate ``dataset`` in batches chosen by ``sampler``.
+
+    Args:
+        dataset: a map-style ``Dataset`` or a ``StreamDataset``.
+        sampler: a map sampler (default ``SequentialSampler(dataset, batch_size=1)``), or for a
+            StreamDataset a ``StreamSampler`` (default batch size 1).
+        transform: applied with ``transform.apply_batch(samples)`` before collating.
+        collator: builds the batch (default :class:`Collator`); an object with ``apply`` or a
+            callable taking the list of samples.
+        num_workers: worker processes building batches (0: in the main process).
+        timeout: seconds to wait for one batch from the workers before raising (0: no limit).
+        prefetch_factor: batches in flight per worker.
+        worker_init_fn: called with the worker id at the start of each worker process.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        sampler: Sampler | None = None,
+        transform: Any = None,
+        collator: Any = None,
+        num_workers: int = 0,
+        timeout: float = 0,
+        prefetch_factor: int = 2,
+        worker_init_fn: Callable[[int], None] | None = None,
+    ) -> None:
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"DataLoader: num_workers must be an int >= 0, got {num_workers!r}")
+        if not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ValueError(f"DataLoader: timeout must be a number >= 0, got {timeout!r}")
+        if not isinstance(prefetch_factor, int) or prefetch_factor < 1:
+            raise ValueError(
+                f"DataLoader: prefetch_factor must be an int >= 1, got {prefetch_factor!r}"
+            )
+        self.stream = isinstance(dataset, StreamDataset)
+        if self.stream:
+            sampler = StreamSampler(batch_size=1) if sampler is None else sampler
+            if not isinstance(sampler, StreamSampler):
+                raise TypeError(
+                    f"DataLoader: a StreamDataset needs a StreamSampler, "
+                    f"got {type(sampler).__name__}"
+                )
+        else:
+            if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+                raise TypeError(
+                    f"DataLoader: dataset must be map-style (__getitem__ and __len__) or a "
+                    f"StreamDataset, got {type(dataset).__name__}"
+                )
+            sampler = SequentialSampler(dataset, batch_size=1) if sampler is None else sampler
+            if isinstance(sampler, StreamSampler):
+                raise TypeError("DataLoader: StreamSampler only works with a StreamDataset")
+        if transform is not None and not hasattr(transform, "apply_batch"):
+            raise TypeError(f"DataLoader: transform needs apply_batch, got {transform!r}")
+        self.dataset, self.sampler, self.transform = dataset, sampler, transform
+        self.collator = Collator() if collator is None else collator
+        self.num_workers, self.timeout = num_workers, float(timeout)
+        self.prefetch_factor, self.worker_init_fn = prefetch_factor, worker_init_fn
+
+    def __len__(self) -> int:
+        if self.stream:
+            raise TypeError("DataLoader: a StreamDataset has no length")
+        return len(self.sampler)
+
+    def _tasks(self) -> Iterator[tuple[str, list[Any]]]:
+        """("indices", [...]) per batch for map-style, ("samples", [...]) read from a stream."""
+        if self.stream:
+            for samples in self.sampler.batches(self.dataset):
+                yield "samples", samples
+        else:
+            for indices in self.sampler:
+                yield "indices", list(indices)
+
+    def __iter__(self) -> Iterator[Any]:
+        tasks = self._tasks()
+        if self.num_workers == 0:
+            return (_build(self.dataset, self.transform, self.collator, t) for t in tasks)
+        return _WorkerPool(self, tasks)
+
+
+def _build(dataset: Any, transform: Any, collator: Any, task: tuple[str, list[Any]]) -> Any:
+    kind, payload = task
+    samples = [dataset[i] for i in payload] if kind == "indices" else payload
+    if transform is not None:
+        samples = transform.apply_batch(samples)
+    return collator.apply(samples) if hasattr(collator, "apply") else collator(samples)
+
+
+class _WorkerError:
+    """A worker's exception, carried to the main process as (type, message, traceback text)."""
+
+    def __init__(self, worker_id: int, exc: BaseException) -> None:
+        self.worker_id, self.pid = worker_id, os.getpid()
+        self.text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.message = str(exc)
+        try:
+            self.exc_type: type | None = pickle.loads(pickle.dumps(type(exc)))
+        except Exception:
+            self.exc_type = None
+        self.type_name = type(exc).__qualname__
+
+    def reraise(self) -> None:
+        msg = (
+            f"{self.message}\n\n[{self.type_name} raised in DataLoader worker {self.worker_id} "
+            f"(pid {self.pid})]\nOriginal traceback:\n{self.text}"
+        )
+        try:
+            err = self.exc_type(msg) if self.exc_type is not None else None
+        except Exception:
+            err = None
+        if not isinstance(err, BaseException):
+            err = RuntimeError(f"{self.type_name}: {msg}")
+        raise err
+
+
+def _worker_loop(
+    loader: DataLoader, index_q: Any, result_q: Any, worker_id: int, seed: int
+) -> None:
+    """Body of a worker process: build batches for tasks until a ``None`` sentinel arrives."""
+    global _worker_info
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is handled (and cleaned up) by the parent
+    # Results are only abandoned when the parent no longer wants them, so never block exit on them.
+    result_q.cancel_join_thread()
+    np.random.seed(seed % 2**32)
+    import random
+
+    random.seed(seed)
+    _worker_info = WorkerInfo(worker_id, loader.num_workers, seed)
+    parent = os.getppid()
+    init_error = None
+    try:
+        if loader.worker_init_fn is not None:
+            loader.worker_init_fn(worker_id)
+    except Exception as exc:
+        init_error = _WorkerError(worker_id, exc)  # reported as the result of every task
+    while True:
+        try:
+            task = index_q.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # orphaned: the parent died without shutting us down
+                return
+            continue
+        if task is None:
+            return
+        idx, work = task
+        if init_error is not None:
+            result_q.put(pickle.dumps((idx, init_error)))
+            continue
+        try:
+            batch = _build(loader.dataset, loader.transform, loader.collator, work)
+            out = pickle.dumps((idx, batch), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # also catches unpicklable batches
+            out = pickle.dumps((idx, _WorkerError(worker_id, exc)))
+        result_q.put(out)
+
+
+class _WorkerPool:
+    """One epoch of multi-process loading: dispatch tasks round-robin, reorder the results."""
+
+    def __init__(self, loader: DataLoader, tasks: Iterator[tuple[str, list[Any]]]) -> None:
+        methods = mp.get_all_start_methods()
+        ctx = mp.get_context("fork" if "fork" in methods and sys.platform != "darwin" else None)
+        self.loader, self.tasks, self.timeout = loader, tasks, loader.timeout
+        self.n = loader.num_workers
+        self.closed = False
+        self.result_q = ctx.Queue()
+        self.index_qs = [ctx.Queue() for _ in range(self.n)]
+        base_seed = int(np.random.randint(0, 2**31 - 1))  # controllable via np.random.seed
+        self.workers = []
+        for wid in range(self.n):
+            w = ctx.Process(
+                target=_worker_loop,
+                args=(loader, self.index_qs[wid], self.result_q, wid, base_seed + wid),
+                daemon=True,
+                name=f"minigrad-dataloader-{wid}",
+            )
+            w.start()
+            self.workers.append(w)
+        self.sent = self.received = 0
+        self.exhausted = False
+        self.buffer: dict[int, Any] = {}
+        try:
+            for _ in range(self.n * loader.prefetch_factor):
+                self._dispatch()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers]
+
+    def _dispatch(self) -> None:
+        if self.exhausted:
+            return
+        try:
+            task = next(self.tasks)
+        except StopIteration:
+            self.exhausted = True
+            return
+        self.index_qs[self.sent % self.n].put((self.sent, task))
+        self.sent += 1
+
+    def __iter__(self) -> _WorkerPool:
+        return self
+
+    def __next__(self) -> Any:
+        if self.closed:
+            raise StopIteration
+        try:
+            if self.received == self.sent and self.exhausted:
+                self.shutdown()
+                raise StopIteration
+            while not self.buffer:
+                idx, result = self._get()
+                self.buffer[idx] = result
+            result = self.buffer.pop(self.received)
+            self.received += 1
+            if isinstance(result, _WorkerError):
+                result.reraise()
+            self._dispatch()
+            return result
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _get(self) -> tuple[int, Any]:
+        start = time.monotonic()
+        while True:
+            try:
+                idx, result = pickle.loads(self.result_q.get(timeout=_POLL_S))
+            except queue.Empty:
+                pass
+            else:
+                return idx, result
+            for wid, w in enumerate(self.workers):
+                if not w.is_alive():
+                    raise RuntimeError(
+                        f"DataLoader worker {wid} (pid {w.pid}) exited unexpectedly with exit "
+                        f"code {w.exitcode} while batch {self.received} was pending"
+                    )
+            waited = time.monotonic() - start
+            if self.timeout > 0 and waited >= self.timeout:
+                wid = self.received % self.n
+                raise RuntimeError(
+                    f"DataLoader timed out after {self.timeout:g}s waiting for batch "
+                    f"{self.received} from worker {wid} (pid {self.workers[wid].pid}); raise "
+                    f"timeout= or check the dataset for slow or blocking reads"
+                )
+
+    def shutdown(self) -> None:
+        """Stop and reap all workers; safe to call more than once."""
+        if self.closed:
+            return
+        self.closed = True
+        for q in self.index_qs:
+            try:
+                q.put(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 1.0  # idle workers exit at once; busy ones get terminated
+        for w in self.workers:
+            w.join(timeout=max(0.0, deadline - time.monotonic()))
+        for w in self.workers:
+            if w.is_alive():
+                w.terminate()
+                w.join(timeout=2.0)
+            if w.is_alive():
+                w.kill()
+                w.join()
+        for q in [*self.index_qs, self.result_q]:
+            q.cancel_join_thread()
+            q.close()
+        self.buffer.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass

@@ -1,0 +1,347 @@
+"""Per-sample data transforms on NumPy images in HWC layout (MegEngine style).
+
+Every transform has ``apply(sample)`` and ``apply_batch(samples)``; the DataLoader calls
+``apply_batch`` on each batch of samples before collating. A sample is either an image array or a
+tuple such as ``(image, label)``; ``order`` names the role of each tuple element: ``"image"`` is
+transformed, ``"mask"`` gets the same geometric change (nearest-neighbour, no normalisation), and
+any other name (``"image_category"``, ``"label"``...) passes through. The default order is
+``("image",)``: the first element is the image, the rest pass through. A random transform draws
+its parameters once per sample, so an image and its mask stay aligned. Randomness uses NumPy's
+global RNG, which the DataLoader reseeds differently in each worker process.
+
+Example::
+
+    t = Compose([RandomCrop(28, padding_size=2), Normalize(mean=33.3, std=78.6), ToMode("CHW")])
+    image, label = t.apply((image_hwc_uint8, label))   # image: float32 (1, 28, 28)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Transform",
+    "VisionTransform",
+    "Compose",
+    "Normalize",
+    "ToMode",
+    "Pad",
+    "RandomCrop",
+    "CenterCrop",
+    "RandomHorizontalFlip",
+    "Resize",
+]
+
+
+class Transform:
+    """Base class: ``apply`` transforms one sample, ``apply_batch`` a list of samples."""
+
+    def apply(self, input: Any) -> Any:
+        raise NotImplementedError
+
+    def apply_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        return [self.apply(x) for x in inputs]
+
+    def __call__(self, input: Any) -> Any:
+        return self.apply(input)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({args})"
+
+
+class Compose(Transform):
+    """Apply ``transforms`` one after the other."""
+
+    def __init__(self, transforms: Sequence[Transform] = ()) -> None:
+        for t in transforms:
+            if not hasattr(t, "apply") or not hasattr(t, "apply_batch"):
+                raise TypeError(f"Compose: {t!r} is not a Transform (needs apply/apply_batch)")
+        self.transforms = list(transforms)
+
+    def apply(self, input: Any) -> Any:
+        for t in self.transforms:
+            input = t.apply(input)
+        return input
+
+    def apply_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        inputs = list(inputs)
+        for t in self.transforms:
+            inputs = t.apply_batch(inputs)
+        return inputs
+
+
+class VisionTransform(Transform):
+    """Dispatches a sample's elements by role (see module docstring); subclasses implement
+    ``_apply_image`` (and ``_apply_mask`` for geometric transforms) and, if random, ``_params``."""
+
+    ROLES_TRANSFORMED = ("image", "mask")
+
+    def __init__(self, order: Sequence[str] | None = None) -> None:
+        self.order = ("image",) if order is None else tuple(order)
+        if "image" not in self.order:
+            raise ValueError(f"{type(self).__name__}: order must contain 'image', got {self.order}")
+
+    def apply(self, input: Any) -> Any:
+        if isinstance(input, np.ndarray):
+            image = self._check(input)
+            return self._apply_image(image, self._params(image))
+        if not isinstance(input, (tuple, list)):
+            raise TypeError(
+                f"{type(self).__name__}: expected an image array or a tuple sample, "
+                f"got {type(input).__name__}"
+            )
+        if len(input) < len(self.order):
+            raise ValueError(
+                f"{type(self).__name__}: order {self.order} names {len(self.order)} elements, "
+                f"sample has {len(input)}"
+            )
+        image = self._check(input[self.order.index("image")])
+        params = self._params(image)
+        out = list(input)
+        for i, role in enumerate(self.order):
+            if role == "image":
+                out[i] = self._apply_image(self._check(input[i]), params)
+            elif role == "mask":
+                out[i] = self._apply_mask(self._check(input[i]), params)
+        if isinstance(input, tuple):
+            return type(input)(*out) if hasattr(input, "_fields") else tuple(out)
+        return out
+
+    def _check(self, image: Any) -> np.ndarray:
+        if not isinstance(image, np.ndarray) or image.ndim not in (2, 3):
+            got = getattr(image, "shape", type(image).__name__)
+            raise ValueError(
+                f"{type(self).__name__}: expected an HWC (or HW) image array, got {got}"
+            )
+        return image
+
+    def _params(self, image: np.ndarray) -> Any:
+        return None
+
+    def _apply_image(self, image: np.ndarray, params: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def _apply_mask(self, mask: np.ndarray, params: Any) -> np.ndarray:
+        return mask
+
+
+def _pair(name: str, owner: str, value: int | Sequence[int]) -> tuple[int, int]:
+    pair = (value, value) if np.isscalar(value) else tuple(value)
+    if len(pair) != 2 or any(int(v) != v or v <= 0 for v in pair):
+        raise ValueError(f"{owner}: {name} must be a positive int or (h, w), got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+class Normalize(VisionTransform):
+    """``(image - mean) / std`` in float32; ``mean``/``std`` are scalars or per-channel."""
+
+    def __init__(self, mean: float | Sequence[float] = 0.0, std: float | Sequence[float] = 1.0,
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        self.mean = np.asarray(mean, dtype=np.float32)
+        self.std = np.asarray(std, dtype=np.float32)
+        if self.mean.ndim > 1 or self.std.ndim > 1:
+            raise ValueError("Normalize: mean and std must be scalars or 1-D per-channel values")
+        if np.any(self.std == 0):
+            raise ValueError(f"Normalize: std must be non-zero, got {self.std.tolist()}")
+
+    def _apply_image(self, image: np.ndarray, params: Any) -> np.ndarray:
+        channels = image.shape[-1] if image.ndim == 3 else 1
+        for name, v in (("mean", self.mean), ("std", self.std)):
+            if v.ndim == 1 and v.shape[0] not in (1, channels):
+                raise ValueError(
+                    f"Normalize: {name} has {v.shape[0]} values but the HWC image has {channels} "
+                    f"channels (shape {image.shape})"
+                )
+        return (image.astype(np.float32) - self.mean) / self.std
+
+
+class ToMode(VisionTransform):
+    """Change the layout from HWC to ``mode`` ("CHW", or "HWC" for a no-op); HW gets a C axis."""
+
+    def __init__(self, mode: str = "CHW", order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        if mode not in ("CHW", "HWC"):
+            raise ValueError(f"ToMode: mode must be 'CHW' or 'HWC', got {mode!r}")
+        self.mode = mode
+
+    def _apply_image(self, image: np.ndarray, params: Any) -> np.ndarray:
+        if image.ndim == 2:
+            image = image[:, :, None]
+        return np.ascontiguousarray(image.transpose(2, 0, 1)) if self.mode == "CHW" else image
+
+    _apply_mask = _apply_image
+
+
+def _pad(image: np.ndarray, top: int, bottom: int, left: int, right: int, value: Any) -> np.ndarray:
+    """Constant padding of the H and W axes; ``value`` may be per-channel."""
+    h, w = image.shape[:2]
+    out = np.empty((h + top + bottom, w + left + right) + image.shape[2:], dtype=image.dtype)
+    out[...] = np.asarray(value, dtype=image.dtype)
+    out[top:top + h, left:left + w] = image
+    return out
+
+
+class Pad(VisionTransform):
+    """Constant padding; ``size``: an int, (vertical, horizontal) or (top, bottom, left, right)."""
+
+    def __init__(self, size: int | Sequence[int] = 0, value: float | Sequence[float] = 0,
+                 mask_value: int = 0, order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        s = (size,) if np.isscalar(size) else tuple(size)
+        if len(s) not in (1, 2, 4) or any(int(v) != v or v < 0 for v in s):
+            raise ValueError(
+                f"Pad: size must be a non-negative int, (v, h) or (top, bottom, left, right), "
+                f"got {size!r}"
+            )
+        s = tuple(int(v) for v in s)
+        self.size = s * 4 if len(s) == 1 else (s[0], s[0], s[1], s[1]) if len(s) == 2 else s
+        self.value, self.mask_value = value, mask_value
+
+    def _apply_image(self, image: np.ndarray, params: Any) -> np.ndarray:
+        return _pad(image, *self.size, self.value)
+
+    def _apply_mask(self, mask: np.ndarray, params: Any) -> np.ndarray:
+        return _pad(mask, *self.size, self.mask_value)
+
+
+class RandomCrop(VisionTransform):
+    """Pad by ``padding_size`` on every side, then crop ``output_size`` at a random position."""
+
+    def __init__(self, output_size: int | Sequence[int], padding_size: int = 0,
+                 padding_value: float | Sequence[float] = 0, padding_maskvalue: int = 0,
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        self.output_size = _pair("output_size", "RandomCrop", output_size)
+        if int(padding_size) != padding_size or padding_size < 0:
+            raise ValueError(f"RandomCrop: padding_size must be an int >= 0, got {padding_size!r}")
+        self.padding_size = int(padding_size)
+        self.padding_value, self.padding_maskvalue = padding_value, padding_maskvalue
+
+    def _params(self, image: np.ndarray) -> tuple[int, int]:
+        h, w = (n + 2 * self.padding_size for n in image.shape[:2])
+        oh, ow = self.output_size
+        if oh > h or ow > w:
+            raise ValueError(
+                f"RandomCrop: output_size {self.output_size} is larger than the padded image "
+                f"({h}, {w})"
+            )
+        return np.random.randint(h - oh + 1), np.random.randint(w - ow + 1)
+
+    def _crop(self, image: np.ndarray, params: tuple[int, int], value: Any) -> np.ndarray:
+        p = self.padding_size
+        if p:
+            image = _pad(image, p, p, p, p, value)
+        y, x = params
+        return image[y:y + self.output_size[0], x:x + self.output_size[1]].copy()
+
+    def _apply_image(self, image: np.ndarray, params: tuple[int, int]) -> np.ndarray:
+        return self._crop(image, params, self.padding_value)
+
+    def _apply_mask(self, mask: np.ndarray, params: tuple[int, int]) -> np.ndarray:
+        return self._crop(mask, params, self.padding_maskvalue)
+
+
+class CenterCrop(VisionTransform):
+    """Crop ``output_size`` from the centre (the deterministic counterpart of RandomCrop)."""
+
+    def __init__(self, output_size: int | Sequence[int],
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        self.output_size = _pair("output_size", "CenterCrop", output_size)
+
+    def _apply_image(self, image: np.ndarray, params: Any) -> np.ndarray:
+        (h, w), (oh, ow) = image.shape[:2], self.output_size
+        if oh > h or ow > w:
+            raise ValueError(f"CenterCrop: output_size {self.output_size} > image ({h}, {w})")
+        y, x = (h - oh) // 2, (w - ow) // 2
+        return image[y:y + oh, x:x + ow].copy()
+
+    _apply_mask = _apply_image
+
+
+class RandomHorizontalFlip(VisionTransform):
+    """Mirror the W axis with probability ``prob``."""
+
+    def __init__(self, prob: float = 0.5, order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        if not 0.0 <= prob <= 1.0:
+            raise ValueError(f"RandomHorizontalFlip: prob must be in [0, 1], got {prob}")
+        self.prob = float(prob)
+
+    def _params(self, image: np.ndarray) -> bool:
+        return bool(np.random.random_sample() < self.prob)
+
+    def _apply_image(self, image: np.ndarray, flip: bool) -> np.ndarray:
+        return image[:, ::-1].copy() if flip else image
+
+    _apply_mask = _apply_image
+
+
+def _src_coords(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Half-pixel-centre source coordinates (OpenCV INTER_LINEAR convention): i0, i1, weight."""
+    src = np.clip((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0, n_in - 1)
+    i0 = np.floor(src).astype(np.int64)
+    return i0, np.minimum(i0 + 1, n_in - 1), src - i0
+
+
+def _resize(image: np.ndarray, oh: int, ow: int, interpolation: str) -> np.ndarray:
+    h, w = image.shape[:2]
+    if (oh, ow) == (h, w):
+        return image.copy()
+    if interpolation == "nearest":
+        ys = np.minimum(((np.arange(oh) + 0.5) * (h / oh)).astype(np.int64), h - 1)
+        xs = np.minimum(((np.arange(ow) + 0.5) * (w / ow)).astype(np.int64), w - 1)
+        return image[ys][:, xs]
+    (y0, y1, fy), (x0, x1, fx) = _src_coords(oh, h), _src_coords(ow, w)
+    extra = (1,) * (image.ndim - 2)
+    fy, fx = fy.reshape((oh, 1) + extra), fx.reshape((1, ow) + extra)
+    # float32 images stay float32; integers go through float64 so rounding matches exact maths.
+    ftype = np.float32 if image.dtype in (np.float32, np.float16) else np.float64
+    img = image.astype(ftype)
+    rows0, rows1 = img[y0], img[y1]
+    top = rows0[:, x0] * (1 - fx) + rows0[:, x1] * fx
+    bottom = rows1[:, x0] * (1 - fx) + rows1[:, x1] * fx
+    out = top * (1 - fy) + bottom * fy
+    if np.issubdtype(image.dtype, np.integer):
+        info = np.iinfo(image.dtype)
+        return np.clip(np.rint(out), info.min, info.max).astype(image.dtype)
+    return out.astype(image.dtype, copy=False)
+
+
+class Resize(VisionTransform):
+    """Resize to ``output_size`` = (h, w), or an int for the shorter side (aspect kept).
+
+    ``interpolation`` is ``"bilinear"`` (half-pixel centres, like OpenCV's INTER_LINEAR) or
+    ``"nearest"``; masks always use nearest so labels are never blended.
+    """
+
+    def __init__(self, output_size: int | Sequence[int], interpolation: str = "bilinear",
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        if interpolation not in ("bilinear", "nearest"):
+            raise ValueError(
+                f"Resize: interpolation must be 'bilinear' or 'nearest', got {interpolation!r}"
+            )
+        if np.isscalar(output_size):
+            _pair("output_size", "Resize", output_size)
+            self.output_size: int | tuple[int, int] = int(output_size)
+        else:
+            self.output_size = _pair("output_size", "Resize", output_size)
+        self.interpolation = interpolation
+
+    def _shape(self, h: int, w: int) -> tuple[int, int]:
+        if not isinstance(self.output_size, int):
+            return self.output_size
+        s = self.output_size
+        return (s, max(1, round(s * w / h))) if h <= w else (max(1, round(s * h / w)), s)
+
+    def _apply_image(self, image: np.ndarray, params: Any) -> np.ndarray:
+        return _resize(image, *self._shape(*image.shape[:2]), self.interpolation)
+
+    def _apply_mask(self, mask: np.ndarray, params: Any) -> np.ndarray:
+        return _resize(mask, *self._shape(*mask.shape[:2]), "nearest")

@@ -1,0 +1,426 @@
+"""``@dist.launcher``: run a function on one forked process per device and collect the results.
+
+Fork (not spawn) because MegEngine's docs call the decorated function at module level without a
+``__main__`` guard. The parent runs the rendezvous store, forks the ranks, reads their results
+*while* waiting (large return values cannot deadlock the pipes), and on the first failure
+terminates the others and raises :class:`LaunchError` naming the rank with its traceback (or the
+signal that killed it). Children die with the parent (``PR_SET_PDEATHSIG``) and each leads its own
+process group, which the parent kills on cleanup, so no process outlives the job.
+
+Example::
+
+    @dist.launcher(n_gpus=2)          # on CPU: 2 processes by default (MINIGRAD_NPROC overrides)
+    def main(scale):
+        return dist.get_rank() * scale
+
+    main(10)   # -> [0, 10]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+from minigrad.distributed import group as _group
+from minigrad.distributed import store as _store
+from minigrad.distributed.backends.cpu import SHM_DIR, shm_prefix
+
+NPROC_ENV = "MINIGRAD_NPROC"
+LAUNCHED_ENV = "MINIGRAD_DIST_LAUNCHED"
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class LaunchError(RuntimeError):
+    """A rank of a launched job failed; ``.rank`` is the failing rank, the message has its traceback."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def visible_gpu_count() -> int:
+    """GPUs visible to CUDA, counted *without* initialising CUDA (so forking stays safe)."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return len([v for v in vis.split(",") if v.strip() and not v.strip().startswith("-")])
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def cuda_initialized() -> bool:
+    """Whether this process already initialised the CUDA driver (a forked child could not use it)."""
+    try:
+        with open("/proc/self/maps") as f:
+            if "libcuda.so" not in f.read():
+                return False
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    ctx = ctypes.c_void_p()
+    # cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED (3) until cuInit ran.
+    return lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 3
+
+
+_blas_limiter: Any = None
+
+
+def limit_blas_threads(n: int) -> bool:
+    """Limit BLAS threads in *this* process (env vars are too late after fork: the pool exists).
+
+    Uses threadpoolctl when installed, else calls OpenBLAS's setter found in the loaded libraries.
+    Returns whether a limit was applied.
+    """
+    global _blas_limiter
+    try:
+        import threadpoolctl  # noqa: PLC0415  (optional)
+
+        _blas_limiter = threadpoolctl.threadpool_limits(n)
+        return True
+    except ImportError:
+        pass
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "blas" in line.lower() and ".so" in line}
+    except OSError:
+        return False
+    done = False
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for sym in (
+            "scipy_openblas_set_num_threads64_",
+            "scipy_openblas_set_num_threads",
+            "openblas_set_num_threads64_",
+            "openblas_set_num_threads",
+        ):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                fn(ctypes.c_int(n))
+                done = True
+                break
+    return done
+
+
+def _set_pdeathsig(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def kill_tree(pids: list[int], grace: float = 2.0) -> None:
+    """SIGTERM each child's process group, then SIGKILL what is left after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            for target in (lambda: os.killpg(pid, sig), lambda: os.kill(pid, sig)):
+                try:
+                    target()
+                    break
+                except (ProcessLookupError, PermissionError):
+                    continue
+        if sig == signal.SIGTERM:
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(_alive(p) for p in pids):
+                time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    """Alive and not a zombie (without reaping it: its owner still wants the exit status)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def remove_shm_leftovers(job: str) -> None:
+    """Delete /dev/shm files of ``job`` (normally none: segments are unlinked once mapped)."""
+    if SHM_DIR is None:
+        return
+    for path in glob.glob(os.path.join(SHM_DIR, shm_prefix(job) + "*")):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def describe_exit(code: int | None) -> str:
+    """'exit code 3' or 'killed by SIGKILL' for a process exit code (negative = signal)."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+# ------------------------------------------------------------------------------- child
+
+
+def _child_main(spec: dict, func: Callable, args: tuple, kwargs: dict, conn) -> None:
+    _set_pdeathsig(spec["parent_pid"])
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    if spec["server_fd"] is not None:
+        try:
+            os.close(spec["server_fd"])  # the store's listening socket belongs to the parent
+        except OSError:
+            pass
+    os.environ.update(spec["env"])
+    threads = spec["threads"]
+    if threads is not None:
+        for var in _THREAD_VARS:
+            os.environ[var] = str(threads)
+        limit_blas_threads(threads)
+    try:
+        from minigrad.backend import set_default_device
+
+        set_default_device(spec["device"])
+        _group.init_process_group(
+            spec["master_ip"],
+            spec["port"],
+            spec["world_size"],
+            spec["rank"],
+            backend=spec["backend"],
+            timeout=spec["timeout"],
+            secret=spec["secret"],
+        )
+        result = func(*args, **kwargs)
+        try:
+            conn.send(("ok", result))
+        except Exception as exc:  # unpicklable result
+            raise TypeError(
+                f"rank {spec['rank']} returned a {type(result).__name__} that cannot be sent back "
+                f"to the launcher: {exc}"
+            ) from exc
+        code = 0
+    except BaseException:
+        try:
+            conn.send(("err", traceback.format_exc()))
+        except Exception:
+            pass
+        code = 1
+    try:
+        conn.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+# ------------------------------------------------------------------------------ parent
+
+
+class launcher:
+    """Decorator running ``func`` on ``n_gpus`` local ranks (MegEngine's ``dist.launcher``).
+
+    Arguments: ``n_gpus`` local processes (default: visible GPUs, or on CPU ``MINIGRAD_NPROC`` or
+    2), ``world_size`` (default ``n_gpus``; larger for multi-machine jobs), ``rank_start`` (first
+    global rank on this machine), ``master_ip``/``port`` of the store (``port=0``: any free port;
+    the machine with ``rank_start == 0`` runs the store), ``backend``, ``timeout`` (collectives),
+    ``job_timeout`` (whole run). Calling the decorated function returns the per-rank return values
+    in rank order.
+    """
+
+    def __new__(cls, func: Callable | None = None, **kwargs):
+        if func is None:
+            return functools.partial(cls, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        func: Callable | None = None,
+        n_gpus: int | None = None,
+        world_size: int | None = None,
+        rank_start: int = 0,
+        master_ip: str = "localhost",
+        port: int = 0,
+        device_type: str = "xpu",
+        backend: str = "auto",
+        timeout: float | None = None,
+        job_timeout: float | None = None,
+        nproc: int | None = None,
+    ):
+        functools.update_wrapper(self, func)
+        self.func = func
+        gpus = visible_gpu_count() if device_type in ("xpu", "gpu") else 0
+        if device_type == "gpu" and gpus == 0:
+            raise RuntimeError("dist.launcher(device_type='gpu'): no visible CUDA device")
+        self.on_gpu = gpus > 0
+        n = n_gpus if n_gpus is not None else nproc
+        if n is None:
+            n = gpus if self.on_gpu else int(os.environ.get(NPROC_ENV, 2))
+        if n < 1:
+            raise ValueError(f"dist.launcher: need at least one process, got n_gpus={n}")
+        self.n = int(n)
+        self.world_size = int(world_size) if world_size is not None else self.n
+        self.rank_start = int(rank_start)
+        if self.rank_start + self.n > self.world_size:
+            raise ValueError(
+                f"dist.launcher: ranks {self.rank_start}..{self.rank_start + self.n - 1} do not fit "
+                f"in world_size {self.world_size}"
+            )
+        self.master_ip, self.port = master_ip, int(port)
+        self.backend = backend
+        self.timeout = timeout
+        self.job_timeout = job_timeout
+
+    def __call__(self, *args, **kwargs) -> list:
+        if os.environ.get(LAUNCHED_ENV) and not _group.is_distributed():
+            # Already one rank of `python -m minigrad.distributed.launch`: just join and run.
+            _group.init_process_group(backend=self.backend, timeout=self.timeout)
+            return [self.func(*args, **kwargs)]
+        if self.on_gpu and cuda_initialized():
+            raise RuntimeError(
+                "dist.launcher: CUDA was already initialised in the parent process; forked ranks "
+                "could not use the GPU. Create no GPU tensors and call no CuPy function before "
+                "launching (or set the default device to cpu0)."
+            )
+        return self._run(args, kwargs)
+
+    def _run(self, args: tuple, kwargs: dict) -> list:
+        secret = os.environ.get(_store.SECRET_ENV) or _store.generate_secret()
+        job = _store.generate_secret()[:10]
+        server = None
+        port = self.port
+        if self.rank_start == 0:
+            server = _store.Server(port, secret)
+            port = server.port
+        elif port == 0:
+            raise ValueError("dist.launcher: rank_start > 0 needs the master's store port")
+        cores = os.cpu_count() or 1
+        user_threads = any(v in os.environ for v in _THREAD_VARS)
+        threads = None if user_threads else max(1, cores // self.n)
+        timeout = self.timeout
+        if timeout is None:
+            timeout = _group.default_timeout()
+            if self.job_timeout is not None and _group.TIMEOUT_ENV not in os.environ:
+                timeout = self.job_timeout
+        ctx = mp.get_context("fork")
+        procs, conns = [], []
+        results: dict[int, Any] = {}
+        try:
+            for local in range(self.n):
+                rank = self.rank_start + local
+                env = {
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(local),
+                    "WORLD_SIZE": str(self.world_size),
+                    "LOCAL_WORLD_SIZE": str(self.n),
+                    "MASTER_ADDR": self.master_ip,
+                    "MASTER_PORT": str(port),
+                    _store.SECRET_ENV: secret,
+                    _group.JOB_ENV: job,
+                    _group.STORE_ENV: "external",
+                }
+                spec = {
+                    "parent_pid": os.getpid(),
+                    "server_fd": server.fileno() if server is not None else None,
+                    "env": env,
+                    "threads": threads,
+                    "device": f"gpu{local}" if self.on_gpu else "cpu0",
+                    "master_ip": self.master_ip,
+                    "port": port,
+                    "world_size": self.world_size,
+                    "rank": rank,
+                    "backend": self.backend,
+                    "timeout": timeout,
+                    "secret": secret,
+                }
+                recv_end, send_end = ctx.Pipe(duplex=False)
+                p = ctx.Process(
+                    target=_child_main,
+                    args=(spec, self.func, args, kwargs, send_end),
+                    name=f"rank{rank}",
+                    daemon=False,
+                )
+                p.start()
+                send_end.close()
+                procs.append(p)
+                conns.append(recv_end)
+            self._monitor(procs, conns, results)
+        finally:
+            kill_tree([p.pid for p in procs if p.pid is not None], grace=1.0)
+            for p in procs:
+                p.join(timeout=5)
+            for c in conns:
+                c.close()
+            if server is not None:
+                server.close()
+            remove_shm_leftovers(job)
+        return [results[self.rank_start + i] for i in range(self.n)]
+
+    def _monitor(self, procs: list, conns: list, results: dict) -> None:
+        deadline = None if self.job_timeout is None else time.monotonic() + self.job_timeout
+        by_conn = {c: i for i, c in enumerate(conns)}
+        by_sentinel = {p.sentinel: i for i, p in enumerate(procs)}
+        open_conns, running = set(conns), set(by_sentinel)
+        while running or open_conns:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                missing = [self.rank_start + i for i in range(self.n) if self.rank_start + i not in results]
+                raise LaunchError(
+                    f"dist.launcher: job timed out after {self.job_timeout:g} s; rank(s) {missing} "
+                    f"had not finished"
+                )
+            ready = mpc.wait(list(open_conns) + list(running), timeout=left)
+            for obj in ready:  # read messages before judging exits
+                if obj in open_conns:
+                    self._read(obj, by_conn[obj], results, open_conns)
+            for obj in ready:
+                if obj in running:
+                    running.discard(obj)
+                    i = by_sentinel[obj]
+                    c = conns[i]
+                    while c in open_conns and c.poll():
+                        self._read(c, i, results, open_conns)
+                    p = procs[i]
+                    p.join(timeout=1)
+                    rank = self.rank_start + i
+                    if rank not in results or p.exitcode != 0:
+                        raise LaunchError(
+                            f"dist.launcher: rank {rank} (pid {p.pid}) {describe_exit(p.exitcode)} "
+                            f"without returning a result",
+                            rank,
+                        )
+
+    def _read(self, conn, i: int, results: dict, open_conns: set) -> None:
+        rank = self.rank_start + i
+        try:
+            kind, payload = conn.recv()
+        except (EOFError, OSError):
+            open_conns.discard(conn)
+            return
+        if kind == "ok":
+            results[rank] = payload
+            return
+        raise LaunchError(f"dist.launcher: rank {rank} failed:\n{payload}", rank)

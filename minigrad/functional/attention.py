@@ -1,0 +1,135 @@
+"""Attention: ``scaled_dot_product_attention`` and the functional ``multi_head_attention``.
+
+Both are compositions of matmul, softmax, dropout and shape ops; masks enter as constant additive
+biases (``0`` to keep, ``-inf`` to drop) so they cost one broadcast add and no gradient work.
+"""
+
+from __future__ import annotations
+
+import math
+
+from minigrad.functional.elementwise import _f
+from minigrad.functional.linalg import matmul
+from minigrad.functional.shape import reshape, transpose
+from minigrad.tensor import Tensor
+
+__all__ = ["multi_head_attention", "scaled_dot_product_attention"]
+
+
+def _mask_bias(op: str, attn_mask, is_causal: bool, like: Tensor, length: int, src: int):
+    """The additive bias (a constant Tensor, or None) for a boolean/float mask and causality."""
+    xp = like.xp
+    bias = None
+    if is_causal:
+        # query i may look at keys j <= i (top-left aligned, as PyTorch)
+        bias = xp.triu(xp.full((length, src), -xp.inf, dtype=like.dtype), k=1)
+    if attn_mask is not None:
+        m = attn_mask._data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
+        if m.shape[-2:] != (length, src) and m.ndim >= 2:
+            if m.shape[-2] not in (1, length) or m.shape[-1] not in (1, src):
+                raise ValueError(
+                    f"{op}: attn_mask shape {m.shape} does not broadcast to ({length}, {src})"
+                )
+        if m.dtype == bool:
+            m = xp.where(m, 0.0, -xp.inf).astype(like.dtype)
+        else:
+            m = m.astype(like.dtype, copy=False)
+        bias = m if bias is None else bias + m
+    return None if bias is None else Tensor._wrap(bias, like._device)
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
+                                 dropout_p: float = 0.0, scale: float | None = None) -> Tensor:
+    """``softmax(q @ k^T * scale + mask) @ v`` over the last two axes.
+
+    ``q`` is (..., L, E), ``k`` (..., S, E), ``v`` (..., S, Ev); leading axes broadcast. ``scale``
+    defaults to ``1/sqrt(E)``. ``attn_mask`` is boolean (True = may attend) or float (added to the
+    scores) and broadcasts to (..., L, S); ``is_causal`` lets query i attend keys ``j <= i``.
+    ``dropout_p`` drops attention weights (inverted dropout) whenever it is positive.
+
+    Example::
+
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, L, D)
+    """
+    from minigrad.functional.nn import dropout, softmax  # noqa: PLC0415  (nn re-exports us)
+
+    op = "scaled_dot_product_attention"
+    q, k, v = _f(q), _f(k), _f(v)
+    if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
+        raise ValueError(
+            f"{op}: q, k, v must be at least 2-D, got {q.shape}, {k.shape}, {v.shape}"
+        )
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"{op}: incompatible shapes q {q.shape}, k {k.shape}, v {v.shape} (need "
+            f"q[-1] == k[-1] and k[-2] == v[-2])"
+        )
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = matmul(q * scale, k, transpose_b=True)
+    bias = _mask_bias(op, attn_mask, is_causal, q, q.shape[-2], k.shape[-2])
+    if bias is not None:
+        scores = scores + bias
+    weights = softmax(scores, -1)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p, training=True)
+    return matmul(weights, v)
+
+
+def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_proj_bias=None,
+                         out_proj_weight=None, out_proj_bias=None, attn_mask=None,
+                         is_causal: bool = False, dropout_p: float = 0.0,
+                         training: bool = True) -> Tensor:
+    """Multi-head attention on batch-first inputs (the functional core of a MultiHeadAttention).
+
+    ``query`` is (N, L, E), ``key``/``value`` (N, S, E). ``in_proj_weight`` (3E, E) stacks the
+    query, key and value projections (``linear`` layout: out x in) and ``in_proj_bias`` is (3E,);
+    ``out_proj_weight`` (E, E) and ``out_proj_bias`` (E,) project the concatenated heads back (no
+    output projection when ``out_proj_weight`` is None). Each of the ``num_heads`` heads attends
+    with ``scaled_dot_product_attention`` on ``E // num_heads`` features; ``attn_mask`` and
+    ``is_causal`` are passed through, and ``dropout_p`` applies only when ``training``.
+    Returns (N, L, E).
+
+    Example::
+
+        y = F.multi_head_attention(x, x, x, 4, w_in, b_in, w_out, b_out, is_causal=True)
+    """
+    from minigrad.functional.nn import linear  # noqa: PLC0415  (nn re-exports us)
+
+    op = "multi_head_attention"
+    query, in_proj_weight = _f(query), _f(in_proj_weight)
+    if query.ndim != 3:
+        raise ValueError(f"{op}: query must be (N, L, E), got shape {query.shape}")
+    n, length, e = query.shape
+    if num_heads < 1 or e % num_heads:
+        raise ValueError(f"{op}: num_heads={num_heads} must divide the embedding size {e}")
+    if tuple(in_proj_weight.shape) != (3 * e, e):
+        raise ValueError(
+            f"{op}: in_proj_weight has shape {in_proj_weight.shape}, expected {(3 * e, e)}"
+        )
+    d = e // num_heads
+
+    def heads(x: Tensor) -> Tensor:  # (N, T, E) -> (N, H, T, D)
+        return transpose(reshape(x, (n, x.shape[1], num_heads, d)), (0, 2, 1, 3))
+
+    if query is key and key is value:  # self-attention: one fused projection
+        qkv = linear(query, in_proj_weight, in_proj_bias)
+        qkv = transpose(reshape(qkv, (n, length, 3, num_heads, d)), (2, 0, 3, 1, 4))
+        q, k, v = qkv[0], qkv[1], qkv[2]
+    else:
+        key, value = _f(key), _f(value)
+        if key.ndim != 3 or key.shape[0] != n or key.shape[2] != e or value.shape != key.shape:
+            raise ValueError(
+                f"{op}: key {key.shape} and value {value.shape} must both be (N={n}, S, E={e})"
+            )
+        b = [None] * 3 if in_proj_bias is None else [in_proj_bias[i * e : (i + 1) * e]
+                                                     for i in range(3)]
+        w = [in_proj_weight[i * e : (i + 1) * e] for i in range(3)]
+        q = heads(linear(query, w[0], b[0]))
+        k = heads(linear(key, w[1], b[1]))
+        v = heads(linear(value, w[2], b[2]))
+    out = scaled_dot_product_attention(q, k, v, attn_mask, is_causal,
+                                       dropout_p if training else 0.0)
+    out = reshape(transpose(out, (0, 2, 1, 3)), (n, length, e))
+    if out_proj_weight is not None:
+        out = linear(out, out_proj_weight, out_proj_bias)
+    return out

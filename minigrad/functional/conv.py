@@ -1,0 +1,472 @@
+"""Convolution and pooling: the NN primitives that own their backward.
+
+Everything is written once on raw ``xp`` arrays (NumPy or CuPy) around two helpers:
+
+* ``_im2col`` views every receptive field of a padded NCHW input with ``as_strided`` and copies them
+  once into a ``(C*kh*kw, N*OH*OW)`` matrix, so a convolution is one big matrix product (BLAS);
+* ``_col2im`` is its adjoint: it scatters such a matrix back onto the image with one strided
+  ``+=`` per kernel offset (``kh*kw`` iterations, never a loop over pixels).
+
+conv2d's input gradient is ``_col2im``; conv_transpose2d is conv2d's adjoint and reuses the same two
+helpers the other way round. Pooling loops over the ``kh*kw`` kernel offsets with strided slices.
+
+The backward passes here work on raw arrays, so gradients through convolution and pooling are
+first-order only (a second-order gradient treats them as constants).
+"""
+
+from __future__ import annotations
+
+import math
+
+from minigrad.autodiff.function import Function
+from minigrad.functional.elementwise import _f
+from minigrad.functional.linalg import matmul
+from minigrad.functional.shape import reshape
+from minigrad.tensor import Tensor
+
+__all__ = [
+    "adaptive_avg_pool2d",
+    "avg_pool2d",
+    "conv1d",
+    "conv2d",
+    "conv_transpose2d",
+    "max_pool2d",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# argument handling
+
+
+def _pair(value, name: str, op: str) -> tuple[int, int]:
+    """``3`` -> ``(3, 3)``; ``(2, 3)`` stays; anything else is an error naming the op."""
+    if isinstance(value, Tensor):
+        value = value.numpy().tolist()
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{op}: {name} must be an int or a pair, got {value!r}")
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _needs_grad(node: Function, i: int) -> bool:
+    """Whether input ``i`` of a recorded node receives a gradient (skips a useless col2im)."""
+    edges = node._edges
+    return edges is None or edges[i] is not None
+
+
+def _pad(xp, x, ph: int, pw: int, value: float = 0.0):
+    if ph == 0 and pw == 0:
+        return x
+    return xp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), mode="constant", constant_values=value)
+
+
+def _offset(i: int, j: int, oh: int, ow: int, stride, dilation) -> tuple:
+    """The strided slice of a padded image that kernel offset ``(i, j)`` sees over all outputs."""
+    (sh, sw), (dh, dw) = stride, dilation
+    return (
+        Ellipsis,
+        slice(i * dh, i * dh + sh * (oh - 1) + 1, sh),
+        slice(j * dw, j * dw + sw * (ow - 1) + 1, sw),
+    )
+
+
+def _im2col(xp, x, kh: int, kw: int, oh: int, ow: int, stride, dilation):
+    """Receptive fields of ``x`` (N, C, Hp, Wp) as a ``(C*kh*kw, N*OH*OW)`` matrix (one copy)."""
+    n, c = x.shape[:2]
+    s_n, s_c, s_h, s_w = x.strides
+    (sh, sw), (dh, dw) = stride, dilation
+    view = xp.lib.stride_tricks.as_strided(
+        x,
+        shape=(c, kh, kw, n, oh, ow),
+        strides=(s_c, s_h * dh, s_w * dw, s_n, s_h * sh, s_w * sw),
+    )
+    return xp.ascontiguousarray(view).reshape(c * kh * kw, n * oh * ow)
+
+
+def _col2im(xp, cols, padded_shape, kh: int, kw: int, oh: int, ow: int, stride, dilation):
+    """Adjoint of ``_im2col``: sum a ``(C*kh*kw, N*OH*OW)`` matrix into an (N, C, Hp, Wp) image."""
+    n, c = padded_shape[:2]
+    cols = cols.reshape(c, kh, kw, n, oh, ow)
+    out = xp.zeros(padded_shape, cols.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            out[_offset(i, j, oh, ow, stride, dilation)] += cols[:, i, j].transpose(1, 0, 2, 3)
+    return out
+
+
+def _crop(x, ph: int, pw: int, h: int, w: int):
+    if ph == 0 and pw == 0 and x.shape[2] == h and x.shape[3] == w:
+        return x
+    return x[:, :, ph : ph + h, pw : pw + w]
+
+
+# --------------------------------------------------------------------------------------------------
+# convolution
+
+
+class Conv2d(Function):
+    """``out = W (g, O/g, K) @ im2col(x) (g, K, N*OH*OW)``, per group ``g``."""
+
+    def forward(self, x, w, stride, padding, dilation, groups):
+        xp = x.xp
+        xd, wd = x._data, w._data
+        n, c, h, wid = xd.shape
+        o, cg, kh, kw = wd.shape
+        (ph, pw) = padding
+        oh = _out_size(h, kh, stride[0], ph, dilation[0])
+        ow = _out_size(wid, kw, stride[1], pw, dilation[1])
+        cols = _im2col(xp, _pad(xp, xd, ph, pw), kh, kw, oh, ow, stride, dilation)
+        wmat = wd.reshape(groups, o // groups, cg * kh * kw)
+        out = xp.matmul(wmat, cols.reshape(groups, cg * kh * kw, n * oh * ow))
+        self.cols, self.wd, self.args = cols, wd, (xd.shape, stride, padding, dilation, groups)
+        return xp.ascontiguousarray(out.reshape(o, n, oh, ow).transpose(1, 0, 2, 3))
+
+    def backward(self, dy):
+        xshape, stride, padding, dilation, g = self.args
+        d, wd, cols = dy._data, self.wd, self.cols
+        xp = dy.xp
+        n, o, oh, ow = d.shape
+        _, cg, kh, kw = wd.shape
+        k, m = cg * kh * kw, n * oh * ow
+        dmat = xp.ascontiguousarray(d.transpose(1, 0, 2, 3)).reshape(g, o // g, m)
+        dx = dw = None
+        if _needs_grad(self, 1):
+            dw = xp.matmul(dmat, cols.reshape(g, k, m).transpose(0, 2, 1)).reshape(wd.shape)
+            dw = Tensor._wrap(dw, dy._device)
+        if _needs_grad(self, 0):
+            dcols = xp.matmul(wd.reshape(g, o // g, k).transpose(0, 2, 1), dmat)
+            (ph, pw) = padding
+            padded = (n, xshape[1], xshape[2] + 2 * ph, xshape[3] + 2 * pw)
+            dxp = _col2im(xp, dcols, padded, kh, kw, oh, ow, stride, dilation)
+            dx = Tensor._wrap(_crop(dxp, ph, pw, xshape[2], xshape[3]), dy._device)
+        return dx, dw, None, None, None, None
+
+
+class ConvTranspose2d(Function):
+    """conv2d's adjoint in its input: ``out = col2im(W^T @ x)``, weight (Cin, Cout/g, kh, kw)."""
+
+    def forward(self, x, w, stride, padding, dilation, groups, out_hw):
+        xp = x.xp
+        xd, wd = x._data, w._data
+        n, cin, h, wid = xd.shape
+        _, og, kh, kw = wd.shape
+        ph, pw = padding
+        m = n * h * wid
+        xmat = xp.ascontiguousarray(xd.transpose(1, 0, 2, 3)).reshape(groups, cin // groups, m)
+        wmat = wd.reshape(groups, cin // groups, og * kh * kw)
+        cols = xp.matmul(wmat.transpose(0, 2, 1), xmat)  # (g, Cout/g*kh*kw, N*H*W)
+        padded = (n, og * groups, out_hw[0] + 2 * ph, out_hw[1] + 2 * pw)
+        out = _col2im(xp, cols, padded, kh, kw, h, wid, stride, dilation)
+        self.xmat, self.wd, self.args = xmat, wd, (xd.shape, stride, padding, dilation, groups)
+        return xp.ascontiguousarray(_crop(out, ph, pw, out_hw[0], out_hw[1]))
+
+    def backward(self, dy):
+        xshape, stride, padding, dilation, g = self.args
+        xp, xmat, wd = dy.xp, self.xmat, self.wd
+        n, cin, h, wid = xshape
+        _, og, kh, kw = wd.shape
+        k, m = og * kh * kw, n * h * wid
+        # the padded output buffer of forward is exactly dy padded back (output_padding included)
+        cols = _im2col(xp, _pad(xp, dy._data, *padding), kh, kw, h, wid, stride, dilation)
+        cols = cols.reshape(g, k, m)
+        dx = dw = None
+        if _needs_grad(self, 0):
+            dxm = xp.matmul(wd.reshape(g, cin // g, k), cols).reshape(cin, n, h, wid)
+            dx = Tensor._wrap(xp.ascontiguousarray(dxm.transpose(1, 0, 2, 3)), dy._device)
+        if _needs_grad(self, 1):
+            dw = xp.matmul(xmat, cols.transpose(0, 2, 1)).reshape(wd.shape)
+            dw = Tensor._wrap(dw, dy._device)
+        return dx, dw, None, None, None, None, None
+
+
+def _check_input(op: str, inp: Tensor, ndim: int = 4) -> None:
+    if inp.ndim != ndim:
+        layout = "(N, C, H, W)" if ndim == 4 else "(N, C, L)"
+        raise ValueError(f"{op}: expected a {ndim}-D input {layout}, got shape {inp.shape}")
+
+
+def _group_weight(op: str, weight: Tensor, groups: int) -> Tensor:
+    """Accept MegEngine's grouped 5-D weight (g, a, b, kh, kw) besides the 4-D (g*a, b, kh, kw)."""
+    if weight.ndim == 5:
+        if weight.shape[0] != groups:
+            raise ValueError(
+                f"{op}: grouped weight {weight.shape} has {weight.shape[0]} groups, "
+                f"expected {groups}"
+            )
+        return reshape(weight, (weight.shape[0] * weight.shape[1],) + weight.shape[2:])
+    if weight.ndim != 4:
+        raise ValueError(f"{op}: expected a 4-D weight (or 5-D grouped), got shape {weight.shape}")
+    return weight
+
+
+def _add_bias(op: str, out: Tensor, bias) -> Tensor:
+    """Add a per-channel bias given as (C,) or MegEngine's (1, C, 1, 1) / (1, C, 1)."""
+    if bias is None:
+        return out
+    bias = _f(bias)
+    c = out.shape[1]
+    if bias.size != c or (bias.ndim > 1 and bias.shape[1] != c):
+        raise ValueError(f"{op}: bias shape {bias.shape} does not match {c} output channels")
+    return out + reshape(bias, (1, c) + (1,) * (out.ndim - 2))
+
+
+def _check_mode(op: str, conv_mode: str) -> None:
+    if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
+        raise NotImplementedError(f"{op}: conv_mode {conv_mode!r} is not supported")
+
+
+def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
+           conv_mode: str = "cross_correlation", compute_mode: str = "default") -> Tensor:
+    """2-D cross-correlation over an NCHW input.
+
+    ``weight`` is (out, in/groups, kh, kw) (or MegEngine's grouped (groups, out/g, in/g, kh, kw)),
+    ``bias`` (1, out, 1, 1) or (out,). Output size per axis: ``(H + 2p - d*(k-1) - 1) // s + 1``.
+
+    Example::
+
+        y = F.conv2d(x, w, b, stride=2, padding=1)  # x (8, 3, 32, 32), w (16, 3, 3, 3)
+    """
+    op = "conv2d"
+    _check_mode(op, conv_mode)
+    inp, weight = _f(inp), _group_weight(op, _f(weight), groups)
+    _check_input(op, inp)
+    stride, padding = _pair(stride, "stride", op), _pair(padding, "padding", op)
+    dilation = _pair(dilation, "dilation", op)
+    n, c, h, w = inp.shape
+    o, cg, kh, kw = weight.shape
+    if groups < 1 or c % groups or o % groups:
+        raise ValueError(
+            f"{op}: groups={groups} must divide input channels {c} and output channels {o}"
+        )
+    if cg * groups != c:
+        raise ValueError(
+            f"{op}: input has {c} channels (shape {inp.shape}) but weight {weight.shape} expects "
+            f"{cg * groups} (= {cg} per group x {groups} groups)"
+        )
+    if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
+        raise ValueError(
+            f"{op}: need stride >= 1, dilation >= 1, padding >= 0; got stride={stride}, "
+            f"dilation={dilation}, padding={padding}"
+        )
+    oh = _out_size(h, kh, stride[0], padding[0], dilation[0])
+    ow = _out_size(w, kw, stride[1], padding[1], dilation[1])
+    if oh < 1 or ow < 1:
+        raise ValueError(
+            f"{op}: input {inp.shape} is too small for kernel {(kh, kw)} with padding {padding} "
+            f"and dilation {dilation} (output would be {(oh, ow)})"
+        )
+    out = Conv2d()(inp, weight, stride, padding, dilation, groups)
+    return _add_bias(op, out, bias)
+
+
+def conv1d(inp, weight, bias=None, stride: int = 1, padding: int = 0, dilation: int = 1,
+           groups: int = 1, conv_mode: str = "cross_correlation",
+           compute_mode: str = "default") -> Tensor:
+    """1-D cross-correlation over (N, C, L): ``weight`` (out, in/groups, k), ``bias`` (1, out, 1)
+    or (out,). Runs as conv2d on a height-1 image."""
+    op = "conv1d"
+    inp, weight = _f(inp), _f(weight)
+    _check_input(op, inp, 3)
+    if weight.ndim != 3:
+        raise ValueError(
+            f"{op}: expected a 3-D weight (out, in/groups, k), got shape {weight.shape}"
+        )
+    if weight.shape[1] * groups != inp.shape[1]:
+        raise ValueError(
+            f"{op}: input has {inp.shape[1]} channels (shape {inp.shape}) but weight "
+            f"{weight.shape} expects {weight.shape[1] * groups}"
+        )
+    x4 = reshape(inp, (inp.shape[0], inp.shape[1], 1, inp.shape[2]))
+    w4 = reshape(weight, (weight.shape[0], weight.shape[1], 1, weight.shape[2]))
+    out = conv2d(x4, w4, None, (1, int(stride)), (0, int(padding)), (1, int(dilation)), groups,
+                 conv_mode)
+    out = reshape(out, (out.shape[0], out.shape[1], out.shape[3]))
+    return _add_bias(op, out, bias)
+
+
+def conv_transpose2d(inp, weight, bias=None, stride=1, padding=0, output_padding=0, dilation=1,
+                     groups: int = 1, conv_mode: str = "cross_correlation",
+                     compute_mode: str = "default") -> Tensor:
+    """Transposed 2-D convolution (the gradient of conv2d with respect to its input).
+
+    ``weight`` is (in, out/groups, kh, kw) (or grouped (groups, in/g, out/g, kh, kw)); output size
+    per axis: ``(H - 1)*s - 2p + d*(k-1) + output_padding + 1``.
+    """
+    op = "conv_transpose2d"
+    _check_mode(op, conv_mode)
+    inp, weight = _f(inp), _group_weight(op, _f(weight), groups)
+    _check_input(op, inp)
+    stride, padding = _pair(stride, "stride", op), _pair(padding, "padding", op)
+    dilation = _pair(dilation, "dilation", op)
+    out_pad = _pair(output_padding, "output_padding", op)
+    n, c, h, w = inp.shape
+    cin, og, kh, kw = weight.shape
+    if groups < 1 or c % groups:
+        raise ValueError(f"{op}: groups={groups} must divide input channels {c}")
+    if cin != c:
+        raise ValueError(
+            f"{op}: input has {c} channels (shape {inp.shape}) but weight {weight.shape} "
+            f"expects {cin}"
+        )
+    for a in range(2):
+        if not 0 <= out_pad[a] < max(stride[a], dilation[a]):
+            raise ValueError(
+                f"{op}: output_padding {out_pad} must be smaller than stride {stride} or "
+                f"dilation {dilation}"
+            )
+    out_hw = tuple(
+        (size - 1) * stride[a] - 2 * padding[a] + dilation[a] * (k - 1) + out_pad[a] + 1
+        for a, (size, k) in enumerate(((h, kh), (w, kw)))
+    )
+    if min(out_hw) < 1:
+        raise ValueError(f"{op}: output size {out_hw} is not positive for input {inp.shape}")
+    out = ConvTranspose2d()(inp, weight, stride, padding, dilation, groups, out_hw)
+    return _add_bias(op, out, bias)
+
+
+# --------------------------------------------------------------------------------------------------
+# pooling
+
+
+class MaxPool2d(Function):
+    """Running maximum over the ``kh*kw`` offsets; remembers which offset won (first on ties)."""
+
+    def forward(self, x, kernel, stride, padding, out_hw):
+        xp = x.xp
+        kh, kw = kernel
+        xpad = _pad(xp, x._data, *padding, value=-math.inf)
+        out = idx = None
+        for k in range(kh * kw):
+            s = xpad[_offset(k // kw, k % kw, *out_hw, stride, (1, 1))]
+            if out is None:
+                out = xp.array(s)  # contiguous copy
+                idx = xp.zeros(out.shape, xp.int8 if kh * kw < 128 else xp.int32)
+                continue
+            better = s > out
+            xp.copyto(out, s, where=better)
+            xp.copyto(idx, k, where=better)
+        self.idx, self.args = idx, (x._data.shape, xpad.shape, kernel, stride, padding, out_hw)
+        return out
+
+    def backward(self, dy):
+        xshape, pshape, (kh, kw), stride, (ph, pw), out_hw = self.args
+        xp, d, idx = dy.xp, dy._data, self.idx
+        dxp = xp.zeros(pshape, d.dtype)
+        for k in range(kh * kw):
+            dxp[_offset(k // kw, k % kw, *out_hw, stride, (1, 1))] += d * (idx == k)
+        return Tensor._wrap(_crop(dxp, ph, pw, *xshape[2:]), dy._device), None, None, None, None
+
+
+class AvgPool2d(Function):
+    """Sum over the ``kh*kw`` offsets times 1/window size (a scalar or a per-output array)."""
+
+    def forward(self, x, kernel, stride, padding, out_hw, count):
+        xp = x.xp
+        kh, kw = kernel
+        xpad = _pad(xp, x._data, *padding)
+        out = None
+        for k in range(kh * kw):
+            s = xpad[_offset(k // kw, k % kw, *out_hw, stride, (1, 1))]
+            out = xp.array(s) if out is None else xp.add(out, s, out=out)
+        out *= count
+        self.args = (x._data.shape, xpad.shape, kernel, stride, padding, out_hw, count)
+        return out
+
+    def backward(self, dy):
+        xshape, pshape, (kh, kw), stride, (ph, pw), out_hw, count = self.args
+        xp = dy.xp
+        g = dy._data * count
+        dxp = xp.zeros(pshape, g.dtype)
+        for k in range(kh * kw):
+            dxp[_offset(k // kw, k % kw, *out_hw, stride, (1, 1))] += g
+        out = Tensor._wrap(_crop(dxp, ph, pw, *xshape[2:]), dy._device)
+        return out, None, None, None, None, None
+
+
+def _pool_args(op, inp, kernel_size, stride, padding):
+    _check_input(op, inp)
+    kernel = _pair(kernel_size, "kernel_size", op)
+    stride = kernel if stride is None else _pair(stride, "stride", op)
+    padding = _pair(padding, "padding", op)
+    if min(kernel) < 1 or min(stride) < 1 or min(padding) < 0:
+        raise ValueError(
+            f"{op}: need kernel_size >= 1, stride >= 1, padding >= 0; got kernel_size={kernel}, "
+            f"stride={stride}, padding={padding}"
+        )
+    if padding[0] * 2 > kernel[0] or padding[1] * 2 > kernel[1]:
+        raise ValueError(f"{op}: padding {padding} must be at most half the kernel size {kernel}")
+    out_hw = tuple(
+        _out_size(inp.shape[2 + a], kernel[a], stride[a], padding[a], 1) for a in range(2)
+    )
+    if min(out_hw) < 1:
+        raise ValueError(
+            f"{op}: input {inp.shape} is too small for kernel {kernel} with padding {padding}"
+        )
+    return kernel, stride, padding, out_hw
+
+
+def max_pool2d(inp, kernel_size, stride=None, padding=0) -> Tensor:
+    """Max over ``kernel_size`` windows of an NCHW input; ``stride`` defaults to ``kernel_size`` and
+    padding counts as ``-inf``. The gradient goes to the first maximum of each window."""
+    inp = _f(inp)
+    kernel, stride, padding, out_hw = _pool_args("max_pool2d", inp, kernel_size, stride, padding)
+    return MaxPool2d()(inp, kernel, stride, padding, out_hw)
+
+
+def avg_pool2d(inp, kernel_size, stride=None, padding=0,
+               mode: str = "average_count_exclude_padding") -> Tensor:
+    """Mean over ``kernel_size`` windows of an NCHW input (``stride`` defaults to ``kernel_size``).
+
+    ``mode`` is MegEngine's: ``"average_count_exclude_padding"`` (the default) divides each window
+    by the number of real input pixels it covers; ``"average"`` divides by ``kh*kw``, counting
+    padded zeros (PyTorch's default, ``count_include_pad=True``).
+    """
+    op = "avg_pool2d"
+    inp = _f(inp)
+    kernel, stride, padding, out_hw = _pool_args(op, inp, kernel_size, stride, padding)
+    if mode in ("average", "AVERAGE"):
+        count = 1.0 / (kernel[0] * kernel[1])
+    elif mode in ("average_count_exclude_padding", "AVERAGE_COUNT_EXCLUDE_PADDING"):
+        counts = []
+        for a in range(2):
+            start = [i * stride[a] - padding[a] for i in range(out_hw[a])]
+            counts.append(
+                [min(s + kernel[a], inp.shape[2 + a]) - max(s, 0) for s in start]
+            )
+        per = [[1.0 / (ch * cw) for cw in counts[1]] for ch in counts[0]]
+        count = inp.xp.asarray(per, dtype=inp.dtype)
+    else:
+        raise ValueError(
+            f"{op}: mode must be 'average' or 'average_count_exclude_padding', got {mode!r}"
+        )
+    return AvgPool2d()(inp, kernel, stride, padding, out_hw, count)
+
+
+def _adaptive_matrix(xp, size: int, out: int, dtype):
+    """(out, size) averaging matrix: row i averages [floor(i*size/out), ceil((i+1)*size/out))."""
+    rows = []
+    for i in range(out):
+        lo, hi = (i * size) // out, -((-(i + 1) * size) // out)
+        rows.append([1.0 / (hi - lo) if lo <= j < hi else 0.0 for j in range(size)])
+    return xp.asarray(rows, dtype=dtype)
+
+
+def adaptive_avg_pool2d(inp, oshp) -> Tensor:
+    """Average-pool an NCHW input to the spatial size ``oshp`` (int or pair), PyTorch's windows:
+    output i covers input ``[floor(i*H/OH), ceil((i+1)*H/OH))``. Written as ``P_h @ x @ P_w^T`` with
+    constant averaging matrices, so the gradient (of any order) comes for free."""
+    op = "adaptive_avg_pool2d"
+    inp = _f(inp)
+    _check_input(op, inp)
+    oh, ow = _pair(oshp, "oshp", op)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"{op}: output size must be positive, got {(oh, ow)}")
+    h, w = inp.shape[2:]
+    ph = Tensor._wrap(_adaptive_matrix(inp.xp, h, oh, inp.dtype), inp._device)
+    pwt = Tensor._wrap(_adaptive_matrix(inp.xp, w, ow, inp.dtype).T, inp._device)
+    return matmul(matmul(ph, inp), pwt)

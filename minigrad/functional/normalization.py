@@ -1,0 +1,138 @@
+"""Normalisation layers' functional forms: batch_norm, layer_norm and group_norm.
+
+All three are compositions ``(x - mean) / sqrt(var + eps) * weight + bias`` over different axes,
+so their gradients come from the elementwise and reduction primitives. The variance used to
+normalise is the biased (population) one, as in MegEngine and PyTorch.
+"""
+
+from __future__ import annotations
+
+from minigrad.functional.elementwise import _f, sqrt
+from minigrad.functional.reduction import mean
+from minigrad.functional.shape import reshape
+from minigrad.tensor import Tensor
+
+__all__ = ["batch_norm", "group_norm", "layer_norm"]
+
+
+def _normalize(x: Tensor, axes: tuple, eps: float):
+    """``(x - mean) / sqrt(var + eps)`` over ``axes``; also returns mean and biased var."""
+    mu = mean(x, axes, keepdims=True)
+    centered = x - mu
+    var = mean(centered * centered, axes, keepdims=True)
+    return centered / sqrt(var + eps), mu, var
+
+
+def _channel_param(op: str, name: str, p, c: int, ndim: int, like: Tensor):
+    """A per-channel tensor given as (C,) or (1, C, 1, ...), reshaped to broadcast over NC..."""
+    if p is None:
+        return None
+    p = p if isinstance(p, Tensor) else Tensor(p, device=like._device)
+    if p.size != c or (p.ndim > 1 and p.shape[1] != c):
+        raise ValueError(f"{op}: {name} has shape {p.shape}, expected {c} channels")
+    return reshape(p, (1, c) + (1,) * (ndim - 2))
+
+
+def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None, *,
+               training: bool = False, momentum: float = 0.9, eps: float = 1e-5,
+               inplace: bool = True):
+    """Batch normalisation over every axis but the channel axis 1 of ``inp`` (N, C, ...).
+
+    In training (or when no running statistics are given) the batch statistics normalise, and the
+    running ones are updated as ``running = momentum * running + (1 - momentum) * batch`` with the
+    *unbiased* batch variance for ``running_var`` (MegEngine's convention: ``momentum`` weights the
+    old value). Otherwise the running statistics normalise. Per-channel tensors may be (C,) or
+    (1, C, 1, 1). With ``inplace=True`` the running tensors are overwritten and the output is
+    returned; with ``inplace=False`` they are left alone and ``(output, new_mean, new_var)`` is
+    returned.
+
+    Example::
+
+        y = F.batch_norm(x, rm, rv, w, b, training=True)  # updates rm, rv in place
+    """
+    op = "batch_norm"
+    inp = _f(inp)
+    if inp.ndim < 2:
+        raise ValueError(f"{op}: expected an input (N, C, ...), got shape {inp.shape}")
+    c, nd = inp.shape[1], inp.ndim
+    axes = (0,) + tuple(range(2, nd))
+    rm = _channel_param(op, "running_mean", running_mean, c, nd, inp)
+    rv = _channel_param(op, "running_var", running_var, c, nd, inp)
+    w = _channel_param(op, "weight", weight, c, nd, inp)
+    b = _channel_param(op, "bias", bias, c, nd, inp)
+    if (rm is None) != (rv is None):
+        raise ValueError(f"{op}: give both running_mean and running_var, or neither")
+    new_mean = new_var = None
+    if training or rm is None:
+        out, mu, var = _normalize(inp, axes, eps)
+        if rm is not None:
+            n = inp.size // c
+            unbiased = var._data * (n / max(n - 1, 1))
+            new_mean = rm._data * momentum + mu._data * (1.0 - momentum)
+            new_var = rv._data * momentum + unbiased * (1.0 - momentum)
+    else:
+        out = (inp - rm.detach()) / sqrt(rv.detach() + eps)
+    if w is not None:
+        out = out * w
+    if b is not None:
+        out = out + b
+    if not inplace:
+        if new_mean is None:
+            return out, running_mean, running_var
+        return (
+            out,
+            Tensor._wrap(new_mean.reshape(running_mean.shape), inp._device),
+            Tensor._wrap(new_var.reshape(running_var.shape), inp._device),
+        )
+    if new_mean is not None:
+        running_mean._data[...] = new_mean.reshape(running_mean.shape)
+        running_var._data[...] = new_var.reshape(running_var.shape)
+    return out
+
+
+def layer_norm(inp, normalized_shape, affine: bool = True, weight=None, bias=None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalise over the trailing ``normalized_shape`` axes of each sample; with ``affine`` the
+    result is scaled by ``weight`` and shifted by ``bias`` (both of shape ``normalized_shape``)."""
+    op = "layer_norm"
+    inp = _f(inp)
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or inp.shape[inp.ndim - k :] != shape:
+        raise ValueError(
+            f"{op}: normalized_shape {shape} does not match the trailing axes of input {inp.shape}"
+        )
+    out, _, _ = _normalize(inp, tuple(range(inp.ndim - k, inp.ndim)), eps)
+    if affine:
+        for name, p in (("weight", weight), ("bias", bias)):
+            if p is not None and tuple(p.shape) != shape:
+                raise ValueError(f"{op}: {name} has shape {tuple(p.shape)}, expected {shape}")
+        if weight is not None:
+            out = out * weight
+        if bias is not None:
+            out = out + bias
+    return out
+
+
+def group_norm(inp, num_groups: int, affine: bool = True, weight=None, bias=None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalise each sample over groups of ``C // num_groups`` channels (and all spatial axes);
+    ``weight``/``bias`` are per channel, (C,) or (1, C, 1, 1)."""
+    op = "group_norm"
+    inp = _f(inp)
+    if inp.ndim < 2:
+        raise ValueError(f"{op}: expected an input (N, C, ...), got shape {inp.shape}")
+    n, c = inp.shape[:2]
+    if num_groups < 1 or c % num_groups:
+        raise ValueError(f"{op}: num_groups={num_groups} must divide the {c} channels")
+    grouped = reshape(inp, (n, num_groups, -1))
+    out, _, _ = _normalize(grouped, (2,), eps)
+    out = reshape(out, inp.shape)
+    if affine:
+        w = _channel_param(op, "weight", weight, c, inp.ndim, inp)
+        b = _channel_param(op, "bias", bias, c, inp.ndim, inp)
+        if w is not None:
+            out = out * w
+        if b is not None:
+            out = out + b
+    return out

@@ -1,0 +1,44 @@
+"""``minigrad.module`` (imported as ``M``): the ``Module`` base class and the standard layers."""
+
+from minigrad.module import init
+from minigrad.module.activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Softmax, Tanh
+from minigrad.module.attention import MultiHeadAttention
+from minigrad.module.conv import Conv1d, Conv2d, ConvTranspose2d
+from minigrad.module.dropout import Dropout
+from minigrad.module.embedding import Embedding
+from minigrad.module.identity import Flatten, Identity
+from minigrad.module.linear import Linear
+from minigrad.module.module import HookHandler, Module
+from minigrad.module.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from minigrad.module.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from minigrad.module.sequential import Sequential
+
+__all__ = [
+    "GELU",
+    "AdaptiveAvgPool2d",
+    "AvgPool2d",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "Conv1d",
+    "Conv2d",
+    "ConvTranspose2d",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "GroupNorm",
+    "HookHandler",
+    "Identity",
+    "LayerNorm",
+    "LeakyReLU",
+    "Linear",
+    "MaxPool2d",
+    "Module",
+    "MultiHeadAttention",
+    "ReLU",
+    "Sequential",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
+    "Tanh",
+    "init",
+]

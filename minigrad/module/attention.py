@@ -1,0 +1,123 @@
+"""``MultiHeadAttention``: scaled dot-product attention over ``num_heads`` learned projections.
+
+Written as a composition of ``F.linear``, ``F.matmul`` and ``F.softmax``, so gradients (including
+second-order ones) come for free. Parameter names follow PyTorch: ``in_proj_weight`` packs the
+query, key and value projections as ``(3 * embed_dim, embed_dim)``; ``out_proj`` is a Linear.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import minigrad.functional as F
+from minigrad.module import init
+from minigrad.module.dropout import Dropout
+from minigrad.module.linear import Linear
+from minigrad.module.module import Module
+from minigrad.tensor import Parameter, Tensor
+
+
+class MultiHeadAttention(Module):
+    """Multi-head attention. Inputs are ``(N, L, E)`` (``batch_first=True``, the default) or
+    ``(L, N, E)``; returns ``(output, weights)`` where ``weights`` (the head-averaged attention
+    matrix ``(N, L, S)``) is None unless ``need_weights``.
+
+    Masks: ``attn_mask`` is ``(L, S)`` or ``(N * num_heads, L, S)``, boolean (True = may *not*
+    attend, as in PyTorch) or float (added to the scores); ``key_padding_mask`` is ``(N, S)``
+    boolean (True = padding); ``is_causal`` hides future positions.
+
+    Example::
+
+        mha = M.MultiHeadAttention(64, 4)
+        out, _ = mha(x, x, x, is_causal=True)  # self-attention, x: (N, L, 64)
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 batch_first: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        if embed_dim % num_heads:
+            raise ValueError(
+                f"MultiHeadAttention: embed_dim ({embed_dim}) must be divisible by num_heads "
+                f"({num_heads})"
+            )
+        self.embed_dim = int(embed_dim)
+        self.num_heads = int(num_heads)
+        self.head_dim = self.embed_dim // self.num_heads
+        self.batch_first = bool(batch_first)
+        e = self.embed_dim
+        self.in_proj_weight = Parameter(np.zeros((3 * e, e), np.float32))
+        self.in_proj_bias = Parameter(np.zeros(3 * e, np.float32)) if bias else None
+        self.out_proj = Linear(e, e, bias=bias)
+        self.attn_dropout = Dropout(dropout)
+        init.xavier_uniform_(self.in_proj_weight)
+        if bias:
+            init.zeros_(self.out_proj.bias)
+
+    def _project(self, x: Tensor, i: int) -> Tensor:
+        """Project with the i-th block of the packed weight and split heads: (N, H, L, D)."""
+        e = self.embed_dim
+        w = self.in_proj_weight[i * e:(i + 1) * e]
+        b = self.in_proj_bias[i * e:(i + 1) * e] if self.in_proj_bias is not None else None
+        n, length = x.shape[0], x.shape[1]
+        y = F.linear(x, w, b).reshape(n, length, self.num_heads, self.head_dim)
+        return y.transpose(0, 2, 1, 3)
+
+    def _mask(self, attn_mask, key_padding_mask, is_causal, n, length, s, like: Tensor):
+        """One additive float mask broadcastable to (N, H, L, S), or None."""
+        xp = like.xp
+        total = None
+
+        def add(m):
+            nonlocal total
+            total = m if total is None else total + m
+
+        if is_causal:
+            add(xp.triu(xp.full((length, s), -np.inf, np.float32), 1))
+        if attn_mask is not None:
+            m = attn_mask._data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
+            if m.dtype == bool:
+                m = xp.where(m, np.float32(-np.inf), np.float32(0))
+            if m.ndim == 3:
+                m = m.reshape(n, self.num_heads, length, s)
+            add(m.astype(np.float32))
+        if key_padding_mask is not None:
+            m = key_padding_mask._data if isinstance(key_padding_mask, Tensor) else xp.asarray(
+                key_padding_mask)
+            if m.shape != (n, s):
+                raise ValueError(
+                    f"MultiHeadAttention: key_padding_mask must have shape {(n, s)}, got {m.shape}"
+                )
+            add(xp.where(m.astype(bool), np.float32(-np.inf), np.float32(0))[:, None, None, :])
+        return None if total is None else Tensor._wrap(xp.asarray(total), like._device)
+
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
+                attn_mask=None, key_padding_mask=None, is_causal: bool = False,
+                need_weights: bool = False):
+        key = query if key is None else key
+        value = key if value is None else value
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.ndim != 3 or t.shape[-1] != self.embed_dim:
+                raise ValueError(
+                    f"MultiHeadAttention(embed_dim={self.embed_dim}): expected {name} of shape "
+                    f"({'N, L' if self.batch_first else 'L, N'}, {self.embed_dim}), got "
+                    f"{tuple(t.shape)}"
+                )
+        if not self.batch_first:
+            query, key, value = (t.transpose(1, 0, 2) for t in (query, key, value))
+        n, length, s = query.shape[0], query.shape[1], key.shape[1]
+        q, k, v = self._project(query, 0), self._project(key, 1), self._project(value, 2)
+        scores = F.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(self.head_dim))
+        mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, s, scores)
+        if mask is not None:
+            scores = scores + mask
+        weights = self.attn_dropout(F.softmax(scores, axis=-1))
+        out = F.matmul(weights, v).transpose(0, 2, 1, 3).reshape(n, length, self.embed_dim)
+        out = self.out_proj(out)
+        if not self.batch_first:
+            out = out.transpose(1, 0, 2)
+        return out, (weights.mean(axis=1) if need_weights else None)
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"

@@ -1,0 +1,283 @@
+"""``Module``: the base class of every layer.
+
+A module finds its parameters, buffers and sub-modules by *scanning its attributes* (and lists,
+tuples and dicts of them) in definition order, instead of registering them in ``__setattr__``.
+That is MegEngine's design, and it means a subclass that forgets ``super().__init__()`` still works:
+everything the base class needs has a class-level default.
+
+Example::
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = M.Linear(4, 2)
+            self.scale = mg.Parameter(np.ones(2, "float32"))
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    [name for name, _ in Net().named_parameters()]  # ['fc.weight', 'fc.bias', 'scale']
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from minigrad.backend.xp import to_numpy
+from minigrad.tensor import Parameter, Tensor
+
+# Attributes of the base class itself; they never hold tensors, so the scan skips them.
+_INTERNAL = frozenset({"training", "name", "_forward_pre_hooks", "_forward_hooks"})
+_hook_ids = itertools.count()
+
+
+class HookHandler:
+    """Returned by ``register_forward_*hook``; ``remove()`` unregisters the hook."""
+
+    def __init__(self, hooks: dict, key: int):
+        self._hooks = hooks
+        self._key = key
+
+    def remove(self) -> None:
+        self._hooks.pop(self._key, None)
+
+
+class Module:
+    """Base class for layers and models (MegEngine's ``Module``)."""
+
+    # Class-level defaults: what makes a subclass without super().__init__() work.
+    training: bool = True
+    name: str | None = None
+
+    def __init__(self, name: str | None = None):
+        self.training = True
+        self.name = name
+        self._forward_pre_hooks: dict[int, Callable] = OrderedDict()
+        self._forward_hooks: dict[int, Callable] = OrderedDict()
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
+
+    # -- calling and hooks ------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        pre = self.__dict__.get("_forward_pre_hooks")
+        if pre:
+            for hook in list(pre.values()):
+                result = hook(self, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
+        out = self.forward(*args, **kwargs)
+        post = self.__dict__.get("_forward_hooks")
+        if post:
+            for hook in list(post.values()):
+                result = hook(self, args, out)
+                if result is not None:
+                    out = result
+        return out
+
+    def _hooks(self, attr: str) -> dict:
+        hooks = self.__dict__.get(attr)
+        if hooks is None:
+            hooks = OrderedDict()
+            object.__setattr__(self, attr, hooks)
+        return hooks
+
+    def register_forward_pre_hook(self, hook: Callable) -> HookHandler:
+        """``hook(module, inputs)`` runs before ``forward``; non-None replaces the inputs."""
+        hooks = self._hooks("_forward_pre_hooks")
+        key = next(_hook_ids)
+        hooks[key] = hook
+        return HookHandler(hooks, key)
+
+    def register_forward_hook(self, hook: Callable) -> HookHandler:
+        """``hook(module, inputs, output)`` runs after ``forward``; non-None replaces the output."""
+        hooks = self._hooks("_forward_hooks")
+        key = next(_hook_ids)
+        hooks[key] = hook
+        return HookHandler(hooks, key)
+
+    # -- discovery --------------------------------------------------------------------------------
+    def _walk(self, prefix: str, recursive: bool, seen: set) -> Iterator[tuple[str, Any]]:
+        """Yield ``(name, obj)`` for every Tensor and Module reachable from the attributes.
+
+        Sub-modules are yielded before their own contents; ``seen`` guards against cycles (a child
+        that keeps a reference to its parent) and counts a shared module once.
+        """
+        for key, value in vars(self).items():
+            if key in _INTERNAL:
+                continue
+            yield from _walk_value(value, prefix + key, recursive, seen)
+
+    def _named(self, want: Callable[[Any], bool], prefix: str, recursive: bool):
+        seen_tensors: set[int] = set()
+        for name, obj in self._walk(prefix, recursive, {id(self)}):
+            if want(obj) and id(obj) not in seen_tensors:  # a shared tensor is listed once
+                seen_tensors.add(id(obj))
+                yield name, obj
+
+    def named_parameters(
+        self, prefix: str = "", recursive: bool = True
+    ) -> Iterator[tuple[str, Parameter]]:
+        """``(dotted name, Parameter)`` pairs in definition order (shared ones once)."""
+        return self._named(lambda o: isinstance(o, Parameter), _dot(prefix), recursive)
+
+    def parameters(self, recursive: bool = True) -> Iterator[Parameter]:
+        for _, p in self.named_parameters(recursive=recursive):
+            yield p
+
+    def named_buffers(
+        self, prefix: str = "", recursive: bool = True
+    ) -> Iterator[tuple[str, Tensor]]:
+        """Tensors that are state but not trained (BatchNorm running statistics)."""
+        return self._named(_is_buffer, _dot(prefix), recursive)
+
+    def buffers(self, recursive: bool = True) -> Iterator[Tensor]:
+        for _, b in self.named_buffers(recursive=recursive):
+            yield b
+
+    def named_tensors(
+        self, prefix: str = "", recursive: bool = True
+    ) -> Iterator[tuple[str, Tensor]]:
+        """Parameters and buffers together: everything a replica must share (``bcast_list_``)."""
+        return self._named(lambda o: isinstance(o, Tensor), _dot(prefix), recursive)
+
+    def tensors(self, recursive: bool = True) -> Iterator[Tensor]:
+        for _, t in self.named_tensors(recursive=recursive):
+            yield t
+
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        """Direct sub-modules (one level)."""
+        for name, obj in self._walk("", False, {id(self)}):
+            if isinstance(obj, Module):
+                yield name, obj
+
+    def children(self) -> Iterator["Module"]:
+        for _, m in self.named_children():
+            yield m
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        """This module (named ``prefix``) and every sub-module, depth first."""
+        yield prefix, self
+        for name, obj in self._walk(_dot(prefix), True, {id(self)}):
+            if isinstance(obj, Module):
+                yield name, obj
+
+    def modules(self) -> Iterator["Module"]:
+        for _, m in self.named_modules():
+            yield m
+
+    def apply(self, fn: Callable[["Module"], Any]) -> "Module":
+        """Call ``fn`` on every module (self included), e.g. a custom initialiser."""
+        for m in list(self.modules()):
+            fn(m)
+        return self
+
+    # -- modes and gradients ----------------------------------------------------------------------
+    def train(self, mode: bool = True, recursive: bool = True) -> "Module":
+        """Set training mode (Dropout drops, BatchNorm uses batch statistics)."""
+        targets = self.modules() if recursive else [self]
+        for m in list(targets):
+            m.training = bool(mode)
+        return self
+
+    def eval(self) -> "Module":
+        """Evaluation mode: ``train(False)``."""
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        """Zero the accumulated gradients (MegEngine semantics; params without grad keep None)."""
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad = Tensor._wrap(p.grad.xp.zeros_like(p.grad._data), p.grad._device)
+
+    # -- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
+        """Ordered ``name -> NumPy array`` copy of every parameter and buffer."""
+        out: OrderedDict[str, np.ndarray] = OrderedDict()
+        for name, t in self.named_tensors():
+            arr = to_numpy(t._data)
+            out[name] = arr.copy() if arr is t._data else arr
+        return out
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> "Module":
+        """Copy values (NumPy arrays or Tensors) into the parameters and buffers by name.
+
+        With ``strict`` every name must match both ways; shape mismatches are always an error. All
+        problems are reported in one message, and nothing is modified unless everything checks out.
+        """
+        if not isinstance(state_dict, dict):
+            raise TypeError(
+                f"{type(self).__name__}.load_state_dict: expected a dict of name -> array, got "
+                f"{type(state_dict).__name__}"
+            )
+        own = OrderedDict(self.named_tensors())
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        problems = []
+        if strict and missing:
+            problems.append(f"missing keys: {missing}")
+        if strict and unexpected:
+            problems.append(f"unexpected keys: {unexpected}")
+        updates = []
+        for name, t in own.items():
+            if name not in state_dict:
+                continue
+            value = state_dict[name]
+            shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
+            if shape != t.shape:
+                problems.append(f"shape mismatch for {name!r}: expected {t.shape}, got {shape}")
+                continue
+            updates.append((t, value))
+        if problems:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: " + "; ".join(problems)
+            )
+        for t, value in updates:
+            t.set_value(value._data if isinstance(value, Tensor) else value)
+        return self
+
+    # -- printing ---------------------------------------------------------------------------------
+    def extra_repr(self) -> str:
+        """The constructor arguments shown by ``repr``; layers override this."""
+        return ""
+
+    def __repr__(self) -> str:
+        children = list(self.named_children())
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        if not children:
+            return head + ")"
+        lines = [head]
+        for name, child in children:
+            body = repr(child).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {body}")
+        return "\n".join(lines) + "\n)"
+
+
+def _is_buffer(obj) -> bool:
+    return isinstance(obj, Tensor) and not isinstance(obj, Parameter)
+
+
+def _dot(prefix: str) -> str:
+    return prefix + "." if prefix else ""
+
+
+def _walk_value(value, name: str, recursive: bool, seen: set):
+    if isinstance(value, Tensor):
+        yield name, value
+    elif isinstance(value, Module):
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        yield name, value
+        if recursive:
+            yield from value._walk(name + ".", True, seen)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _walk_value(item, f"{name}.{i}", recursive, seen)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _walk_value(item, f"{name}.{key}", recursive, seen)

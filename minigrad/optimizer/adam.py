@@ -1,0 +1,64 @@
+"""Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay)."""
+
+from __future__ import annotations
+
+from minigrad.backend.xp import get_array_module
+from minigrad.optimizer.optimizer import Optimizer, required
+
+
+class Adam(Optimizer):
+    r"""Adam (Kingma & Ba), MegEngine/PyTorch rule::
+
+        g = grad + weight_decay * p
+        m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g^2 ;  t += 1
+        p = p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+    """
+
+    _decoupled = False
+
+    def __init__(self, params, lr: float = required, betas: tuple = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
+
+    def _check_group(self, group: dict) -> None:
+        super()._check_group(group)
+        b1, b2 = group["betas"]
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise ValueError(f"{self._name}: betas must be in [0, 1), got {group['betas']}")
+        if group["eps"] < 0:
+            raise ValueError(f"{self._name}: eps must be >= 0, got {group['eps']}")
+
+    def _update(self, p, g, state, group):
+        xp = get_array_module(p)
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        b1, b2 = group["betas"]
+        if wd and not self._decoupled:
+            g = g + wd * p
+        if "exp_avg" not in state:
+            state["step"] = 0
+            state["exp_avg"] = xp.zeros_like(p)
+            state["exp_avg_sq"] = xp.zeros_like(p)
+        state["step"] += 1
+        t = state["step"]
+        m = state["exp_avg"] = b1 * state["exp_avg"] + (1 - b1) * g
+        v = state["exp_avg_sq"] = b2 * state["exp_avg_sq"] + (1 - b2) * (g * g)
+        delta = (m / (1 - b1**t)) / (xp.sqrt(v / (1 - b2**t)) + eps)
+        if wd and self._decoupled:
+            delta = delta + wd * p
+        return p - lr * delta
+
+
+class AdamW(Adam):
+    r"""Adam with decoupled weight decay (Loshchilov & Hutter)::
+
+        p = p - lr * (adam_direction + weight_decay * p)
+
+    i.e. PyTorch's ``p *= 1 - lr * wd`` followed by the Adam step; default ``weight_decay=1e-2``.
+    """
+
+    _decoupled = True
+
+    def __init__(self, params, lr: float = required, betas: tuple = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

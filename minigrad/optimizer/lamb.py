@@ -1,0 +1,48 @@
+"""LAMB: Adam directions rescaled per parameter by the trust ratio ``||p|| / ||update||``."""
+
+from __future__ import annotations
+
+from minigrad.backend.xp import get_array_module
+from minigrad.optimizer.optimizer import Optimizer, required
+
+
+class LAMB(Optimizer):
+    r"""LAMB (You et al.), MegEngine's rule::
+
+        m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g^2 ;  t += 1
+        u = m_hat / (sqrt(v_hat) + eps) + weight_decay * p   (hats: bias-corrected if enabled)
+        r = ||p|| / ||u|| if both > 0 else 1   (only when weight_decay != 0 or always_adapt)
+        p = p - lr * r * u
+    """
+
+    def __init__(self, params, lr: float = required, betas: tuple = (0.9, 0.999),
+                 eps: float = 1e-8, bias_correction: bool = True, weight_decay: float = 0.0,
+                 always_adapt: bool = False):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      bias_correction=bias_correction,
+                                      weight_decay=weight_decay, always_adapt=always_adapt))
+
+    def _update(self, p, g, state, group):
+        xp = get_array_module(p)
+        b1, b2 = group["betas"]
+        wd = group["weight_decay"]
+        if "exp_avg" not in state:
+            state["step"] = 0
+            state["exp_avg"] = xp.zeros_like(p)
+            state["exp_avg_sq"] = xp.zeros_like(p)
+        state["step"] += 1
+        t = state["step"]
+        m = state["exp_avg"] = b1 * state["exp_avg"] + (1 - b1) * g
+        v = state["exp_avg_sq"] = b2 * state["exp_avg_sq"] + (1 - b2) * (g * g)
+        if group["bias_correction"]:
+            m, v = m / (1 - b1**t), v / (1 - b2**t)
+        update = m / (xp.sqrt(v) + group["eps"])
+        if wd:
+            update = update + wd * p
+        ratio = 1.0
+        if wd or group["always_adapt"]:
+            p_norm = float(xp.linalg.norm(p.ravel()))
+            u_norm = float(xp.linalg.norm(update.ravel()))
+            if p_norm > 0 and u_norm > 0:
+                ratio = p_norm / u_norm
+        return p - (group["lr"] * ratio) * update

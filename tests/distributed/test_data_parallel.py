@@ -1,0 +1,101 @@
+"""Data parallelism: N ranks x batch b with "mean" all-reduce must equal 1 process x batch N*b."""
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+import minigrad.autodiff as ad
+import minigrad.distributed as dist
+import minigrad.functional as F
+from minigrad.testing.distributed import run_workers
+
+IN, HID, OUT, B, STEPS, LR = 5, 7, 3, 4, 4, 0.1
+
+
+def _data(n_ranks):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((STEPS, n_ranks * B, IN))
+    y = rng.integers(0, OUT, (STEPS, n_ranks * B)).astype("int32")
+    return x, y
+
+
+def _init(seed):
+    rng = np.random.default_rng(seed)
+    return [mg.Parameter(rng.standard_normal(s) * 0.5, dtype="float64")
+            for s in [(IN, HID), (HID,), (HID, OUT), (OUT,)]]
+
+
+def _loss(params, x, y):
+    w1, b1, w2, b2 = params
+    h = F.tanh(F.matmul(x, w1) + b1)
+    return F.nn.cross_entropy(F.matmul(h, w2) + b2, y)
+
+
+def _train(n_ranks, rank, cb_factory=None, bucket_mb=None):
+    x_all, y_all = _data(n_ranks)
+    params = _init(seed=rank + 1)  # different on purpose: bcast_list_ must sync them
+    dist.bcast_list_(params)
+    cbs = [] if cb_factory is None else [cb_factory()]
+    gm = ad.GradManager().attach(params, callbacks=cbs)
+    losses = []
+    for step in range(STEPS):
+        sl = slice(rank * B, (rank + 1) * B)
+        with gm:
+            loss = _loss(params, mg.tensor(x_all[step, sl]), mg.tensor(y_all[step, sl]))
+            gm.backward(loss)
+        for p in params:
+            p.set_value(p - LR * p.grad)
+            p.grad = None
+        losses.append(dist.functional.all_reduce_sum(loss).item() / max(dist.get_world_size(), 1))
+    return [p.numpy() for p in params], losses
+
+
+def _reference(n_ranks):
+    x_all, y_all = _data(n_ranks)
+    params = _init(seed=1)
+    gm = ad.GradManager().attach(params)
+    losses = []
+    for step in range(STEPS):
+        with gm:
+            loss = _loss(params, mg.tensor(x_all[step]), mg.tensor(y_all[step]))
+            gm.backward(loss)
+        for p in params:
+            p.set_value(p - LR * p.grad)
+            p.grad = None
+        losses.append(loss.item())
+    return [p.numpy() for p in params], losses
+
+
+def _dp_worker(bucket_mb):
+    n = dist.get_world_size()
+    return _train(n, dist.get_rank(), lambda: dist.make_allreduce_cb("mean", bucket_size_mb=bucket_mb))
+
+
+@pytest.mark.parametrize("n, bucket_mb", [(2, 10.0), (3, 1e-4)])  # tiny buckets: one all-reduce per grad
+def test_allreduce_mean_matches_single_process_large_batch(n, bucket_mb):
+    ref_params, ref_losses = _reference(n)
+    out = run_workers(_dp_worker, n, bucket_mb)
+    for params, losses in out:
+        for p, q in zip(params, ref_params):
+            np.testing.assert_allclose(p, q, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-10)
+
+
+def _sum_worker():
+    rank = dist.get_rank()
+    w = mg.Parameter(np.ones(3) * (rank + 1))
+    gm = ad.GradManager().attach([w], callbacks=[dist.make_allreduce_cb("sum")])
+    with gm:
+        gm.backward((w * (rank + 1.0)).sum())
+    return w.grad.numpy(), w.numpy()
+
+
+def test_allreduce_sum_and_bcast():
+    out = run_workers(_sum_worker, 3)
+    for g, _ in out:
+        np.testing.assert_allclose(g, [6.0, 6.0, 6.0])
+
+
+def test_world_size_one_callback_is_identity():
+    out = run_workers(_sum_worker, 1)
+    np.testing.assert_allclose(out[0][0], [1.0, 1.0, 1.0])

@@ -1,0 +1,149 @@
+"""Module base class: attribute discovery, hooks, modes and state dicts."""
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+import minigrad.module as M
+from minigrad.tensor import Parameter
+
+
+class NoSuper(M.Module):
+    """MegEngine's data-parallel tutorial style: no super().__init__() call."""
+
+    def __init__(self):
+        self.w = Parameter(np.ones((2, 3), np.float32))
+        self.b = Parameter(np.zeros(3, np.float32))
+
+    def forward(self, x):
+        return x @ self.w + self.b
+
+
+class Nested(M.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = M.Linear(3, 4)
+        self.blocks = [M.Linear(4, 4), NoSuper()]
+        self.heads = {"a": M.Linear(4, 2), "b": Parameter(np.ones(2, np.float32))}
+        self.stat = mg.tensor(np.zeros(4, np.float32))
+        self.scale = Parameter(np.ones(1, np.float32))
+        self.not_a_tensor = np.ones(3)
+
+
+def test_discovery_without_super_init():
+    m = NoSuper()
+    assert [n for n, _ in m.named_parameters()] == ["w", "b"]
+    x = mg.tensor(np.ones((1, 2), np.float32))
+    np.testing.assert_allclose(m(x).numpy(), np.full((1, 3), 2.0))
+    assert m.training
+    m.eval()
+    assert not m.training
+    hits = []
+    m.register_forward_hook(lambda mod, inp, out: hits.append(out.shape))
+    m(x)
+    assert hits == [(1, 3)]
+    assert list(m.state_dict()) == ["w", "b"]
+
+
+def test_names_follow_definition_order_and_containers():
+    m = Nested()
+    names = [n for n, _ in m.named_parameters()]
+    assert names == [
+        "first.weight", "first.bias", "blocks.0.weight", "blocks.0.bias", "blocks.1.w",
+        "blocks.1.b", "heads.a.weight", "heads.a.bias", "heads.b", "scale",
+    ]
+    assert [n for n, _ in m.named_buffers()] == ["stat"]
+    assert [n for n, _ in m.named_tensors()] == names[:-1] + ["stat", "scale"]
+    assert len(list(m.parameters())) == 10
+    assert [n for n, _ in m.named_children()] == ["first", "blocks.0", "blocks.1", "heads.a"]
+    assert [n for n, _ in m.named_modules()] == ["", "first", "blocks.0", "blocks.1", "heads.a"]
+    assert [n for n, _ in m.named_parameters(recursive=False)] == ["heads.b", "scale"]
+    assert [n for n, _ in m.named_parameters(prefix="net")][0] == "net.first.weight"
+
+
+def test_shared_parameters_and_cycles_listed_once():
+    lin = M.Linear(2, 2)
+    seq = M.Sequential(lin, M.ReLU(), lin)
+    assert len(list(seq.parameters())) == 2
+    seq.parent = seq  # a cycle must not recurse forever
+    assert len(list(seq.modules())) == 3
+
+
+def test_apply_train_eval_zero_grad():
+    m = Nested()
+    m.apply(lambda mod: setattr(mod, "visited", True))
+    assert all(getattr(mod, "visited", False) for mod in m.modules())
+    m.eval()
+    assert not any(mod.training for mod in m.modules())
+    m.train()
+    assert all(mod.training for mod in m.modules())
+    gm = mg.GradManager().attach(m.parameters())
+    x = mg.tensor(np.ones((2, 3), np.float32))
+    with gm:
+        gm.backward(m.first(x).sum())
+    assert m.first.weight.grad is not None
+    m.zero_grad()
+    np.testing.assert_array_equal(m.first.weight.grad.numpy(), 0)
+    assert m.scale.grad is None
+
+
+def test_hooks_can_replace_inputs_and_outputs_and_be_removed():
+    lin = M.Linear(2, 2)
+    x = mg.tensor(np.ones((1, 2), np.float32))
+    ref = lin(x).numpy()
+    h1 = lin.register_forward_pre_hook(lambda mod, inp: (inp[0] * 0,))
+    h2 = lin.register_forward_hook(lambda mod, inp, out: out + 1)
+    np.testing.assert_allclose(lin(x).numpy(), lin.bias.numpy()[None] + 1, rtol=1e-6)
+    h1.remove()
+    h2.remove()
+    np.testing.assert_array_equal(lin(x).numpy(), ref)
+
+
+def test_state_dict_round_trip_and_copy_semantics():
+    mg.random.seed(0)
+    a = Nested()
+    mg.random.seed(1)
+    b = Nested()
+    sd = a.state_dict()
+    assert isinstance(sd, OrderedDict) and all(isinstance(v, np.ndarray) for v in sd.values())
+    sd["first.weight"][...] = 7  # a copy: mutating it leaves the model alone
+    assert not np.any(a.first.weight.numpy() == 7)
+    b.load_state_dict(a.state_dict())
+    for (na, ta), (nb, tb) in zip(a.named_tensors(), b.named_tensors()):
+        assert na == nb
+        np.testing.assert_array_equal(ta.numpy(), tb.numpy())
+    # Tensors are accepted as values too
+    b.load_state_dict({k: mg.tensor(v) for k, v in a.state_dict().items()})
+
+
+def test_load_state_dict_errors_list_every_problem_and_modify_nothing():
+    m = Nested()
+    before = m.state_dict()
+    sd = m.state_dict()
+    del sd["scale"]
+    sd["extra"] = np.zeros(1)
+    sd["first.weight"] = np.zeros((5, 5), np.float32)
+    sd["first.bias"] = np.full(4, 3.0, np.float32)
+    with pytest.raises(ValueError) as info:
+        m.load_state_dict(sd)
+    msg = str(info.value)
+    assert "missing keys: ['scale']" in msg and "unexpected keys: ['extra']" in msg
+    assert "'first.weight': expected (4, 3), got (5, 5)" in msg
+    np.testing.assert_array_equal(m.first.bias.numpy(), before["first.bias"])
+    # strict=False ignores missing/unexpected keys but never a wrong shape
+    with pytest.raises(ValueError, match="shape mismatch"):
+        m.load_state_dict(sd, strict=False)
+    sd["first.weight"] = before["first.weight"]
+    m.load_state_dict(sd, strict=False)
+    np.testing.assert_array_equal(m.first.bias.numpy(), 3.0)
+    np.testing.assert_array_equal(m.scale.numpy(), before["scale"])
+    with pytest.raises(TypeError, match="expected a dict"):
+        m.load_state_dict([1, 2])
+
+
+def test_repr_lists_children():
+    text = repr(M.Sequential(M.Linear(2, 3), M.ReLU()))
+    assert "(0): Linear(in_features=2, out_features=3, bias=True)" in text
+    assert "(1): ReLU()" in text
