@@ -9,7 +9,8 @@ down on exhaustion, ``break`` (when the iterator is garbage collected), errors a
 
 Example::
 
-    loader = DataLoader(MNIST(subset="bundled"), RandomSampler(ds, batch_size=128, seed=0),
+    ds = MNIST(subset="bundled")
+    loader = DataLoader(ds, RandomSampler(ds, batch_size=128, seed=0),
                         transform=Compose([Normalize(33.3, 78.6), ToMode("CHW")]), num_workers=2)
     for images, labels in loader:      # float32 (128, 1, 28, 28), int32 (128,)
         ...
@@ -271,7 +272,7 @@ class _WorkerPool:
             if self.received == self.sent and self.exhausted:
                 self.shutdown()
                 raise StopIteration
-            while not self.buffer:
+            while self.received not in self.buffer:
                 idx, result = self._get()
                 self.buffer[idx] = result
             result = self.buffer.pop(self.received)

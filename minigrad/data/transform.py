@@ -94,6 +94,9 @@ class VisionTransform(Transform):
                 f"{type(self).__name__}: expected an image array or a tuple sample, "
                 f"got {type(input).__name__}"
             )
+        if self.order == ("image",) and input and type(input) is tuple:  # fast common path
+            image = self._check(input[0])
+            return (self._apply_image(image, self._params(image)),) + input[1:]
         if len(input) < len(self.order):
             raise ValueError(
                 f"{type(self).__name__}: order {self.order} names {len(self.order)} elements, "

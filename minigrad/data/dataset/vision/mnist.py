@@ -127,6 +127,10 @@ class MNIST(Dataset):
         md5s: expected MD5 per file name (default :data:`MD5S`); tests pass their own.
         timeout: seconds per network operation while downloading.
         progress: show a tqdm progress bar while downloading.
+
+    Attributes:
+        images: uint8 array (N, 28, 28, 1), all samples in memory.
+        labels: int32 array (N,).
     """
 
     def __init__(
