@@ -174,7 +174,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     use_gpu = args.device == "gpu" or (args.device == "auto" and mg.is_cuda_available())
     nproc = args.nproc or (mg.get_device_count("gpu") if use_gpu else 2)
-    results = dist.launcher(train, n_gpus=nproc, device="gpu" if use_gpu else "cpu")(args)
+    results = dist.launcher(train, n_gpus=nproc, device_type="gpu" if use_gpu else "cpu")(args)
     return results[0]
 
 

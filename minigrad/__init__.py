@@ -16,6 +16,7 @@ from minigrad.backend import (
 from minigrad.tensor import Parameter, Tensor, tensor  # noqa: I001  (tensor before functional)
 from minigrad import autodiff, functional, random  # noqa: E402
 from minigrad.autodiff import Function, GradManager, enable_grad, no_grad  # noqa: E402
+from minigrad.serialization import load, save  # noqa: E402
 from minigrad.functional.creation import (  # noqa: E402
     arange,
     eye,
@@ -49,10 +50,12 @@ __all__ = [
     "get_device_count",
     "is_cuda_available",
     "linspace",
+    "load",
     "no_grad",
     "ones",
     "ones_like",
     "random",
+    "save",
     "set_default_device",
     "tensor",
     "zeros",

@@ -1,0 +1,141 @@
+"""Data-parallel scaling on the CPU: MLP 784-512-512-10, 2 ranks x batch 64 (one BLAS thread each)
+against 1 process x batch 128 (two BLAS threads), for minigrad and, when installed, PyTorch DDP over
+gloo. Prints a table and writes benchmarks/results/dp_scaling.json.
+
+    python benchmarks/bench_dp_scaling.py [--steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SIZES = [784, 512, 512, 10]
+
+
+def _batch(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 784)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+def minigrad_steps(batch: int, steps: int, warmup: int = 5) -> float:
+    """Seconds per training step of this process (inside a launcher rank or standalone)."""
+    import minigrad as mg  # noqa: PLC0415
+    import minigrad.autodiff as ad  # noqa: PLC0415
+    import minigrad.distributed as dist  # noqa: PLC0415
+    import minigrad.functional as F  # noqa: PLC0415
+    import minigrad.module as M  # noqa: PLC0415
+    import minigrad.optimizer as optim  # noqa: PLC0415
+
+    mg.random.seed(0)
+    model = M.Sequential(M.Linear(784, 512), M.ReLU(), M.Linear(512, 512), M.ReLU(), M.Linear(512, 10))
+    world = dist.get_world_size() if dist.is_distributed() else 1
+    cbs = [dist.make_allreduce_cb("mean")] if world > 1 else None
+    gm = ad.GradManager().attach(model.parameters(), callbacks=cbs)
+    opt = optim.SGD(model.parameters(), lr=0.01)
+    x, y = _batch(batch, seed=dist.get_rank() if world > 1 else 0)
+    x, y = mg.tensor(x), mg.tensor(y)
+    times = []
+    for i in range(warmup + steps):
+        if world > 1:
+            dist.comm.barrier()
+        t0 = time.perf_counter()
+        with gm:
+            gm.backward(F.nn.cross_entropy(model(x), y))
+        opt.step().clear_grad()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def run_minigrad(steps: int) -> dict:
+    import minigrad.distributed as dist  # noqa: PLC0415
+    from minigrad.distributed.launcher import limit_blas_threads  # noqa: PLC0415
+
+    limit_blas_threads(2)
+    single = minigrad_steps(128, steps)
+    dp = max(dist.launcher(minigrad_steps, n_gpus=2, device_type="cpu")(64, steps))
+    return {"single_s": single, "dp_s": dp, "ratio": single / dp}
+
+
+def _torch_worker(rank, port, steps, out):
+    import torch  # noqa: PLC0415
+    import torch.distributed as tdist  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    out.put((rank, torch_steps(64, steps, ddp=True)))
+    tdist.destroy_process_group()
+
+
+def torch_steps(batch: int, steps: int, ddp: bool = False, warmup: int = 5) -> float:
+    import torch  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = _batch(batch)
+    x, y = torch.from_numpy(x), torch.from_numpy(y).long()
+    times = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def run_torch(steps: int) -> dict | None:
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        return None
+    import multiprocessing as mp  # noqa: PLC0415
+
+    torch.set_num_threads(2)
+    single = torch_steps(128, steps)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_torch_worker, args=(r, port, steps, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    dp = max(q.get(timeout=600)[1] for _ in procs)
+    for p in procs:
+        p.join(60)
+    return {"single_s": single, "dp_s": dp, "ratio": single / dp}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=60)
+    args = p.parse_args(argv)
+    results = {"machine": f"{os.cpu_count()} cores", "minigrad": run_minigrad(args.steps),
+               "torch": run_torch(args.steps)}
+    print(f"{'framework':<10} {'1x128 (2 thr) ms':>17} {'2x64 DP ms':>11} {'throughput ratio':>17}")
+    for name in ("minigrad", "torch"):
+        r = results[name]
+        if r is not None:
+            print(f"{name:<10} {r['single_s'] * 1e3:>17.2f} {r['dp_s'] * 1e3:>11.2f} {r['ratio']:>17.2f}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "dp_scaling.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()

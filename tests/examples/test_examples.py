@@ -1,0 +1,92 @@
+"""Every example, run in reduced form, with assertions on what it produced."""
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_mnist_trains_saves_and_resumes(tmp_path):
+    ex = _load("train_mnist")
+    ckpt = tmp_path / "mlp.mgc"
+    first = ex.main(["--epochs", "1", "--save", str(ckpt), "--nproc", "2", "--device", "cpu"])
+    assert first["acc"] > 0.85  # one epoch of the MLP on the bundled 8k split
+    saved = mg.load(str(ckpt))
+    assert saved["epoch"] == 0 and saved["model"] == "mlp"
+    assert saved["acc"] == pytest.approx(first["acc"])
+    resumed = ex.main(["--epochs", "2", "--resume", str(ckpt), "--save", str(ckpt), "--nproc", "2",
+                       "--device", "cpu"])
+    assert len(resumed["history"]) == 1  # only the second epoch ran
+    assert mg.load(str(ckpt))["epoch"] == 1
+    assert resumed["acc"] > 0.88
+
+
+def test_megengine_dp_tutorial_matches_single_process(tmp_path):
+    ex = _load("megengine_dp_mnist")
+    dp = ex.main(["--max-steps", "15", "--save", str(tmp_path / "dp.mgc")])
+    single = ex.main(["--max-steps", "15", "--single", "--save", str(tmp_path / "single.mgc")])
+    assert dp["losses"][-1] < dp["losses"][0]
+    np.testing.assert_allclose(dp["losses"], single["losses"], rtol=1e-5)
+    np.testing.assert_allclose(dp["w"], single["w"], rtol=1e-4, atol=1e-6)
+    ckpt = mg.load(str(tmp_path / "dp.mgc"))
+    assert set(ckpt) == {"net", "acc"} and ckpt["acc"] == pytest.approx(dp["acc"])
+
+
+def test_megengine_pipeline_toy_gradients_equal_single_process():
+    ex = _load("megengine_pipeline_toy")
+    pipe = ex.main(["--steps", "12"])
+    single = ex.main(["--steps", "12", "--single"])
+    assert pipe["losses"][-1] < pipe["losses"][0]
+    np.testing.assert_allclose(pipe["losses"], single["losses"], rtol=1e-6)
+    for gp, gs in zip(pipe["grads"], single["grads"]):
+        for a, b in zip(gp, gs):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_pipeline_mlp_matches_single_process():
+    ex = _load("pipeline_mlp")
+    out = ex.main(["--steps", "6", "--micro-batches", "4", "--check"])
+    assert out["max_diff"] < 1e-5
+    assert out["losses"][-1] < out["losses"][0]
+
+
+def test_oneflow_ddp_via_launch_cli(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "minigrad.distributed.launch", "--nproc_per_node", "2",
+         "--logdir", str(tmp_path), str(ROOT / "examples" / "oneflow_ddp.py")],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    logs = proc.stdout + "".join(p.read_text() for p in tmp_path.glob("*"))
+    ws = [np.array(m.split(), dtype=float) for m in re.findall(r"w = \[([^\]]*)\]", logs)]
+    assert len(ws) == 2, logs
+    for w in ws:
+        np.testing.assert_allclose(w, [2.0, 3.0], atol=1e-3)
+    np.testing.assert_array_equal(ws[0], ws[1])
+
+
+def test_readme_commands_are_the_ones_ci_uses():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    block = re.search(r"## Quick start.*?```bash\n(.*?)```", readme, re.S).group(1)
+    commands = [line for line in block.splitlines() if line and not line.startswith("#")]
+    assert len(commands) == 2
+    install_and_train, install_and_test = commands
+    assert "examples/train_mnist.py" in install_and_train
+    assert "pytest" in install_and_test
+    assert install_and_test in ci.splitlines(), "the README's test command must be what .ci/run runs"
