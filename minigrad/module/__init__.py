@@ -42,3 +42,13 @@ __all__ = [
     "Tanh",
     "init",
 ]
+
+
+def __getattr__(name: str):
+    """``M.SyncBatchNorm`` lives in ``minigrad.distributed`` (it needs collectives); resolve it
+    lazily so importing ``minigrad.module`` never imports the distributed runtime."""
+    if name == "SyncBatchNorm":
+        from minigrad.distributed.sync_batch_norm import SyncBatchNorm  # noqa: PLC0415
+
+        return SyncBatchNorm
+    raise AttributeError(f"module 'minigrad.module' has no attribute {name!r}")

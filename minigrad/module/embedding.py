@@ -55,7 +55,7 @@ class Embedding(Module):
                 f"[0, {self.num_embeddings}), got min {int(ids._data.min())} max "
                 f"{int(ids._data.max())}"
             )
-        return F.embedding(ids, self.weight)
+        return F.embedding(ids, self.weight, padding_idx=self.padding_idx)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"

@@ -79,7 +79,7 @@ class Module:
                     out = result
         return out
 
-    def _hooks(self, attr: str) -> dict:
+    def _hook_dict(self, attr: str) -> dict:
         hooks = self.__dict__.get(attr)
         if hooks is None:
             hooks = OrderedDict()
@@ -88,14 +88,14 @@ class Module:
 
     def register_forward_pre_hook(self, hook: Callable) -> HookHandler:
         """``hook(module, inputs)`` runs before ``forward``; non-None replaces the inputs."""
-        hooks = self._hooks("_forward_pre_hooks")
+        hooks = self._hook_dict("_forward_pre_hooks")
         key = next(_hook_ids)
         hooks[key] = hook
         return HookHandler(hooks, key)
 
     def register_forward_hook(self, hook: Callable) -> HookHandler:
         """``hook(module, inputs, output)`` runs after ``forward``; non-None replaces the output."""
-        hooks = self._hooks("_forward_hooks")
+        hooks = self._hook_dict("_forward_hooks")
         key = next(_hook_ids)
         hooks[key] = hook
         return HookHandler(hooks, key)

@@ -111,7 +111,7 @@ def test_state_dict_round_trip_and_copy_semantics():
     sd["first.weight"][...] = 7  # a copy: mutating it leaves the model alone
     assert not np.any(a.first.weight.numpy() == 7)
     b.load_state_dict(a.state_dict())
-    for (na, ta), (nb, tb) in zip(a.named_tensors(), b.named_tensors()):
+    for (na, ta), (nb, tb) in zip(a.named_tensors(), b.named_tensors(), strict=True):
         assert na == nb
         np.testing.assert_array_equal(ta.numpy(), tb.numpy())
     # Tensors are accepted as values too

@@ -1,4 +1,7 @@
-"""Helpers for layer tests: run a layer with float64 parameters and check its gradients."""
+"""Helpers for layer tests: run a layer with float64 parameters and check its gradients.
+
+(Imported by name from the test files; pytest puts this folder on ``sys.path``.)
+"""
 
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ def _set_path(module, path: str, value) -> None:
     setattr(module, leaf, value)
 
 
-def layer_check_grad(layer, *inputs, params=(), rtol=1e-5, **kwargs) -> None:
-    """Finite-difference check of ``layer`` w.r.t. its inputs and the named parameters."""
+def layer_check_grad(layer, *inputs, params=(), rtol=1e-5, call=None, **kwargs) -> None:
+    """Finite-difference check of ``layer`` w.r.t. its inputs and the named parameters
+    (``call(layer, *inputs)`` picks the output to check when the layer returns several)."""
     names = list(params)
     state = dict(layer.named_parameters())
     originals = {n: state[n] for n in names}
@@ -31,9 +35,9 @@ def layer_check_grad(layer, *inputs, params=(), rtol=1e-5, **kwargs) -> None:
     n_in = len(inputs)
 
     def fn(*args):
-        for n, p in zip(names, args[n_in:]):
+        for n, p in zip(names, args[n_in:], strict=True):
             _set_path(layer, n, p)
-        return layer(*args[:n_in])
+        return layer(*args[:n_in]) if call is None else call(layer, *args[:n_in])
 
     try:
         check_grad(fn, *inputs, *arrays, rtol=rtol, **kwargs)

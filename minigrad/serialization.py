@@ -1,0 +1,353 @@
+"""Checkpoints: ``mg.save(obj, path)`` and ``mg.load(path, map_location=None)``.
+
+Format: one safetensors file. Every array (Tensor data, NumPy array) is a safetensors entry; the
+Python structure around them (dicts, lists, tuples, scalars, strings, None) is JSON in the header
+metadata, with a CRC32 per array. Loading parses JSON and raw little-endian buffers only, so a
+checkpoint can never run code: unlike pickle-based formats, a malicious file is just a bad file.
+Safetensors was chosen because it is the ecosystem's standard safe tensor container, has a NumPy
+API and a strict, length-checked header (a truncated file is detected before any data is read).
+
+Arbitrary Python objects are refused unless the caller opts in on both sides: ``save(...,
+pickle=True)`` stores them pickled, and ``load(..., allow_pickle=True)`` accepts such files (and
+legacy pickle checkpoints). Writes are atomic: a temporary file in the target directory is
+written, fsynced and renamed over the old file, so a crash mid-save leaves the previous
+checkpoint intact.
+
+Example::
+
+    mg.save({"net": net.state_dict(), "opt": opt.state_dict(), "epoch": 3}, "ckpt.mgc")
+    ckpt = mg.load("ckpt.mgc", map_location="cpu0")
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import pickle as _pickle
+import tempfile
+import zlib
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as np
+from safetensors.numpy import load as _st_load
+from safetensors.numpy import save as _st_save
+
+from minigrad.backend.device import as_device
+from minigrad.backend.xp import to_numpy
+from minigrad.tensor import Parameter, Tensor
+
+FORMAT = "minigrad.checkpoint"
+VERSION = 1
+_PICKLE_MAGIC = (b"\x80", b"PK")  # pickle protocol >= 2, zip (legacy torch-style) files
+
+
+_ARRAY_KINDS = "biufc"  # what the container stores natively (bool, ints, floats, complex)
+
+
+def _native(arr: np.ndarray) -> np.ndarray:
+    """Native byte order (the container is little-endian only)."""
+    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+
+
+def _crc(arr: np.ndarray) -> int:
+    if not arr.size:
+        return 0
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")
+    return zlib.crc32(memoryview(arr.reshape(-1)).cast("B"))
+
+
+class CheckpointError(ValueError):
+    """A file that is not a readable minigrad checkpoint (truncated, corrupt or foreign)."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """The checkpoint would need unpickling (code execution) and the caller did not allow it."""
+
+
+# -- encoding --------------------------------------------------------------------------------------
+class _Encoder:
+    """Turn a Python object into a JSON-able tree plus a dict of named NumPy arrays."""
+
+    def __init__(self, allow_pickle: bool):
+        self.allow_pickle = allow_pickle
+        self.arrays: dict[str, np.ndarray] = {}
+        self.memo: dict[int, str] = {}  # id(Tensor or ndarray) -> key: shared objects stored once
+        self.keep: list = []  # keeps memoised objects alive so ids stay unique while encoding
+
+    def _array(self, obj, arr: np.ndarray) -> str:
+        key = self.memo.get(id(obj))
+        if key is None:
+            key = f"a{len(self.arrays)}"
+            self.arrays[key] = arr if arr.flags.c_contiguous else arr.copy(order="C")
+            self.memo[id(obj)] = key
+            self.keep.append(obj)
+        return key
+
+    def encode(self, obj, path: str) -> Any:
+        if obj is None or isinstance(obj, (bool, str)):
+            return obj
+        if isinstance(obj, int) and not isinstance(obj, bool):
+            return {"int": str(obj)} if abs(obj) > 2**53 else obj
+        if isinstance(obj, float):
+            return {"float": repr(obj)}  # repr round-trips exactly, including nan and inf
+        if isinstance(obj, Tensor):
+            key = self._array(obj, to_numpy(obj._data))
+            node = {"tensor": key, "device": str(obj._device)}
+            if isinstance(obj, Parameter):
+                node["parameter"] = True
+            return node
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.kind not in _ARRAY_KINDS:
+                return self._fallback(obj, path)
+            return {"ndarray": self._array(obj, _native(obj))}
+        if isinstance(obj, np.generic):
+            if obj.dtype.kind not in _ARRAY_KINDS:
+                return self._fallback(obj, path)
+            return {"npscalar": self._array(obj, _native(np.asarray(obj)))}
+        if isinstance(obj, bytes):
+            return {"bytes": base64.b64encode(obj).decode("ascii")}
+        if isinstance(obj, (list, tuple)):
+            items = [self.encode(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+            if type(obj) is list:
+                return items
+            if type(obj) is tuple:
+                return {"tuple": items}
+            return self._fallback(obj, path)  # namedtuples and other subclasses
+        if isinstance(obj, dict) and type(obj) in (dict, OrderedDict):
+            if all(isinstance(k, str) for k in obj):
+                items = {k: self.encode(v, f"{path}[{k!r}]") for k, v in obj.items()}
+                return {"dict": items} if type(obj) is dict else {"odict": items}
+            pairs = [[self.encode(k, f"{path}.key"), self.encode(v, f"{path}[{k!r}]")]
+                     for k, v in obj.items()]
+            return {"pairs": pairs, "ordered": type(obj) is OrderedDict}
+        return self._fallback(obj, path)
+
+    def _fallback(self, obj, path: str) -> Any:
+        if not self.allow_pickle:
+            raise TypeError(
+                f"mg.save: cannot store {type(obj).__module__}.{type(obj).__qualname__} at "
+                f"{path or 'the top level'} safely (only Tensors, NumPy arrays, dicts, lists, "
+                "tuples, numbers, strings, bytes and None are supported); pass pickle=True to "
+                "store it with pickle (loading it will then need allow_pickle=True)"
+            )
+        data = np.frombuffer(_pickle.dumps(obj, protocol=4), dtype=np.uint8)
+        return {"pickle": self._array(data, data)}
+
+
+def save(obj: Any, f, pickle: bool = False) -> None:
+    """Save ``obj`` (nested dicts/lists/tuples of Tensors, arrays, scalars, strings, None) to the
+    path ``f`` atomically, or into a writable binary file object.
+
+    ``pickle=True`` additionally allows arbitrary Python objects (stored pickled; reading them
+    back requires ``mg.load(..., allow_pickle=True)``).
+    """
+    enc = _Encoder(allow_pickle=pickle)
+    tree = enc.encode(obj, "")
+    checksums = {k: _crc(a) for k, a in enc.arrays.items()}
+    meta = {
+        "format": FORMAT,
+        "version": str(VERSION),
+        "structure": json.dumps(tree, allow_nan=False),
+        "crc32": json.dumps(checksums),
+    }
+    payload = _st_save(enc.arrays, metadata=meta)
+    if hasattr(f, "write"):
+        f.write(payload)
+        return
+    _atomic_write(os.fspath(f), payload)
+
+
+def _atomic_write(path: str, payload: bytes) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(payload)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+# -- decoding --------------------------------------------------------------------------------------
+def _device_mapper(map_location) -> Callable[[str], str]:
+    if map_location is None:
+        return lambda name: name
+    if callable(map_location):
+        return lambda name: str(map_location(name))
+    if isinstance(map_location, dict):
+        rules = sorted(((str(k), str(v)) for k, v in map_location.items()),
+                       key=lambda kv: -len(kv[0]))
+
+        def mapped(name: str) -> str:
+            for prefix, target in rules:
+                if name.startswith(prefix):
+                    return target + name[len(prefix):] if prefix != name else target
+            return name
+
+        return mapped
+    target = str(map_location)
+    return lambda name: target
+
+
+class _Decoder:
+    def __init__(self, arrays, where: str, map_device, allow_pickle: bool):
+        self.arrays = arrays
+        self.where = where
+        self.map_device = map_device
+        self.allow_pickle = allow_pickle
+        self.memo: dict[tuple, Any] = {}
+
+    def _get(self, key: str) -> np.ndarray:
+        if key not in self.arrays:
+            raise CheckpointError(f"mg.load: {self.where} is corrupt: array {key!r} is missing")
+        return self.arrays[key]
+
+    def decode(self, node) -> Any:
+        if node is None or isinstance(node, (bool, str, int)):
+            return node
+        if isinstance(node, list):
+            return [self.decode(v) for v in node]
+        if not isinstance(node, dict) or len(node) == 0:
+            raise CheckpointError(f"mg.load: {self.where} is corrupt: bad structure node {node!r}")
+        if "tensor" in node:
+            return self._tensor(node)
+        if "ndarray" in node:
+            return self._shared(("nd", node["ndarray"]), lambda: self._get(node["ndarray"]).copy())
+        if "npscalar" in node:
+            return self._get(node["npscalar"])[()]
+        if "float" in node:
+            return float(node["float"])
+        if "int" in node:
+            return int(node["int"])
+        if "bytes" in node:
+            return base64.b64decode(node["bytes"])
+        if "tuple" in node:
+            return tuple(self.decode(v) for v in node["tuple"])
+        if "dict" in node:
+            return {k: self.decode(v) for k, v in node["dict"].items()}
+        if "odict" in node:
+            return OrderedDict((k, self.decode(v)) for k, v in node["odict"].items())
+        if "pairs" in node:
+            items = [(self.decode(k), self.decode(v)) for k, v in node["pairs"]]
+            return OrderedDict(items) if node.get("ordered") else dict(items)
+        if "pickle" in node:
+            if not self.allow_pickle:
+                raise UnsafeCheckpointError(
+                    f"mg.load: {self.where} contains pickled Python objects, which can run "
+                    "arbitrary code when loaded; pass allow_pickle=True only if you trust the file"
+                )
+            return _pickle.loads(self._get(node["pickle"]).tobytes())
+        raise CheckpointError(f"mg.load: {self.where} is corrupt: unknown node {sorted(node)}")
+
+    def _shared(self, key, make):
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
+
+    def _tensor(self, node) -> Tensor:
+        saved = node.get("device", "cpu0")
+        target = self.map_device(saved)
+        try:
+            device = as_device(target)
+        except (ValueError, RuntimeError) as exc:
+            raise RuntimeError(
+                f"mg.load: {self.where} has a tensor saved on {saved}, which maps to {target!r} "
+                f"here, but that device is not usable ({exc}); pass map_location, e.g. "
+                f'map_location="cpu0"'
+            ) from None
+        cls = Parameter if node.get("parameter") else Tensor
+
+        def make():
+            return cls(self._get(node["tensor"]), device=device)
+
+        return self._shared(("t", node["tensor"], str(device), cls.__name__), make)
+
+
+def load(f, map_location=None, allow_pickle: bool = False) -> Any:
+    """Load what ``save`` wrote, from a path or a readable binary file object.
+
+    ``map_location`` moves tensors: a device name (``"cpu0"``), a dict mapping saved device
+    prefixes to new ones (``{"gpu0": "cpu0"}``, ``{"gpu": "cpu"}``) or a callable
+    ``saved_name -> new_name``. By default tensors return to the device they were saved from.
+    NumPy arrays and Python values are returned as they were saved.
+    """
+    if hasattr(f, "read"):
+        where = repr(getattr(f, "name", "<file object>"))
+        payload = f.read()
+    else:
+        where = repr(os.fspath(f))
+        try:
+            with open(f, "rb") as handle:
+                payload = handle.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"mg.load: no checkpoint at {where}") from None
+    try:
+        arrays = _st_load(payload)
+        meta = _read_metadata(payload)
+    except Exception as exc:  # the container could not be parsed at all
+        if payload[:2].startswith(_PICKLE_MAGIC[0]) or payload[:2] == _PICKLE_MAGIC[1]:
+            if allow_pickle:
+                return _pickle.load(io.BytesIO(payload))
+            raise UnsafeCheckpointError(
+                f"mg.load: {where} looks like a pickle file; unpickling can run arbitrary code, "
+                "so it is refused. Pass allow_pickle=True only if you trust the file"
+            ) from None
+        raise CheckpointError(
+            f"mg.load: {where} is not a valid minigrad checkpoint (truncated or corrupt "
+            f"file): {type(exc).__name__}: {exc}"
+        ) from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(
+            f"mg.load: {where} is a safetensors file but not a minigrad checkpoint (no "
+            f"{FORMAT!r} metadata)"
+        )
+    if int(meta.get("version", "0")) > VERSION:
+        raise CheckpointError(
+            f"mg.load: {where} has format version {meta['version']}, newer than this minigrad "
+            f"reads ({VERSION}); upgrade minigrad"
+        )
+    try:
+        tree = json.loads(meta["structure"])
+        checksums = json.loads(meta["crc32"])
+    except (KeyError, ValueError) as exc:
+        raise CheckpointError(f"mg.load: {where} is corrupt: bad metadata ({exc})") from None
+    for key, arr in arrays.items():
+        crc = _crc(arr)
+        if checksums.get(key) != crc:
+            raise CheckpointError(
+                f"mg.load: {where} is corrupt: checksum mismatch for array {key!r} "
+                f"(shape {arr.shape}, {arr.dtype})"
+            )
+    return _Decoder(arrays, where, _device_mapper(map_location), allow_pickle).decode(tree)
+
+
+def _read_metadata(payload: bytes) -> dict:
+    """The ``__metadata__`` of a safetensors header (the NumPy API returns only the arrays)."""
+    if len(payload) < 8:
+        raise ValueError("file shorter than the 8-byte header length")
+    n = int.from_bytes(payload[:8], "little")
+    if n > len(payload) - 8:
+        raise ValueError(f"header length {n} exceeds the file size {len(payload)}")
+    header = json.loads(payload[8:8 + n])
+    return header.get("__metadata__") or {}
