@@ -1,8 +1,8 @@
 """Device names and objects.
 
-Names follow MegEngine: ``cpu0``, ``gpu0``..``gpuN``, and the wildcards ``xpux`` (a GPU when CuPy sees
-a CUDA device, else the CPU), ``cpux`` and ``gpux``. A :class:`Device` knows its array module and
-how to move arrays onto itself.
+Names follow MegEngine: ``cpu0``, ``gpu0``..``gpuN``, and the wildcards ``xpux`` (a GPU when CuPy
+sees a CUDA device, else the CPU), ``cpux`` and ``gpux``. A :class:`Device` knows its array module
+and how to move arrays onto itself.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def get_device_count(device_type: str = "gpu") -> int:
     if device_type == "cpu":
         return 1
     if device_type not in ("gpu", "cuda"):
-        raise ValueError(f"get_device_count: unknown device type {device_type!r}, expected 'gpu' or 'cpu'")
+        raise ValueError(
+            f"get_device_count: unknown device type {device_type!r}, expected 'gpu' or 'cpu'"
+        )
     cp = cupy_or_none()
     if cp is None:
         return 0
@@ -54,7 +56,9 @@ class Device:
             self._xp = _require_cupy(f"gpu{index}")
             n = get_device_count("gpu")
             if index >= n:
-                raise RuntimeError(f"device gpu{index} requested but only {n} CUDA device(s) are visible")
+                raise RuntimeError(
+                    f"device gpu{index} requested but only {n} CUDA device(s) are visible"
+                )
 
     @property
     def xp(self):
@@ -118,7 +122,9 @@ def _require_cupy(what: str):
             'install it with pip install -e ".[cuda12]" or ".[cuda13]"'
         )
     if get_device_count("gpu") == 0:
-        raise RuntimeError(f"{what} requested but CuPy sees no CUDA device (is a driver installed?)")
+        raise RuntimeError(
+            f"{what} requested but CuPy sees no CUDA device (is a driver installed?)"
+        )
     return cp
 
 
@@ -138,7 +144,9 @@ def as_device(device) -> Device:
         return cached
     m = _NAME.match(name)
     if m is None:
-        raise ValueError(f"unknown device {device!r}: expected cpu0, gpu0..gpuN, xpux, cpux or gpux")
+        raise ValueError(
+            f"unknown device {device!r}: expected cpu0, gpu0..gpuN, xpux, cpux or gpux"
+        )
     kind, idx = m.group(1), m.group(2)
     if name.startswith("cuda"):
         kind = "gpu"

@@ -30,10 +30,10 @@ def as_tensor(x, like: Tensor | None = None, dtype=None) -> Tensor:
 def binary_args(a, b, op: str, broadcast: bool = True):
     """Coerce the operands of a binary op.
 
-    Tensor (+) Tensor follows NumPy promotion; Tensor (+) Python scalar keeps the tensor dtype (the scalar
-    stays a Python number, which NumPy and CuPy treat as weakly typed), except that an integer tensor
-    meeting a float scalar becomes float32. Arrays and lists become tensors on the tensor's device.
-    Elementwise ops (``broadcast=True``) also get their shapes checked here, with ``op`` named.
+    Tensor (+) Tensor follows NumPy promotion; Tensor (+) Python scalar keeps the tensor dtype
+    (the scalar stays a Python number, which NumPy and CuPy treat as weakly typed), except that an
+    integer tensor meeting a float scalar becomes float32. Arrays and lists become tensors on the
+    tensor's device. Elementwise ops (``broadcast=True``) also get their shapes checked here.
     """
     ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
     if ta and tb:
@@ -93,7 +93,7 @@ def recording_backward() -> bool:
 
 
 def normalize_axis(axis, ndim: int, op: str):
-    """Axis (int, tuple or None) -> tuple of non-negative ints, with a clear error when out of range."""
+    """Axis (int, tuple or None) -> tuple of non-negative ints; a clear error when out of range."""
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)

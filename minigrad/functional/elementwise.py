@@ -21,7 +21,7 @@ from minigrad.functional._util import (
 )
 from minigrad.tensor import Tensor
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # binary arithmetic
 
 
@@ -48,7 +48,9 @@ class Mul(Function):
 
     def backward(self, dy):
         a, b = self.a, self.b
-        return (dy * b if isinstance(a, Tensor) else None), (dy * a if isinstance(b, Tensor) else None)
+        return (dy * b if isinstance(a, Tensor) else None), (
+            dy * a if isinstance(b, Tensor) else None
+        )
 
 
 class Div(Function):
@@ -81,7 +83,11 @@ class Pow(Function):
 class Maximum(Function):
     def forward(self, a, b):
         self.mask = data(a) >= data(b)
-        return a.xp.maximum(data(a), data(b)) if isinstance(a, Tensor) else b.xp.maximum(data(a), data(b))
+        return (
+            a.xp.maximum(data(a), data(b))
+            if isinstance(a, Tensor)
+            else b.xp.maximum(data(a), data(b))
+        )
 
     def backward(self, dy):
         m = Tensor._wrap(self.mask, dy._device)
@@ -91,7 +97,11 @@ class Maximum(Function):
 class Minimum(Function):
     def forward(self, a, b):
         self.mask = data(a) <= data(b)
-        return a.xp.minimum(data(a), data(b)) if isinstance(a, Tensor) else b.xp.minimum(data(a), data(b))
+        return (
+            a.xp.minimum(data(a), data(b))
+            if isinstance(a, Tensor)
+            else b.xp.minimum(data(a), data(b))
+        )
 
     def backward(self, dy):
         m = Tensor._wrap(self.mask, dy._device)
@@ -166,13 +176,13 @@ def mod(x, y) -> Tensor:
     return _raw(lambda xp, a, b: xp.mod(a, b), x, y, op="mod")
 
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # unary math
 
 
 def _saved_out(node, array, recompute):
-    """The op's output for use in backward: the saved array normally, a recomputed (and thus recorded)
-    tensor when backward is itself being differentiated."""
+    """The op's output for use in backward: the saved array normally, a recomputed (and thus
+    recorded) tensor when backward is itself being differentiated."""
     if recording_backward():
         return recompute()
     return Tensor._wrap(array, node.x._device)
@@ -431,7 +441,7 @@ def _f(x) -> Tensor:
     return x if x._data.dtype.kind == "f" else x.astype(FLOAT32)
 
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # comparisons and logic (no gradient: results are bool)
 
 
@@ -492,7 +502,7 @@ def isinf(x) -> Tensor:
     return _raw(lambda xp, a: xp.isinf(a), x)
 
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # dtype and device
 
 
@@ -538,4 +548,3 @@ def copy(x, device=None) -> Tensor:
     x = _t(x)
     dev = as_device(device) if device is not None else x._device
     return Copy()(x, dev)
-

@@ -7,7 +7,7 @@ import re
 import numpy as np
 
 from minigrad.autodiff.function import Function
-from minigrad.functional._util import binary_args
+from minigrad.functional._util import binary_args, check_compatible
 from minigrad.functional.shape import broadcast_to, expand_dims, reshape, swapaxes
 from minigrad.tensor import Tensor
 
@@ -51,7 +51,11 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor
         b = reshape(b, (b.shape[0], 1))
     out = MatMul()(a, b)
     if squeeze_a or squeeze_b:
-        shape = out.shape[:-2] + (() if squeeze_a else out.shape[-2:-1]) + (() if squeeze_b else out.shape[-1:])
+        shape = (
+            out.shape[:-2]
+            + (() if squeeze_a else out.shape[-2:-1])
+            + (() if squeeze_b else out.shape[-1:])
+        )
         out = reshape(out, shape)
     return out
 
@@ -101,13 +105,14 @@ def einsum(spec: str, *operands) -> Tensor:
     if len(terms) != len(operands):
         raise ValueError(f"einsum: spec {spec!r} names {len(terms)} operands, got {len(operands)}")
     xs = [x if isinstance(x, Tensor) else Tensor(x) for x in operands]
+    check_compatible("einsum", *xs, broadcast=False)
     sizes: dict[str, int] = {}
-    for term, x in zip(terms, xs):
+    for term, x in zip(terms, xs, strict=True):
         if not _SUBSCRIPT.match(term) or len(set(term)) != len(term):
             raise ValueError(f"einsum: operand subscripts {term!r} must be distinct letters")
         if len(term) != x.ndim:
             raise ValueError(f"einsum: subscripts {term!r} do not match operand of shape {x.shape}")
-        for c, n in zip(term, x.shape):
+        for c, n in zip(term, x.shape, strict=True):
             if sizes.setdefault(c, n) != n:
                 raise ValueError(f"einsum: subscript {c!r} has sizes {sizes[c]} and {n}")
     return Einsum()(spec, *xs)

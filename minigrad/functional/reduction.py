@@ -135,7 +135,8 @@ def var(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
     for a in axes:
         n *= x.shape[a]
     centered = x - mean(x, axes, keepdims=True)
-    return sum(centered * centered, axes, keepdims) * (1.0 / (n - ddof))
+    scale = 1.0 / (n - ddof) if n > ddof else float("nan")  # NumPy's answer, not ZeroDivisionError
+    return sum(centered * centered, axes, keepdims) * scale
 
 
 def std(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
@@ -189,4 +190,3 @@ def _arg(x, axis, keepdims, name):
         if keepdims:
             out = x.xp.expand_dims(out, ax)
     return Tensor._wrap(out.astype("int32"), x._device)
-

@@ -4,7 +4,7 @@ adjoint index_add), concat, pad, gather, scatter, cumsum. Everything else is a c
 from __future__ import annotations
 
 from minigrad.autodiff.function import Function
-from minigrad.functional._util import accumulate_dtype, normalize_axis
+from minigrad.functional._util import accumulate_dtype, check_compatible, normalize_axis
 from minigrad.tensor import Tensor
 
 
@@ -20,7 +20,7 @@ def _shape_arg(shape) -> tuple:
     return tuple(int(s) for s in shape)
 
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # views
 
 
@@ -98,6 +98,7 @@ def transpose(x, pattern=None) -> Tensor:
 
 def swapaxes(x, axis1: int, axis2: int) -> Tensor:
     x = _t(x)
+    axis1, axis2 = normalize_axis((axis1, axis2), x.ndim, "swapaxes")
     axes = list(range(x.ndim))
     axes[axis1], axes[axis2] = axes[axis2], axes[axis1]
     return transpose(x, axes)
@@ -109,7 +110,7 @@ def broadcast_to(x, shape) -> Tensor:
     if x.shape == shape:
         return x
     ok = len(shape) >= x.ndim and all(
-        s == t or s == 1 for s, t in zip(x.shape[::-1], shape[::-1])
+        s == t or s == 1 for s, t in zip(x.shape[::-1], shape[::-1], strict=False)
     )
     if not ok:
         raise ValueError(f"broadcast_to: cannot broadcast shape {x.shape} to {shape}")
@@ -127,8 +128,7 @@ def sum_to(x, shape) -> Tensor:
 def expand_dims(x, axis) -> Tensor:
     x = _t(x)
     axes = [axis] if isinstance(axis, int) else list(axis)
-    ndim = x.ndim + len(axes)
-    axes = sorted(a % ndim for a in axes)
+    axes = sorted(normalize_axis(axes, x.ndim + len(axes), "expand_dims"))
     shape = list(x.shape)
     for a in axes:
         shape.insert(a, 1)
@@ -143,7 +143,9 @@ def squeeze(x, axis=None) -> Tensor:
         axes = list(normalize_axis(axis, x.ndim, "squeeze"))
         for a in axes:
             if x.shape[a] != 1:
-                raise ValueError(f"squeeze: axis {a} has size {x.shape[a]}, expected 1 (shape {x.shape})")
+                raise ValueError(
+                    f"squeeze: axis {a} has size {x.shape[a]}, expected 1 (shape {x.shape})"
+                )
     return reshape(x, [s for i, s in enumerate(x.shape) if i not in axes])
 
 
@@ -158,7 +160,7 @@ def flatten(x, start_axis: int = 0, end_axis: int = -1) -> Tensor:
     return reshape(x, x.shape[:start] + (n,) + x.shape[end + 1 :])
 
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # indexing
 
 
@@ -221,7 +223,9 @@ def getitem(x, index) -> Tensor:
     try:
         return GetItem()(x, raw)
     except IndexError as exc:
-        raise IndexError(f"getitem: index {index!r} is invalid for shape {x.shape}: {exc}") from None
+        raise IndexError(
+            f"getitem: index {index!r} is invalid for shape {x.shape}: {exc}"
+        ) from None
 
 
 class Concat(Function):
@@ -244,13 +248,15 @@ def concat(inps, axis: int = 0) -> Tensor:
     if not inps:
         raise ValueError("concat: needs at least one tensor")
     (axis,) = normalize_axis(axis, inps[0].ndim, "concat")
+    check_compatible("concat", *inps, broadcast=False)
     ref = inps[0]
     for i, x in enumerate(inps):
         if x.ndim != ref.ndim or any(
-            a != b for k, (a, b) in enumerate(zip(x.shape, ref.shape)) if k != axis
+            a != b for k, (a, b) in enumerate(zip(x.shape, ref.shape, strict=True)) if k != axis
         ):
             raise ValueError(
-                f"concat: tensor {i} has shape {x.shape}, incompatible with {ref.shape} along axis {axis}"
+                f"concat: tensor {i} has shape {x.shape}, incompatible with {ref.shape} "
+                f"along axis {axis}"
             )
     if len(inps) == 1:
         return inps[0]
@@ -262,6 +268,7 @@ def stack(inps, axis: int = 0) -> Tensor:
     shapes = {x.shape for x in inps}
     if len(shapes) != 1:
         raise ValueError(f"stack: all tensors must have the same shape, got {sorted(shapes)}")
+    check_compatible("stack", *inps, broadcast=False)
     return concat([expand_dims(x, axis) for x in inps], axis=axis)
 
 
@@ -273,19 +280,22 @@ def split(x, nsplits_or_sections, axis: int = 0) -> list:
     if isinstance(nsplits_or_sections, int):
         n = nsplits_or_sections
         if n <= 0 or size % n:
-            raise ValueError(f"split: axis {axis} of size {size} cannot be split into {n} equal parts")
+            raise ValueError(
+                f"split: axis {axis} of size {size} cannot be split into {n} equal parts"
+            )
         points = [size // n * i for i in range(1, n)]
     else:
         points = list(nsplits_or_sections)
     bounds = [0] + points + [size]
     return [
-        getitem(x, (slice(None),) * axis + (slice(a, b),)) for a, b in zip(bounds[:-1], bounds[1:])
+        getitem(x, (slice(None),) * axis + (slice(a, b),))
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
     ]
 
 
 class Pad(Function):
     def forward(self, x, pad_width, value):
-        self.index = tuple(slice(lo, lo + s) for (lo, _), s in zip(pad_width, x.shape))
+        self.index = tuple(slice(lo, lo + s) for (lo, _), s in zip(pad_width, x.shape, strict=True))
         return x.xp.pad(x._data, pad_width, mode="constant", constant_values=value)
 
     def backward(self, dy):
@@ -324,7 +334,7 @@ def tile(x, reps) -> Tensor:
     reps = (1,) * (nd - len(reps)) + reps
     x = reshape(x, (1,) * (nd - x.ndim) + x.shape)
     inter, target, out = [], [], []
-    for r, s in zip(reps, x.shape):
+    for r, s in zip(reps, x.shape, strict=True):
         inter += [1, s]
         target += [r, s]
         out.append(r * s)
@@ -349,7 +359,18 @@ def _check_index(op, x, axis, index):
         raise TypeError(f"{op}: index must be an integer tensor, got dtype {index.dtype}")
     if index.ndim != x.ndim:
         raise ValueError(f"{op}: index rank {index.ndim} must equal input rank {x.ndim}")
-    if index.size and (int(index._data.min()) < -x.shape[axis] or int(index._data.max()) >= x.shape[axis]):
+    if any(i > n for d, (i, n) in enumerate(zip(index.shape, x.shape, strict=True)) if d != axis):
+        raise ValueError(
+            f"{op}: index shape {index.shape} exceeds input shape {x.shape} outside axis {axis}"
+        )
+    if index._device != x._device:
+        raise RuntimeError(
+            f"{op}: index is on {index._device} but the input is on {x._device} "
+            f"(shapes {index.shape} and {x.shape})"
+        )
+    if index.size and (
+        int(index._data.min()) < -x.shape[axis] or int(index._data.max()) >= x.shape[axis]
+    ):
         raise IndexError(f"{op}: index out of range for axis {axis} of size {x.shape[axis]}")
 
 
@@ -380,12 +401,14 @@ def scatter(inp, axis: int, index, source) -> Tensor:
     (axis,) = normalize_axis(axis, inp.ndim, "scatter")
     _check_index("scatter", inp, axis, index)
     if source.shape != index.shape:
-        raise ValueError(f"scatter: source shape {source.shape} must equal index shape {index.shape}")
+        raise ValueError(
+            f"scatter: source shape {source.shape} must equal index shape {index.shape}"
+        )
     return Scatter()(inp, source.astype(inp.dtype), _along_axis(inp.xp, index._data, axis))
 
 
 def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False) -> Tensor:
-    """Pick ``src[..., index, ...]`` along ``axis`` for every position (MegEngine's indexing_one_hot)."""
+    """Pick ``src[..., index, ...]`` along ``axis`` at every position (MegEngine's name)."""
     src, index = _t(src), _t(index)
     (axis,) = normalize_axis(axis, src.ndim, "indexing_one_hot")
     out = gather(src, axis, expand_dims(index, axis))
@@ -423,8 +446,8 @@ def sort(x, descending: bool = False):
 
 
 def topk(x, k: int, descending: bool = False, kth_only: bool = False, no_sort: bool = False):
-    """The ``k`` smallest (or largest with ``descending=True``) entries of the last axis, MegEngine style:
-    returns (values, indices), or just the k-th value/index pair with ``kth_only``."""
+    """The ``k`` smallest (or largest with ``descending=True``) entries of the last axis, MegEngine
+    style: returns (values, indices), or just the k-th value/index pair with ``kth_only``."""
     x = _t(x)
     n = x.shape[-1]
     if not 1 <= k <= n:

@@ -108,12 +108,32 @@ def test_unary_float16_and_float64(name, fn, ref, gen, device, rng):
     np.testing.assert_allclose(y16.numpy(), ref(x16.astype(np.float64)), rtol=5e-3, atol=5e-3)
 
 
-SECOND_ORDER_UNARY = ["exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh",
-                      "sigmoid", "erf", "relu", "abs", "square", "pow_scalar", "rpow", "rdiv"]
+SECOND_ORDER_UNARY = [
+    "exp",
+    "log",
+    "log1p",
+    "expm1",
+    "sqrt",
+    "sin",
+    "cos",
+    "tan",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "relu",
+    "abs",
+    "square",
+    "pow_scalar",
+    "rpow",
+    "rdiv",
+]
 
 
-@pytest.mark.parametrize("name,fn,ref,gen", [r for r in UNARY if r[0] in SECOND_ORDER_UNARY],
-                         ids=[n for n in UNARY_IDS if n in SECOND_ORDER_UNARY])
+@pytest.mark.parametrize(
+    "name,fn,ref,gen",
+    [r for r in UNARY if r[0] in SECOND_ORDER_UNARY],
+    ids=[n for n in UNARY_IDS if n in SECOND_ORDER_UNARY],
+)
 def test_unary_second_order(name, fn, ref, gen, device, rng, double_grad):
     double_grad(fn, gen(rng, (2, 3)), device=device)
 
@@ -128,7 +148,7 @@ def test_float_math_on_integers_gives_float32(name, dtype, device):
     np.testing.assert_allclose(y.numpy(), ref(x.astype(np.float64)), rtol=1e-6)
 
 
-# -- piecewise-constant ops: exact forward, zero gradient --------------------------------------------
+# -- piecewise-constant ops: exact forward, zero gradient -----------------------------------------
 
 ROUNDING = [
     ("floor", F.floor, np.floor),
@@ -159,12 +179,16 @@ def test_floor_div_and_mod_follow_python(device):
     a = np.array([7, -7, 7, -7], np.int32)
     b = np.array([2, 2, -2, -2], np.int32)
     ta, tb = mg.tensor(a, device=device), mg.tensor(b, device=device)
-    np.testing.assert_array_equal((ta // tb).numpy(), np.array([x // y for x, y in zip(a, b)]))
-    np.testing.assert_array_equal((ta % tb).numpy(), np.array([x % y for x, y in zip(a, b)]))
+    np.testing.assert_array_equal(
+        (ta // tb).numpy(), np.array([x // y for x, y in zip(a, b, strict=True)])
+    )
+    np.testing.assert_array_equal(
+        (ta % tb).numpy(), np.array([x % y for x, y in zip(a, b, strict=True)])
+    )
     np.testing.assert_array_equal((ta % 3).numpy(), a % 3)
 
 
-# -- binary ops ------------------------------------------------------------------------------------------
+# -- binary ops -----------------------------------------------------------------------------------
 
 BINARY = [
     ("add", F.add, np.add, _real, _real),
@@ -197,7 +221,10 @@ SHAPE_PAIRS = [
 @pytest.mark.parametrize("name,fn,ref,gen_a,gen_b", BINARY, ids=BINARY_IDS)
 def test_binary_forward(name, fn, ref, gen_a, gen_b, shapes, device, rng):
     a, b = gen_a(rng, shapes[0]), gen_b(rng, shapes[1])
-    y = fn(mg.tensor(a.astype(np.float32), device=device), mg.tensor(b.astype(np.float32), device=device))
+    y = fn(
+        mg.tensor(a.astype(np.float32), device=device),
+        mg.tensor(b.astype(np.float32), device=device),
+    )
     expect = ref(a.astype(np.float32).astype(np.float64), b.astype(np.float32).astype(np.float64))
     assert y.shape == expect.shape and y.dtype == np.float32
     np.testing.assert_allclose(y.numpy(), expect, rtol=2e-6, atol=1e-6)
@@ -233,13 +260,15 @@ def test_binary_with_python_scalar(name, fn, ref, gen_a, gen_b, scalar, device, 
     a = gen_a(rng, (2, 3)) if name not in ("pow", "operator_pow") else _pos(rng, (2, 3))
     right = fn(mg.tensor(a.astype(np.float32), device=device), scalar)
     assert right.dtype == np.float32
-    np.testing.assert_allclose(right.numpy(), ref(a.astype(np.float32).astype(np.float64), scalar),
-                               rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        right.numpy(), ref(a.astype(np.float32).astype(np.float64), scalar), rtol=2e-6, atol=1e-6
+    )
     if name not in ("pow", "operator_pow", "div", "operator_div"):  # keep the base/divisor valid
         left = fn(scalar, mg.tensor(a.astype(np.float32), device=device))
         assert left.dtype == np.float32
-        np.testing.assert_allclose(left.numpy(), ref(scalar, a.astype(np.float32).astype(np.float64)),
-                                   rtol=2e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            left.numpy(), ref(scalar, a.astype(np.float32).astype(np.float64)), rtol=2e-6, atol=1e-6
+        )
     check_grad(lambda t: fn(t, scalar), a, device=device)
 
 
@@ -253,11 +282,14 @@ def test_maximum_tie_splits_gradient_by_mask(device):
     np.testing.assert_array_equal(a.grad.numpy() + b.grad.numpy(), np.ones(3))
 
 
-# -- where --------------------------------------------------------------------------------------------
+# -- where ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shapes", [((3, 4), (3, 4), (3, 4)), ((3, 4), (4,), (3, 1)),
-                                    ((2, 1, 3), (1, 4, 3), ())], ids=str)
+@pytest.mark.parametrize(
+    "shapes",
+    [((3, 4), (3, 4), (3, 4)), ((3, 4), (4,), (3, 1)), ((2, 1, 3), (1, 4, 3), ())],
+    ids=str,
+)
 def test_where(shapes, device, rng):
     cond = rng.random(shapes[0]) < 0.5
     a, b = rng.standard_normal(shapes[1]), rng.standard_normal(shapes[2])
@@ -275,7 +307,7 @@ def test_where_with_scalar_branch(device, rng):
     check_grad(lambda t: F.where(mg.tensor(x > 0, device=device), t, 0.0), x, device=device)
 
 
-# -- comparisons and logic ------------------------------------------------------------------------------
+# -- comparisons and logic ------------------------------------------------------------------------
 
 COMPARE = [
     ("equal", F.equal, np.equal),
@@ -310,7 +342,7 @@ def test_logical_not_isnan_isinf(device):
     np.testing.assert_array_equal((~b).numpy(), [False, True])
 
 
-# -- dtypes: promotion and astype ----------------------------------------------------------------------
+# -- dtypes: promotion and astype -----------------------------------------------------------------
 
 PROMOTE = [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8, np.bool_]
 
@@ -326,14 +358,18 @@ def test_tensor_tensor_promotion_follows_numpy(da, db, device):
     np.testing.assert_array_equal(out.numpy(), expect)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8])
+@pytest.mark.parametrize(
+    "dtype", [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8]
+)
 @pytest.mark.parametrize("op", ["add", "sub", "mul"])
 def test_tensor_scalar_keeps_tensor_dtype(dtype, op, device):
     x = np.array([3, 4, 5], dtype=dtype)
     out = getattr(F, op)(mg.tensor(x, device=device), 2)
     assert out.dtype == dtype
-    np.testing.assert_array_equal(out.numpy(), getattr(np, {"sub": "subtract", "mul": "multiply"}
-                                                         .get(op, op))(x.astype(np.float64), 2))
+    np.testing.assert_array_equal(
+        out.numpy(),
+        getattr(np, {"sub": "subtract", "mul": "multiply"}.get(op, op))(x.astype(np.float64), 2),
+    )
     out = getattr(F, op)(mg.tensor(x, device=device), 0.5)
     expect = np.float32 if np.dtype(dtype).kind != "f" else dtype
     assert out.dtype == expect, f"{op}({np.dtype(dtype).name}, 0.5) gave {out.dtype}"
@@ -353,19 +389,24 @@ def test_astype_roundtrip_and_grad(device, rng):
     assert t.astype("float16").dtype == np.float16
     assert t.astype(mg.int32).dtype == np.int32
     np.testing.assert_array_equal(t.astype("int32").numpy(), x.astype(np.int32))
-    check_grad(lambda v: v.astype("float32").astype("float64") * 2.0, x, device=device, rtol=1e-4,
-               eps=1e-3)
+    check_grad(
+        lambda v: v.astype("float32").astype("float64") * 2.0, x, device=device, rtol=1e-4, eps=1e-3
+    )
 
 
-# -- errors -----------------------------------------------------------------------------------------------
+# -- errors ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "equal",
-                                  "less", "logical_and"])
+@pytest.mark.parametrize(
+    "name",
+    ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "equal", "less", "logical_and"],
+)
 def test_non_broadcastable_shapes_name_the_op(name, device):
     a = mg.tensor(np.ones((2, 3), np.float32), device=device)
     b = mg.tensor(np.ones((4,), np.float32), device=device)
-    with pytest.raises(ValueError, match=rf"{name}: shapes \(2, 3\) and \(4,\) cannot be broadcast"):
+    with pytest.raises(
+        ValueError, match=rf"{name}: shapes \(2, 3\) and \(4,\) cannot be broadcast"
+    ):
         getattr(F, name)(a, b)
 
 
@@ -376,22 +417,16 @@ def test_operator_and_array_operand_errors_name_the_op(device):
     with pytest.raises(ValueError, match=r"mul: shapes \(5,\) and \(2, 3\) cannot be broadcast"):
         F.mul(np.ones(5), a)
     with pytest.raises(ValueError, match=r"where: shapes"):
-        F.where(mg.tensor(np.ones((2, 3), bool), device=device), a, mg.tensor(np.ones(4), device=device))
-
-
-def _fake_gpu_tensor(shape):
-    """A tensor that *claims* to live on gpu0 (NumPy data): enough to reach the device check on
-    machines without a GPU."""
-    from minigrad.backend.device import Device
-
-    dev = object.__new__(Device)
-    dev.kind, dev.index, dev._xp = "gpu", 0, np
-    return mg.Tensor._wrap(np.ones(shape, np.float32), dev)
+        F.where(
+            mg.tensor(np.ones((2, 3), bool), device=device), a, mg.tensor(np.ones(4), device=device)
+        )
 
 
 @pytest.mark.parametrize("name", ["add", "mul", "maximum", "less", "matmul"])
-def test_mixed_devices_name_op_shapes_and_devices(name):
+def test_mixed_devices_name_op_shapes_and_devices(name, fake_gpu_tensor):
     a = mg.tensor(np.ones((2, 2), np.float32), device="cpu0")
-    b = _fake_gpu_tensor((2, 2))
-    with pytest.raises(RuntimeError, match=rf"{name}: .*\(2, 2\) float32 on cpu0 .*\(2, 2\) float32 on gpu0"):
+    b = fake_gpu_tensor((2, 2))
+    with pytest.raises(
+        RuntimeError, match=rf"{name}: .*\(2, 2\) float32 on cpu0 .*\(2, 2\) float32 on gpu0"
+    ):
         getattr(F, name)(a, b)

@@ -1,0 +1,138 @@
+"""Device names and objects, the default device (also from MINIGRAD_DEFAULT_DEVICE), and the
+errors a GPU request gives on a machine without CuPy or CUDA (simulated, so they run anywhere)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+from minigrad.backend import device as device_mod
+from minigrad.backend import xp as xp_mod
+from minigrad.backend.device import Device, as_device
+
+
+@pytest.fixture
+def fresh_devices(monkeypatch):
+    """Forget cached name lookups and any default set by earlier tests (restored afterwards)."""
+    monkeypatch.setattr(device_mod, "_CACHE", {})
+    monkeypatch.setattr(device_mod, "_default_name", None)
+    monkeypatch.delenv("MINIGRAD_DEFAULT_DEVICE", raising=False)
+
+
+@pytest.fixture
+def no_cupy(monkeypatch, fresh_devices):
+    """Pretend CuPy failed to import."""
+    monkeypatch.setattr(xp_mod, "_cupy", None)
+    monkeypatch.setattr(xp_mod, "_cupy_checked", True)
+    monkeypatch.setattr(xp_mod, "_cupy_error", "ModuleNotFoundError: No module named 'cupy'")
+
+
+@pytest.mark.parametrize("name", ["cpu0", "cpux", "CPU0", " cpu0 "])
+def test_cpu_names(name, fresh_devices):
+    dev = as_device(name)
+    assert dev.kind == "cpu" and dev.index == 0 and dev.xp is np and not dev.is_gpu
+    assert str(dev) == "cpu0" and repr(dev) == "Device('cpu0')"
+
+
+def test_device_equality_and_hash(fresh_devices):
+    a, b = as_device("cpu0"), Device("cpu", 0)
+    assert a == b and a == "cpu0" and a == "cpux" and hash(a) == hash(b)
+    assert a != "cpu1" and a != "not-a-device"
+    assert as_device(a) is a
+    assert {a: 1}[b] == 1
+
+
+@pytest.mark.parametrize("name", ["tpu0", "cpu-1", "gpu0x", "", "cpu0:x"])
+def test_unknown_names_are_rejected(name, fresh_devices):
+    with pytest.raises(
+        ValueError, match=r"unknown device .*: expected cpu0, gpu0..gpuN, xpux, cpux or gpux"
+    ):
+        as_device(name)
+
+
+def test_xpux_falls_back_to_cpu_without_cuda(no_cupy):
+    assert as_device("xpux") == "cpu0"
+    assert not mg.is_cuda_available()
+    assert mg.get_device_count("gpu") == 0 and mg.get_device_count("cpu") == 1
+
+
+@pytest.mark.parametrize("name", ["gpu0", "gpux", "gpu1", "cuda:0", "cuda"])
+def test_gpu_without_cupy_says_why(name, no_cupy):
+    with pytest.raises(
+        RuntimeError,
+        match=r"needs CuPy, which could not be imported "
+        r"\(ModuleNotFoundError: No module named 'cupy'\)",
+    ):
+        as_device(name)
+    with pytest.raises(RuntimeError, match="needs CuPy"):
+        mg.tensor([1.0], device=name)
+
+
+def test_gpu_with_cupy_but_no_cuda_device(monkeypatch, fresh_devices):
+    monkeypatch.setattr(device_mod, "cupy_or_none", lambda: object())
+    monkeypatch.setattr(device_mod, "get_device_count", lambda kind="gpu": 0)
+    with pytest.raises(RuntimeError, match=r"gpu0 requested but CuPy sees no CUDA device"):
+        as_device("gpu0")
+
+
+def test_get_device_count_rejects_unknown_kind():
+    with pytest.raises(ValueError, match="get_device_count: unknown device type 'tpu'"):
+        mg.get_device_count("tpu")
+
+
+def test_set_and_get_default_device(fresh_devices):
+    assert mg.get_default_device() == ("gpu0" if mg.is_cuda_available() else "cpu0")  # xpux
+    mg.set_default_device("cpu0")
+    assert mg.get_default_device() == "cpu0"
+    assert mg.tensor([1.0]).device == "cpu0"
+    with pytest.raises(ValueError, match="unknown device 'bogus'"):
+        mg.set_default_device("bogus")
+    assert mg.get_default_device() == "cpu0", "a rejected name must not change the default"
+
+
+def test_default_device_from_environment(monkeypatch, fresh_devices):
+    monkeypatch.setenv("MINIGRAD_DEFAULT_DEVICE", "cpux")
+    assert mg.get_default_device() == "cpu0"
+    assert mg.zeros(2).device == "cpu0"
+    monkeypatch.setenv("MINIGRAD_DEFAULT_DEVICE", "bogus0")
+    with pytest.raises(ValueError, match="unknown device 'bogus0'"):
+        mg.get_default_device()
+    mg.set_default_device("cpu0")  # an explicit choice wins over the environment
+    assert mg.get_default_device() == "cpu0"
+
+
+def test_default_gpu_from_environment_without_cupy(monkeypatch, no_cupy):
+    monkeypatch.setenv("MINIGRAD_DEFAULT_DEVICE", "gpu0")
+    with pytest.raises(RuntimeError, match="gpu0 needs CuPy"):
+        mg.tensor([1.0])
+
+
+def test_put_copies_and_casts(fresh_devices):
+    dev = as_device("cpu0")
+    out = dev.put([1, 2], np.float64)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float64
+    np.testing.assert_array_equal(out, [1.0, 2.0])
+    with dev.context():
+        pass  # a no-op on the CPU, but usable as a context manager
+
+
+def test_array_module_helpers():
+    a = np.ones(2)
+    assert mg.backend.get_array_module(a, 1.0) is np
+    assert mg.backend.to_numpy(a) is a
+    np.testing.assert_array_equal(mg.backend.to_numpy([1, 2]), [1, 2])
+
+
+@pytest.mark.gpu
+def test_gpu_device_roundtrip():
+    dev = as_device("gpu0")
+    assert dev.is_gpu and dev.xp.__name__ == "cupy"
+    t = mg.tensor([1.0, 2.0], device="gpu0")
+    assert t.device == "gpu0" and type(t._data).__module__.startswith("cupy")
+    np.testing.assert_array_equal((t * 2).to("cpu0").numpy(), [2.0, 4.0])
+    assert as_device("xpux") == "gpu0"
+    with pytest.raises(
+        TypeError, match="cannot convert a tensor on gpu0 to a NumPy array implicitly"
+    ):
+        np.asarray(t)
