@@ -35,7 +35,9 @@ def minigrad_steps(batch: int, steps: int, warmup: int = 5) -> float:
     import minigrad.optimizer as optim  # noqa: PLC0415
 
     mg.random.seed(0)
-    model = M.Sequential(M.Linear(784, 512), M.ReLU(), M.Linear(512, 512), M.ReLU(), M.Linear(512, 10))
+    model = M.Sequential(
+        M.Linear(784, 512), M.ReLU(), M.Linear(512, 512), M.ReLU(), M.Linear(512, 10)
+    )
     world = dist.get_world_size() if dist.is_distributed() else 1
     cbs = [dist.make_allreduce_cb("mean")] if world > 1 else None
     gm = ad.GradManager().attach(model.parameters(), callbacks=cbs)
@@ -79,8 +81,13 @@ def torch_steps(batch: int, steps: int, ddp: bool = False, warmup: int = 5) -> f
     import torch  # noqa: PLC0415
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -125,13 +132,19 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
     args = p.parse_args(argv)
-    results = {"machine": f"{os.cpu_count()} cores", "minigrad": run_minigrad(args.steps),
-               "torch": run_torch(args.steps)}
+    results = {
+        "machine": f"{os.cpu_count()} cores",
+        "minigrad": run_minigrad(args.steps),
+        "torch": run_torch(args.steps),
+    }
     print(f"{'framework':<10} {'1x128 (2 thr) ms':>17} {'2x64 DP ms':>11} {'throughput ratio':>17}")
     for name in ("minigrad", "torch"):
         r = results[name]
         if r is not None:
-            print(f"{name:<10} {r['single_s'] * 1e3:>17.2f} {r['dp_s'] * 1e3:>11.2f} {r['ratio']:>17.2f}")
+            print(
+                f"{name:<10} {r['single_s'] * 1e3:>17.2f} {r['dp_s'] * 1e3:>11.2f} "
+                f"{r['ratio']:>17.2f}"
+            )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "dp_scaling.json").write_text(json.dumps(results, indent=2))
     return results

@@ -91,7 +91,8 @@ def main(argv=None):
     if args.single:
         return run(args.epochs, args.lr, args.save, args.max_steps)
     return dist.launcher(run, n_gpus=N_RANKS, device_type="cpu")(
-        args.epochs, args.lr, args.save, args.max_steps)[0]
+        args.epochs, args.lr, args.save, args.max_steps
+    )[0]
 
 
 if __name__ == "__main__":

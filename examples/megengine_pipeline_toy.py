@@ -1,7 +1,7 @@
 """MegEngine's two-rank pipeline toy on minigrad: rank 0 runs the first layer and ``remote_send``s
-its features; rank 1 ``remote_recv``s them (shape and dtype discovered), runs the second layer and the
-loss. Rank 0 calls ``gm.backward()`` with no loss: the recorded send pulls its gradient back.
-``--single`` computes the same thing in one process; the gradients must be identical.
+its features; rank 1 ``remote_recv``s them (shape and dtype discovered), runs the second layer
+and the loss. Rank 0 calls ``gm.backward()`` with no loss: the recorded send pulls its gradient
+back. ``--single`` computes the same thing in one process; the gradients must be identical.
 
     python examples/megengine_pipeline_toy.py
 """
@@ -84,8 +84,10 @@ def main(argv=None):
         out = single(args.steps)
     else:
         stage0, stage1 = dist.launcher(pipeline, n_gpus=2, device_type="cpu")(args.steps)
-        out = {"losses": stage1["losses"],
-               "grads": [g0 + g1 for g0, g1 in zip(stage0["grads"], stage1["grads"])]}
+        out = {
+            "losses": stage1["losses"],
+            "grads": [g0 + g1 for g0, g1 in zip(stage0["grads"], stage1["grads"])],
+        }
     print(f"loss: first {out['losses'][0]:.4f}, last {out['losses'][-1]:.4f}")
     return out
 

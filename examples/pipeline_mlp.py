@@ -31,7 +31,7 @@ def make_layers():
 
 def batches(steps: int):
     data = load_mnist(train=True, quiet=True)
-    x = (data.images.reshape(len(data), -1).astype(np.float32) / 255.0)
+    x = data.images.reshape(len(data), -1).astype(np.float32) / 255.0
     for step in range(steps):
         sl = slice(step * BATCH % len(data), step * BATCH % len(data) + BATCH)
         yield x[sl], data.labels[sl]
@@ -62,7 +62,9 @@ def stage(rank: int, steps: int, n_micro: int):
 
 
 def run_pipeline(steps: int, n_micro: int):
-    return dist.launcher(lambda: stage(dist.get_rank(), steps, n_micro), n_gpus=4, device_type="cpu")()
+    return dist.launcher(
+        lambda: stage(dist.get_rank(), steps, n_micro), n_gpus=4, device_type="cpu"
+    )()
 
 
 def run_single(steps: int):
@@ -80,7 +82,10 @@ def run_single(steps: int):
             gm.backward(loss)
         opt.step().clear_grad()
         losses.append(loss.item())
-    return {"losses": losses, "weights": [[p.numpy() for p in layer.parameters()] for layer in layers]}
+    return {
+        "losses": losses,
+        "weights": [[p.numpy() for p in layer.parameters()] for layer in layers],
+    }
 
 
 def main(argv=None):
@@ -95,8 +100,11 @@ def main(argv=None):
     result = {"losses": losses, "weights": [s["weights"] for s in stages]}
     if args.check:
         ref = run_single(args.steps)
-        diff = max(float(np.abs(a - b).max()) for s, r in zip(result["weights"], ref["weights"])
-                   for a, b in zip(s, r))
+        diff = max(
+            float(np.abs(a - b).max())
+            for s, r in zip(result["weights"], ref["weights"])
+            for a, b in zip(s, r)
+        )
         print(f"max |pipeline - single process| over all weights: {diff:.3g}")
         result["reference"], result["max_diff"] = ref, diff
     return result

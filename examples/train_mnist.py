@@ -1,7 +1,8 @@
 """Train an MNIST classifier data-parallel with ``@dist.launcher`` (the main job).
 
 Two CPU processes by default, one per GPU when GPUs are present. Uses the full MNIST set when it is
-cached (or ``--download``), else the 8,000/2,000 split of the real MNIST test set bundled with minigrad.
+cached (or ``--download``), else the 8,000/2,000 split of the real MNIST test set bundled with
+minigrad.
 
     python examples/train_mnist.py                       # MLP, 2 CPU ranks
     python examples/train_mnist.py --model cnn --epochs 4 --save cnn.mgc
@@ -32,20 +33,35 @@ DEFAULT_EPOCHS = {"mlp": 8, "cnn": 6}
 
 def build_model(kind: str) -> M.Module:
     if kind == "mlp":
-        return M.Sequential(OrderedDict([
-            ("flatten", M.Flatten()),
-            ("fc1", M.Linear(784, 256)), ("relu1", M.ReLU()),
-            ("fc2", M.Linear(256, 128)), ("relu2", M.ReLU()),
-            ("out", M.Linear(128, 10)),
-        ]))
+        return M.Sequential(
+            OrderedDict(
+                [
+                    ("flatten", M.Flatten()),
+                    ("fc1", M.Linear(784, 256)),
+                    ("relu1", M.ReLU()),
+                    ("fc2", M.Linear(256, 128)),
+                    ("relu2", M.ReLU()),
+                    ("out", M.Linear(128, 10)),
+                ]
+            )
+        )
     if kind == "cnn":
-        return M.Sequential(OrderedDict([
-            ("conv1", M.Conv2d(1, 16, 5)), ("relu1", M.ReLU()), ("pool1", M.MaxPool2d(2)),
-            ("conv2", M.Conv2d(16, 32, 5)), ("relu2", M.ReLU()), ("pool2", M.MaxPool2d(2)),
-            ("flatten", M.Flatten()),
-            ("fc1", M.Linear(512, 128)), ("relu3", M.ReLU()),
-            ("out", M.Linear(128, 10)),
-        ]))
+        return M.Sequential(
+            OrderedDict(
+                [
+                    ("conv1", M.Conv2d(1, 16, 5)),
+                    ("relu1", M.ReLU()),
+                    ("pool1", M.MaxPool2d(2)),
+                    ("conv2", M.Conv2d(16, 32, 5)),
+                    ("relu2", M.ReLU()),
+                    ("pool2", M.MaxPool2d(2)),
+                    ("flatten", M.Flatten()),
+                    ("fc1", M.Linear(512, 128)),
+                    ("relu3", M.ReLU()),
+                    ("out", M.Linear(128, 10)),
+                ]
+            )
+        )
     raise ValueError(f"unknown model {kind!r}: choose mlp or cnn")
 
 
@@ -77,8 +93,10 @@ def train(args) -> dict:
     mg.random.seed(args.seed)  # same initial weights everywhere; bcast_list_ makes sure of it
     train_set = load_mnist(args.data, train=True, download=args.download, quiet=rank != 0)
     test_set = load_mnist(args.data, train=False, download=False, quiet=True)
-    train_loader = DataLoader(train_set, RandomSampler(train_set, batch_size=args.batch_size,
-                                                       drop_last=True, seed=args.seed))
+    train_loader = DataLoader(
+        train_set,
+        RandomSampler(train_set, batch_size=args.batch_size, drop_last=True, seed=args.seed),
+    )
     test_loader = DataLoader(test_set, SequentialSampler(test_set, batch_size=500))
 
     model = build_model(args.model)
@@ -92,8 +110,9 @@ def train(args) -> dict:
         if rank == 0:
             print(f"resumed from {args.resume} (epoch {ckpt['epoch']}, acc {ckpt['acc']:.4f})")
     dist.bcast_list_(model.tensors())
-    gm = ad.GradManager().attach(model.parameters(),
-                                 callbacks=[dist.make_allreduce_cb("mean")] if world > 1 else None)
+    gm = ad.GradManager().attach(
+        model.parameters(), callbacks=[dist.make_allreduce_cb("mean")] if world > 1 else None
+    )
 
     acc, history = 0.0, []
     for epoch in range(start_epoch, args.epochs):
@@ -107,24 +126,36 @@ def train(args) -> dict:
             opt.step().clear_grad()
             seen += len(labels) * world
             if bar is not None:
-                bar.set_postfix(loss=f"{loss.item():.3f}",
-                                img_s=f"{seen / (time.perf_counter() - t0):.0f}")
+                bar.set_postfix(
+                    loss=f"{loss.item():.3f}", img_s=f"{seen / (time.perf_counter() - t0):.0f}"
+                )
                 bar.update(1)
         if bar is not None:
             bar.close()
         acc = evaluate(model, test_loader)
         history.append(acc)
         if rank == 0:
-            print(f"epoch {epoch + 1}: test accuracy {acc:.4f} "
-                  f"({seen / (time.perf_counter() - t0):.0f} img/s)", flush=True)
+            print(
+                f"epoch {epoch + 1}: test accuracy {acc:.4f} "
+                f"({seen / (time.perf_counter() - t0):.0f} img/s)",
+                flush=True,
+            )
             if args.save:
-                mg.save({"net": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch,
-                         "acc": acc, "model": args.model}, args.save)
+                mg.save(
+                    {
+                        "net": model.state_dict(),
+                        "opt": opt.state_dict(),
+                        "epoch": epoch,
+                        "acc": acc,
+                        "model": args.model,
+                    },
+                    args.save,
+                )
     return {"acc": acc, "history": history}
 
 
 def _progress(total: int, desc: str, rank: int):
-    """A tqdm bar on rank 0 in a terminal, a one-line summary per epoch in logs, nothing elsewhere."""
+    """A tqdm bar on rank 0 in a terminal, one summary line per epoch in logs, else nothing."""
     if rank != 0:
         return None
     if not sys.stderr.isatty():
@@ -147,8 +178,11 @@ class _Plain:
         self.post = kw
 
     def close(self):
-        print(f"{self.desc}: {self.n}/{self.total} steps " +
-              " ".join(f"{k}={v}" for k, v in self.post.items()), flush=True)
+        print(
+            f"{self.desc}: {self.n}/{self.total} steps "
+            + " ".join(f"{k}={v}" for k, v in self.post.items()),
+            flush=True,
+        )
 
 
 def parse_args(argv=None):

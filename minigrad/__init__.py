@@ -7,16 +7,14 @@ changed::
     import minigrad.functional as F
 """
 
+from minigrad import autodiff, functional, random  # noqa: E402
+from minigrad.autodiff import Function, GradManager, enable_grad, no_grad  # noqa: E402
 from minigrad.backend import (
     get_default_device,
     get_device_count,
     is_cuda_available,
     set_default_device,
 )
-from minigrad.tensor import Parameter, Tensor, tensor  # noqa: I001  (tensor before functional)
-from minigrad import autodiff, functional, random  # noqa: E402
-from minigrad.autodiff import Function, GradManager, enable_grad, no_grad  # noqa: E402
-from minigrad.serialization import load, save  # noqa: E402
 from minigrad.functional.creation import (  # noqa: E402
     arange,
     eye,
@@ -28,6 +26,8 @@ from minigrad.functional.creation import (  # noqa: E402
     zeros,
     zeros_like,
 )
+from minigrad.serialization import load, save  # noqa: E402
+from minigrad.tensor import Parameter, Tensor, tensor  # noqa: I001  (tensor before functional)
 
 float16, float32, float64 = "float16", "float32", "float64"
 int8, int32, int64, uint8, bool_ = "int8", "int32", "int64", "uint8", "bool"

@@ -53,7 +53,16 @@ class Tensor:
         (x * 2).sum().item()  # 6.0
     """
 
-    __slots__ = ("_data", "_device", "_node", "_out_idx", "_requires_grad", "grad", "name", "__weakref__")
+    __slots__ = (
+        "_data",
+        "_device",
+        "_node",
+        "_out_idx",
+        "_requires_grad",
+        "grad",
+        "name",
+        "__weakref__",
+    )
     __array_priority__ = 1000  # make ndarray (+) Tensor defer to Tensor.__radd__
 
     def __init__(self, data=None, dtype=None, device=None, name: str | None = None):
@@ -163,7 +172,9 @@ class Tensor:
 
     def item(self):
         if self._data.size != 1:
-            raise ValueError(f"Tensor.item: only one-element tensors can be converted, got shape {self.shape}")
+            raise ValueError(
+                f"Tensor.item: only one-element tensors can be converted, got shape {self.shape}"
+            )
         return self.numpy().reshape(()).item()
 
     def tolist(self):
@@ -172,7 +183,8 @@ class Tensor:
     def __array__(self, dtype=None, copy=None):
         if self._device.kind != "cpu":
             raise TypeError(
-                f"cannot convert a tensor on {self._device} to a NumPy array implicitly; use .numpy()"
+                f"cannot convert a tensor on {self._device} to a NumPy array implicitly; "
+                "use .numpy()"
             )
         return self._data if dtype is None else self._data.astype(dtype)
 
@@ -214,7 +226,9 @@ class Tensor:
             value = value._data
         arr = self._device.put(value, self.dtype)
         if arr.shape != self.shape:
-            raise ValueError(f"set_value: shape {arr.shape} does not match tensor shape {self.shape}")
+            raise ValueError(
+                f"set_value: shape {arr.shape} does not match tensor shape {self.shape}"
+            )
         self._data = arr
         return self
 
@@ -260,7 +274,7 @@ class Tensor:
             value = value._data
         self._data[index] = value
 
-    # -- reductions as methods ------------------------------------------------------------------------
+    # -- reductions as methods ------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False):
         return _F.sum(self, axis, keepdims)
 
@@ -288,7 +302,7 @@ class Tensor:
     def argmin(self, axis=None, keepdims=False):
         return _F.argmin(self, axis, keepdims)
 
-    # -- operators ---------------------------------------------------------------------------------------
+    # -- operators ------------------------------------------------------------------------------
     def __add__(self, other):
         return _F.add(self, other)
 
@@ -385,7 +399,7 @@ class Parameter(Tensor):
             raise TypeError(f"Parameter: parameters must be float, got dtype {self.dtype}")
 
     def __repr__(self) -> str:
-        return "Parameter" + super().__repr__()[len("Tensor"):]
+        return "Parameter" + super().__repr__()[len("Tensor") :]
 
 
 def tensor(data, dtype=None, device=None) -> Tensor:

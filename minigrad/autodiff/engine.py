@@ -75,7 +75,9 @@ def run_backward(roots, root_grads, on_leaf, keep_graph: bool) -> None:
             in_grads = [None] * len(edges)
         else:
             if any(g is None for g in grads):
-                grads = [g if g is not None else Tensor._zeros_for(node, i) for i, g in enumerate(grads)]
+                grads = [
+                    g if g is not None else Tensor._zeros_for(node, i) for i, g in enumerate(grads)
+                ]
             in_grads = node.backward(*grads)
             if not isinstance(in_grads, (tuple, list)):
                 in_grads = (in_grads,)

@@ -1,10 +1,10 @@
 """``Function``: the one op API. Every differentiable op (built-in or user-defined) subclasses it.
 
-``forward`` receives the inputs as given (Tensors and Python constants) and returns backend arrays or
-Tensors; it never records. ``backward`` receives one gradient Tensor per output and returns one
-gradient (Tensor, array or None) per input. Because backward is written with Tensor ops, it is itself
-recorded when an outer GradManager is still recording: that is how second-order gradients work.
-Whatever an op stores on ``self`` for backward is dropped as soon as backward has run.
+``forward`` receives the inputs as given (Tensors and Python constants) and returns backend arrays
+or Tensors; it never records. ``backward`` receives one gradient Tensor per output and returns one
+gradient (Tensor, array or None) per input. Because backward is written with Tensor ops, it is
+itself recorded when an outer GradManager is still recording: that is how second-order gradients
+work. Whatever an op stores on ``self`` for backward is dropped as soon as backward has run.
 
 Example::
 
@@ -37,15 +37,16 @@ class Function:
         state = STATE
         may_record = state.recording > 0 and state.enabled
         record = False
-        device = None
+        device = first = None
         for x in inputs:
             if isinstance(x, Tensor):
                 if device is None:
-                    device = x._device
+                    device, first = x._device, x
                 elif x._device is not device and x._device != device:
                     raise RuntimeError(
-                        f"{type(self).__name__}: inputs are on different devices ({device} and "
-                        f"{x._device}); move them with .to(device) first"
+                        f"{type(self).__name__}: inputs are on different devices: {first.shape} "
+                        f"{first.dtype} on {device} and {x.shape} {x.dtype} on {x._device}; "
+                        "move them with .to(device) first"
                     )
                 if may_record and not record:
                     node = x._node

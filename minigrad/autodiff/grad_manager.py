@@ -50,7 +50,8 @@ class GradManager:
                 raise TypeError(f"GradManager.attach: expected Tensors, got {type(t).__name__}")
             if t.dtype.kind != "f":
                 raise TypeError(
-                    f"GradManager.attach: only float tensors can have gradients, got dtype {t.dtype} "
+                    "GradManager.attach: only float tensors can have gradients, got dtype "
+                    f"{t.dtype} "
                     f"(shape {t.shape})"
                 )
             entry = self._attached.get(id(t))
@@ -132,7 +133,9 @@ class GradManager:
                     "GradManager.backward: backward was already called in this recording; "
                     "record again (with gm: ...) for another backward"
                 )
-            raise RuntimeError("GradManager.backward: the manager is not recording (use `with gm:`)")
+            raise RuntimeError(
+                "GradManager.backward: the manager is not recording (use `with gm:`)"
+            )
         ys = [] if y is None else ([y] if isinstance(y, Tensor) else list(y))
         if dy is None:
             dys = [None] * len(ys)
@@ -206,8 +209,6 @@ def _as_grad(g, like):
 def get_backwarding_grad_manager():
     """The GradManager whose ``backward`` is running now (None outside backward)."""
     return STATE.backwarding[-1] if STATE.backwarding else None
-
-
 
 
 _GRAD_HOOKS: dict[int, tuple[weakref.ref, list]] = {}

@@ -1,9 +1,9 @@
 """``DistributedDataParallel``: torch/OneFlow-style data parallelism as a module wrapper.
 
 The wrapper broadcasts the root's parameters and buffers once, re-broadcasts buffers before each
-forward (``broadcast_buffers``), and registers a gradient hook on every parameter that feeds the same
-bucketed, overlapped all-reduce as ``make_allreduce_cb("mean")``. Whatever GradManager the training
-loop uses, gradients come out averaged over the group. Inside ``no_sync()`` gradients accumulate
+forward (``broadcast_buffers``), and registers a gradient hook on every parameter that feeds the
+same bucketed, overlapped all-reduce as ``make_allreduce_cb("mean")``. Whatever GradManager
+the training loop uses, gradients come out averaged over the group. Inside ``no_sync()`` gradients accumulate
 locally; the next synchronised backward all-reduces the accumulated sum.
 """
 
@@ -28,8 +28,13 @@ class DistributedDataParallel(Module):
             gm.backward(F.nn.cross_entropy(model(x), y))   # grads are now the group mean
     """
 
-    def __init__(self, module: Module, broadcast_buffers: bool = True, bucket_cap_mb: float = 25.0,
-                 group=WORLD):
+    def __init__(
+        self,
+        module: Module,
+        broadcast_buffers: bool = True,
+        bucket_cap_mb: float = 25.0,
+        group=WORLD,
+    ):
         super().__init__()
         self.module = module
         self.broadcast_buffers = broadcast_buffers

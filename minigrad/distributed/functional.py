@@ -44,7 +44,7 @@ class _Collective(Function):
         return out
 
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # all-reduce family
 
 
@@ -82,7 +82,7 @@ def all_reduce_min(inp: Tensor, group=WORLD, device=None) -> Tensor:
     return _AllReduceExtremum()(inp, _group(group), "min")
 
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # one-to-all and all-to-one
 
 
@@ -193,7 +193,8 @@ class Scatter(_Collective):
             n = group.size
             if x.shape[axis] % n:
                 raise ValueError(
-                    f"scatter: axis {axis} of size {x.shape[axis]} is not divisible by the group size {n}"
+                    f"scatter: axis {axis} of size {x.shape[axis]} is not divisible by the "
+                    f"group size {n}"
                 )
             chunks = [xp.ascontiguousarray(c) for c in xp.split(x._data, n, axis=axis)]
             return comm.scatter(chunks, root, group)
@@ -227,7 +228,7 @@ class _ScatterRecv(_Collective):
         return None, None, None, None
 
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # all-to-all family
 
 
@@ -308,7 +309,7 @@ def all_to_all(inp: Tensor, group=WORLD, split_axis: int = 0, concat_axis: int =
     return AllToAll()(inp, group, split_axis % inp.ndim, concat_axis % inp.ndim)
 
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # point to point (pipeline parallelism)
 
 
@@ -346,7 +347,11 @@ def remote_recv(src_rank: int, shape=None, dtype=None, device=None, inp=None) ->
     dev = as_device(device) if device is not None else _default_device()
     out = RemoteRecv()(int(src_rank), dev)
     if shape is not None and tuple(shape) != out.shape:
-        raise ValueError(f"remote_recv: expected shape {tuple(shape)} from rank {src_rank}, got {out.shape}")
+        raise ValueError(
+            f"remote_recv: expected shape {tuple(shape)} from rank {src_rank}, got {out.shape}"
+        )
     if dtype is not None and str(out.dtype) != str(dtype) and out.dtype != dtype:
-        raise ValueError(f"remote_recv: expected dtype {dtype} from rank {src_rank}, got {out.dtype}")
+        raise ValueError(
+            f"remote_recv: expected dtype {dtype} from rank {src_rank}, got {out.dtype}"
+        )
     return out

@@ -1,5 +1,5 @@
-"""Data-parallel helpers: ``bcast_list_`` (sync initial weights) and ``make_allreduce_cb`` (bucketed,
-overlapped gradient all-reduce, the callback MegEngine attaches to a GradManager).
+"""Data-parallel helpers: ``bcast_list_`` (sync initial weights) and ``make_allreduce_cb``
+(bucketed, overlapped gradient all-reduce, the callback MegEngine attaches to a GradManager).
 
 Gradients become final in the same order on every rank (the backward engine is deterministic), so
 every rank fills the same buckets in the same order: each full bucket is packed into one flat buffer
@@ -43,20 +43,29 @@ def bcast_list_(inps, group=WORLD) -> None:
 
 
 class AllreduceCallback:
-    """``cb(param, grad) -> grad``: packs gradients into per-dtype buckets of about ``bucket_size_mb``
-    and all-reduces each bucket asynchronously as soon as it is full.
+    """``cb(param, grad) -> grad``: packs gradients into per-dtype buckets of about
+    ``bucket_size_mb`` and all-reduces each bucket asynchronously as soon as it is full.
 
     Example::
 
         gm = GradManager().attach(model.parameters(), callbacks=[dist.make_allreduce_cb("mean")])
     """
 
-    def __init__(self, reduce_method: str = "sum", group=WORLD, backend=None,
-                 bucket_size_mb: float = DEFAULT_BUCKET_MB):
+    def __init__(
+        self,
+        reduce_method: str = "sum",
+        group=WORLD,
+        backend=None,
+        bucket_size_mb: float = DEFAULT_BUCKET_MB,
+    ):
         if reduce_method not in ("sum", "mean"):
-            raise ValueError(f"make_allreduce_cb: reduce_method must be 'sum' or 'mean', got {reduce_method!r}")
+            raise ValueError(
+                f"make_allreduce_cb: reduce_method must be 'sum' or 'mean', got {reduce_method!r}"
+            )
         if bucket_size_mb <= 0:
-            raise ValueError(f"make_allreduce_cb: bucket_size_mb must be positive, got {bucket_size_mb}")
+            raise ValueError(
+                f"make_allreduce_cb: bucket_size_mb must be positive, got {bucket_size_mb}"
+            )
         self.reduce_method = reduce_method
         self.group = WORLD if group is None else group
         self.bucket_bytes = int(bucket_size_mb * 1024 * 1024)
@@ -110,9 +119,8 @@ class AllreduceCallback:
             self._flush_registered = False
 
 
-def make_allreduce_cb(reduce_method: str = "sum", group=WORLD, backend=None,
-                      bucket_size_mb: float = DEFAULT_BUCKET_MB) -> AllreduceCallback:
+def make_allreduce_cb(
+    reduce_method: str = "sum", group=WORLD, backend=None, bucket_size_mb: float = DEFAULT_BUCKET_MB
+) -> AllreduceCallback:
     """A GradManager callback that all-reduces gradients over ``group`` ("sum" or "mean")."""
     return AllreduceCallback(reduce_method, group, backend, bucket_size_mb)
-
-

@@ -15,14 +15,22 @@ from minigrad.tensor import Tensor
 
 
 class SyncBatchNorm(_BatchNorm):
-    """BatchNorm over ``(N, C)``, ``(N, C, L)`` or ``(N, C, H, W)`` with statistics synchronised over
-    ``group`` (MegEngine's ``M.SyncBatchNorm``)."""
+    """BatchNorm over ``(N, C)``, ``(N, C, L)`` or ``(N, C, H, W)`` with statistics synchronised
+    over ``group`` (MegEngine's ``M.SyncBatchNorm``)."""
 
     _ndims = (2, 3, 4)
     _expect = "(N, C), (N, C, L) or (N, C, H, W)"
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.9,
-                 affine: bool = True, track_running_stats: bool = True, group=WORLD, **kwargs):
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.9,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        group=WORLD,
+        **kwargs,
+    ):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, **kwargs)
         self.group = WORLD if group is None else group
 
@@ -41,7 +49,9 @@ class SyncBatchNorm(_BatchNorm):
         count = all_reduce_sum(Tensor(float(local_n), dtype=x.dtype, device=x.device), self.group)
         mean = all_reduce_sum(x4.sum(axis=axes, keepdims=True), self.group) / count
         centered = x4 - mean
-        var = all_reduce_sum((centered * centered).sum(axis=axes, keepdims=True), self.group) / count
+        var = (
+            all_reduce_sum((centered * centered).sum(axis=axes, keepdims=True), self.group) / count
+        )
         y = centered / F.sqrt(var + self.eps)
         if self.affine:
             y = y * self.weight + self.bias

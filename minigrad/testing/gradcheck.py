@@ -19,11 +19,22 @@ def _loss(fn, arrays, args_kind, device, weights):
 def numeric_directional_derivative(fn, arrays, directions, args_kind, device, weights, eps):
     plus = [a + eps * d if d is not None else a for a, d in zip(arrays, directions)]
     minus = [a - eps * d if d is not None else a for a, d in zip(arrays, directions)]
-    return (_loss(fn, plus, args_kind, device, weights) - _loss(fn, minus, args_kind, device, weights)) / (2 * eps)
+    return (
+        _loss(fn, plus, args_kind, device, weights) - _loss(fn, minus, args_kind, device, weights)
+    ) / (2 * eps)
 
 
-def check_grad(fn, *inputs, device="cpu0", eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1e-8,
-               seed: int = 0, n_directions: int = 2, wrt=None) -> None:
+def check_grad(
+    fn,
+    *inputs,
+    device="cpu0",
+    eps: float = 1e-6,
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+    seed: int = 0,
+    n_directions: int = 2,
+    wrt=None,
+) -> None:
     """Assert that minigrad's gradient of ``fn`` matches central differences.
 
     ``inputs`` are NumPy arrays (float ones are cast to float64 and differentiated unless ``wrt``
@@ -50,10 +61,14 @@ def check_grad(fn, *inputs, device="cpu0", eps: float = 1e-6, rtol: float = 1e-5
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         weights = [rng.standard_normal(o.shape) for o in outs]
         gm.backward(outs, [Tensor(w.astype(o.dtype), device=device) for o, w in zip(outs, weights)])
-    grads = {i: (tensors[i].grad.numpy() if tensors[i].grad is not None else np.zeros_like(arrays[i]))
-             for i in diff}
+    grads = {
+        i: (tensors[i].grad.numpy() if tensors[i].grad is not None else np.zeros_like(arrays[i]))
+        for i in diff
+    }
     for i in diff:
-        assert grads[i].shape == arrays[i].shape, f"grad of input {i}: shape {grads[i].shape} != {arrays[i].shape}"
+        assert grads[i].shape == arrays[i].shape, (
+            f"grad of input {i}: shape {grads[i].shape} != {arrays[i].shape}"
+        )
 
     for _ in range(n_directions):
         dirs = [rng.standard_normal(a.shape) if i in diff else None for i, a in enumerate(arrays)]

@@ -168,14 +168,27 @@ def test_second_order_through_nested_grad_managers():
 @pytest.mark.parametrize(
     "f, d1, d2",
     [
-        (lambda x: F.tanh(x), lambda x: 1 - np.tanh(x) ** 2,
-         lambda x: -2 * np.tanh(x) * (1 - np.tanh(x) ** 2)),
-        (lambda x: F.sigmoid(x), lambda x: (s := 1 / (1 + np.exp(-x))) * (1 - s),
-         lambda x: (s := 1 / (1 + np.exp(-x))) * (1 - s) * (1 - 2 * s)),
-        (lambda x: F.log(x * x + 1), lambda x: 2 * x / (x * x + 1),
-         lambda x: (2 - 2 * x * x) / (x * x + 1) ** 2),
+        (
+            lambda x: F.tanh(x),
+            lambda x: 1 - np.tanh(x) ** 2,
+            lambda x: -2 * np.tanh(x) * (1 - np.tanh(x) ** 2),
+        ),
+        (
+            lambda x: F.sigmoid(x),
+            lambda x: (s := 1 / (1 + np.exp(-x))) * (1 - s),
+            lambda x: (s := 1 / (1 + np.exp(-x))) * (1 - s) * (1 - 2 * s),
+        ),
+        (
+            lambda x: F.log(x * x + 1),
+            lambda x: 2 * x / (x * x + 1),
+            lambda x: (2 - 2 * x * x) / (x * x + 1) ** 2,
+        ),
         (lambda x: F.relu(x) * x, lambda x: 2 * x * (x > 0), lambda x: 2.0 * (x > 0)),
-        (lambda x: F.sqrt(x * x + 1), lambda x: x / np.sqrt(x * x + 1), lambda x: (x * x + 1) ** -1.5),
+        (
+            lambda x: F.sqrt(x * x + 1),
+            lambda x: x / np.sqrt(x * x + 1),
+            lambda x: (x * x + 1) ** -1.5,
+        ),
     ],
 )
 def test_second_order_elementwise(f, d1, d2):
@@ -197,7 +210,7 @@ def test_second_order_matmul_and_reduction():
         with gm2:
             gm2.backward((F.matmul(a, b) ** 2).mean())
         gm1.backward(a.grad.sum())
-    # f = mean((ab)^2); df/da = 2/(n) (ab) b^T; sum(df/da) differentiated again: 2/n * 1 (b b^T) summed
+    # f = mean((ab)^2); df/da = 2/n (ab) b^T; d/da of sum(df/da) = 2/n * ones @ (b b^T)
     n = 3 * 2
     first = 2 / n * (a_np @ b_np) @ b_np.T
     second = 2 / n * np.ones((3, 4)) @ (b_np @ b_np.T)

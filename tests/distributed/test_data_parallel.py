@@ -21,8 +21,10 @@ def _data(n_ranks):
 
 def _init(seed):
     rng = np.random.default_rng(seed)
-    return [mg.Parameter(rng.standard_normal(s) * 0.5, dtype="float64")
-            for s in [(IN, HID), (HID,), (HID, OUT), (OUT,)]]
+    return [
+        mg.Parameter(rng.standard_normal(s) * 0.5, dtype="float64")
+        for s in [(IN, HID), (HID,), (HID, OUT), (OUT,)]
+    ]
 
 
 def _loss(params, x, y):
@@ -68,10 +70,14 @@ def _reference(n_ranks):
 
 def _dp_worker(bucket_mb):
     n = dist.get_world_size()
-    return _train(n, dist.get_rank(), lambda: dist.make_allreduce_cb("mean", bucket_size_mb=bucket_mb))
+    return _train(
+        n, dist.get_rank(), lambda: dist.make_allreduce_cb("mean", bucket_size_mb=bucket_mb)
+    )
 
 
-@pytest.mark.parametrize("n, bucket_mb", [(2, 10.0), (3, 1e-4)])  # tiny buckets: one all-reduce per grad
+@pytest.mark.parametrize(
+    "n, bucket_mb", [(2, 10.0), (3, 1e-4)]
+)  # tiny buckets: one all-reduce per grad
 def test_allreduce_mean_matches_single_process_large_batch(n, bucket_mb):
     ref_params, ref_losses = _reference(n)
     out = run_workers(_dp_worker, n, bucket_mb)

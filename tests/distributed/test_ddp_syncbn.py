@@ -14,7 +14,9 @@ N, B = 2, 6
 
 def _data(seed):
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((N * B, 5)).astype("float32"), rng.integers(0, 3, N * B).astype("int32")
+    return rng.standard_normal((N * B, 5)).astype("float32"), rng.integers(0, 3, N * B).astype(
+        "int32"
+    )
 
 
 def _model():
@@ -34,7 +36,11 @@ def _ddp_worker():
     local_only = [p.grad.numpy() for p in ddp.parameters()]
     with gm:
         gm.backward(F.nn.cross_entropy(ddp(mg.tensor(xb[sl])), mg.tensor(yb[sl])))
-    return [p.numpy() for p in ddp.parameters()], [p.grad.numpy() for p in ddp.parameters()], local_only
+    return (
+        [p.numpy() for p in ddp.parameters()],
+        [p.grad.numpy() for p in ddp.parameters()],
+        local_only,
+    )
 
 
 def test_ddp_syncs_weights_and_averages_accumulated_gradients():
@@ -44,8 +50,10 @@ def test_ddp_syncs_weights_and_averages_accumulated_gradients():
     gm = ad.GradManager().attach(model.parameters())
     (xa, ya), (xb, yb) = _data(1), _data(2)
     with gm:
-        gm.backward(F.nn.cross_entropy(model(mg.tensor(xa)), mg.tensor(ya))
-                    + F.nn.cross_entropy(model(mg.tensor(xb)), mg.tensor(yb)))
+        gm.backward(
+            F.nn.cross_entropy(model(mg.tensor(xa)), mg.tensor(ya))
+            + F.nn.cross_entropy(model(mg.tensor(xb)), mg.tensor(yb))
+        )
     ref_w = [p.numpy() for p in model.parameters()]
     ref_g = [p.grad.numpy() for p in model.parameters()]
     for weights, grads, _ in out:
@@ -61,13 +69,23 @@ def _syncbn_worker(x_all):
     rank = dist.get_rank()
     bn = dist.SyncBatchNorm(3)
     x = mg.tensor(x_all[rank * 2 : (rank + 1) * 2])
-    w = mg.tensor(np.random.default_rng(5).standard_normal(x_all.shape).astype("float32")[rank * 2 : (rank + 1) * 2])
+    w = mg.tensor(
+        np.random.default_rng(5)
+        .standard_normal(x_all.shape)
+        .astype("float32")[rank * 2 : (rank + 1) * 2]
+    )
     gm = ad.GradManager().attach([x, bn.weight, bn.bias])
     with gm:
         y = bn(x)
         gm.backward((y * w).sum())
-    return (y.numpy(), x.grad.numpy(), bn.weight.grad.numpy(), bn.bias.grad.numpy(),
-            bn.running_mean.numpy(), bn.running_var.numpy())
+    return (
+        y.numpy(),
+        x.grad.numpy(),
+        bn.weight.grad.numpy(),
+        bn.bias.grad.numpy(),
+        bn.running_mean.numpy(),
+        bn.running_var.numpy(),
+    )
 
 
 def test_sync_batch_norm_equals_batch_norm_on_the_whole_batch():
@@ -84,7 +102,7 @@ def test_sync_batch_norm_equals_batch_norm_on_the_whole_batch():
     # affine parameters are per-rank partial sums (a data-parallel all-reduce adds them up)
     np.testing.assert_allclose(sum(o[2] for o in out), bn.weight.grad.numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(sum(o[3] for o in out), bn.bias.grad.numpy(), rtol=1e-4, atol=1e-5)
-    for rank, (y_r, gx, gw, gb, rm, rv) in enumerate(out):
+    for rank, (y_r, gx, _gw, _gb, rm, rv) in enumerate(out):
         sl = slice(rank * 2, (rank + 1) * 2)
         np.testing.assert_allclose(y_r, y_ref[sl], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(gx, gx_ref[sl], rtol=1e-4, atol=1e-5)

@@ -61,7 +61,7 @@ def _pipeline_worker():
 def test_four_stage_pipeline_matches_single_process():
     ref_grads, ref_loss = _single_process()
     out = run_workers(_pipeline_worker, 4)
-    for rank, (g, loss) in enumerate(out):
+    for rank, (g, _loss) in enumerate(out):
         np.testing.assert_allclose(g, ref_grads[rank], rtol=1e-10, atol=1e-12)
     assert out[-1][1] == ref_loss
 

@@ -29,8 +29,20 @@ def test_train_mnist_trains_saves_and_resumes(tmp_path):
     saved = mg.load(str(ckpt))
     assert saved["epoch"] == 0 and saved["model"] == "mlp"
     assert saved["acc"] == pytest.approx(first["acc"])
-    resumed = ex.main(["--epochs", "2", "--resume", str(ckpt), "--save", str(ckpt), "--nproc", "2",
-                       "--device", "cpu"])
+    resumed = ex.main(
+        [
+            "--epochs",
+            "2",
+            "--resume",
+            str(ckpt),
+            "--save",
+            str(ckpt),
+            "--nproc",
+            "2",
+            "--device",
+            "cpu",
+        ]
+    )
     assert len(resumed["history"]) == 1  # only the second epoch ran
     assert mg.load(str(ckpt))["epoch"] == 1
     assert resumed["acc"] > 0.88
@@ -67,9 +79,20 @@ def test_pipeline_mlp_matches_single_process():
 
 def test_oneflow_ddp_via_launch_cli(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "minigrad.distributed.launch", "--nproc_per_node", "2",
-         "--logdir", str(tmp_path), str(ROOT / "examples" / "oneflow_ddp.py")],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "minigrad.distributed.launch",
+            "--nproc_per_node",
+            "2",
+            "--logdir",
+            str(tmp_path),
+            str(ROOT / "examples" / "oneflow_ddp.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     logs = proc.stdout + "".join(p.read_text() for p in tmp_path.glob("*"))
@@ -89,4 +112,6 @@ def test_readme_commands_are_the_ones_ci_uses():
     install_and_train, install_and_test = commands
     assert "examples/train_mnist.py" in install_and_train
     assert "pytest" in install_and_test
-    assert install_and_test in ci.splitlines(), "the README's test command must be what .ci/run runs"
+    assert install_and_test in ci.splitlines(), (
+        "the README's test command must be what .ci/run runs"
+    )
