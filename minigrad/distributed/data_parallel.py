@@ -3,8 +3,8 @@
 The wrapper broadcasts the root's parameters and buffers once, re-broadcasts buffers before each
 forward (``broadcast_buffers``), and registers a gradient hook on every parameter that feeds the
 same bucketed, overlapped all-reduce as ``make_allreduce_cb("mean")``. Whatever GradManager
-the training loop uses, gradients come out averaged over the group. Inside ``no_sync()`` gradients accumulate
-locally; the next synchronised backward all-reduces the accumulated sum.
+the training loop uses, gradients come out averaged over the group. Inside ``no_sync()`` gradients
+accumulate locally; the next synchronised backward all-reduces the accumulated sum.
 """
 
 from __future__ import annotations
