@@ -28,7 +28,7 @@ from minigrad.data import DataLoader, RandomSampler, SequentialSampler
 from minigrad.data.dataset.vision import load_mnist
 
 MEAN, STD = 0.1307, 0.3081
-DEFAULT_EPOCHS = {"mlp": 8, "cnn": 6}
+DEFAULT_EPOCHS = {"mlp": 10, "cnn": 10}
 
 
 def build_model(kind: str) -> M.Module:
@@ -101,6 +101,7 @@ def train(args) -> dict:
 
     model = build_model(args.model)
     opt = optim.Adam(model.parameters(), lr=args.lr)
+    sched = optim.CosineAnnealingLR(opt, T_max=args.epochs)  # a pure function of the epoch
     start_epoch = 0
     if args.resume:
         ckpt = mg.load(args.resume)
@@ -109,6 +110,7 @@ def train(args) -> dict:
         start_epoch = int(ckpt["epoch"]) + 1
         if rank == 0:
             print(f"resumed from {args.resume} (epoch {ckpt['epoch']}, acc {ckpt['acc']:.4f})")
+    sched.step(start_epoch)
     dist.bcast_list_(model.tensors())
     gm = ad.GradManager().attach(
         model.parameters(), callbacks=[dist.make_allreduce_cb("mean")] if world > 1 else None
@@ -132,6 +134,7 @@ def train(args) -> dict:
                 bar.update(1)
         if bar is not None:
             bar.close()
+        sched.step()
         acc = evaluate(model, test_loader)
         history.append(acc)
         if rank == 0:
@@ -188,7 +191,7 @@ class _Plain:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
-    p.add_argument("--epochs", type=int, default=None, help="default: 8 (mlp) or 6 (cnn)")
+    p.add_argument("--epochs", type=int, default=None, help="default: 10")
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--nproc", type=int, default=None, help="ranks (default: #GPUs, else 2)")

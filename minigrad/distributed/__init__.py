@@ -68,8 +68,11 @@ __all__ = [
 # `data_parallel` build on `comm` above; they are imported here once they exist.
 try:  # pragma: no cover - depends on files owned by another engineer
     from minigrad.distributed import functional  # noqa: F401
+    from minigrad.distributed.data_parallel import DistributedDataParallel  # noqa: F401
     from minigrad.distributed.helper import bcast_list_, make_allreduce_cb  # noqa: F401
+    from minigrad.distributed.sync_batch_norm import SyncBatchNorm  # noqa: F401
 
-    __all__ += ["functional", "bcast_list_", "make_allreduce_cb"]
+    __all__ += ["functional", "bcast_list_", "make_allreduce_cb", "DistributedDataParallel",
+                "SyncBatchNorm"]
 except ImportError:
     pass

@@ -1,8 +1,8 @@
 """Array-level collectives: the API the differentiable ``dist.functional`` layer builds on.
 
 Arrays are NumPy or CuPy; results are new arrays of the input's backend. ``group=None`` means
-WORLD; ``root``/``src``/``dst`` are *global* ranks. The backend is picked per call: a CuPy array goes
-through NCCL when the process group's backend is "nccl"/"auto" and NCCL is usable; otherwise
+WORLD; ``root``/``src``/``dst`` are *global* ranks. The backend is picked per call: a CuPy array
+goes through NCCL when the process group's backend is "nccl"/"auto" and NCCL is usable; otherwise
 through the "cpu" backend (CuPy arrays are staged through host memory, so several ranks may share
 one GPU in tests). Every collective carries a fingerprint checked on all ranks (see
 :mod:`minigrad.distributed.backends`).
@@ -77,9 +77,14 @@ def _default_is_gpu() -> bool:
 class _Call:
     """One collective call: group context, sequence number, and host staging for CuPy inputs."""
 
-    def __init__(self, name: str, group: Group | None, *arrays: Any, host_only: bool = False):
+    def __init__(
+        self, name: str, group: Group | None, *arrays: Any, root: int | None = None,
+        host_only: bool = False,
+    ):
         self.group = _resolve(group)
         self.ctx: GroupContext = self.group.context()
+        if root is not None and root not in self.ctx.ranks:
+            raise ValueError(f"{name}: root rank {root} is not in group {self.ctx.ranks}")
         for a in arrays:
             if a is not None:
                 _check_array(name, a)
@@ -106,11 +111,8 @@ class _Call:
             return y
         return cupy_or_none().asarray(y)
 
-    def index_of(self, name: str, rank: int) -> int:
-        ranks = self.ctx.ranks
-        if rank not in ranks:
-            raise ValueError(f"{name}: root rank {rank} is not in group {ranks}")
-        return ranks.index(rank)
+    def index_of(self, rank: int) -> int:
+        return self.ctx.ranks.index(rank)
 
 
 def all_reduce(x: Any, op: str = "sum", group: Group | None = None) -> Any:
@@ -137,8 +139,8 @@ def all_reduce_async(x: Any, op: str = "sum", group: Group | None = None) -> Wor
 
 def broadcast(x: Any, root: int = 0, group: Group | None = None) -> Any:
     """Copy the root's array to every rank; non-roots may pass None (shape/dtype discovered)."""
-    c = _Call("broadcast", group, x)
-    i = c.index_of("broadcast", root)
+    c = _Call("broadcast", group, x, root=root)
+    i = c.index_of(root)
     if c.ctx.index == i and x is None:
         raise ValueError(f"broadcast: the root rank {root} must pass an array, got None")
     return c.out(c.backend.broadcast(c.host(x), i, c.seq))
@@ -153,22 +155,22 @@ def all_gather(x: Any, group: Group | None = None) -> list:
 def reduce(x: Any, op: str = "sum", root: int = 0, group: Group | None = None) -> Any | None:
     """Reduce onto ``root``; other ranks get None."""
     _check_op("reduce", op)
-    c = _Call("reduce", group, x)
-    return c.out(c.backend.reduce(c.host(x), op, c.index_of("reduce", root), c.seq))
+    c = _Call("reduce", group, x, root=root)
+    return c.out(c.backend.reduce(c.host(x), op, c.index_of(root), c.seq))
 
 
 def gather(x: Any, root: int = 0, group: Group | None = None) -> list | None:
     """All ranks' arrays (group order) on ``root``; None elsewhere."""
-    c = _Call("gather", group, x)
-    ys = c.backend.gather(c.host(x), c.index_of("gather", root), c.seq)
+    c = _Call("gather", group, x, root=root)
+    ys = c.backend.gather(c.host(x), c.index_of(root), c.seq)
     return None if ys is None else [c.out(y) for y in ys]
 
 
 def scatter(chunks: list | None, root: int = 0, group: Group | None = None) -> Any:
     """``root`` sends ``chunks[i]`` to the group's i-th rank; others pass None."""
     arrays = list(chunks) if chunks is not None else []
-    c = _Call("scatter", group, *arrays)
-    i = c.index_of("scatter", root)
+    c = _Call("scatter", group, *arrays, root=root)
+    i = c.index_of(root)
     if c.ctx.index != i:
         chunks = None
     elif chunks is None:
@@ -205,7 +207,7 @@ def _p2p_peer(name: str, peer: int) -> None:
 
 
 def send(x: Any, dst: int) -> None:
-    """Send ``x`` to global rank ``dst``; returns once the data is buffered (not necessarily read)."""
+    """Send ``x`` to global rank ``dst``; returns once the data is buffered (maybe not yet read)."""
     _check_array("send", x)
     _p2p_peer("send", dst)
     if _use_nccl(x):

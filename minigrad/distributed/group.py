@@ -210,9 +210,14 @@ def init_process_group(
     rank = int(rank if rank is not None else env.get("RANK", 0))
     timeout = default_timeout() if timeout is None else float(timeout)
     if backend not in BACKENDS + ("auto",):
-        raise ValueError(f"init_process_group: unknown backend {backend!r}, expected 'auto', 'cpu' or 'nccl'")
+        raise ValueError(
+            f"init_process_group: unknown backend {backend!r}, expected 'auto', 'cpu' or 'nccl'"
+        )
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"init_process_group: need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        raise ValueError(
+            f"init_process_group: need 0 <= rank < world_size, got rank={rank}, "
+            f"world_size={world_size}"
+        )
     if device is not None:
         from minigrad.backend import set_default_device
 

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             env[_group.STORE_ENV] = "external"
             env[LAUNCHED_ENV] = "1"
             if not user_threads:
-                env.update(OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+                for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+                    env[var] = threads
             log = os.path.join(a.logdir, f"rank{rank}.log") if a.logdir else None
             out = open(log, "w") if log else None
             files.append(out)

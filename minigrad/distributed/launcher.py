@@ -40,7 +40,7 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 class LaunchError(RuntimeError):
-    """A rank of a launched job failed; ``.rank`` is the failing rank, the message has its traceback."""
+    """A rank of a launched job failed; ``.rank`` names it, the message carries its traceback."""
 
     def __init__(self, message: str, rank: int | None = None):
         super().__init__(message)
@@ -62,7 +62,7 @@ def visible_gpu_count() -> int:
 
 
 def cuda_initialized() -> bool:
-    """Whether this process already initialised the CUDA driver (a forked child could not use it)."""
+    """Whether this process initialised the CUDA driver (a forked child could not use it)."""
     try:
         with open("/proc/self/maps") as f:
             if "libcuda.so" not in f.read():
@@ -132,12 +132,13 @@ def kill_tree(pids: list[int], grace: float = 2.0) -> None:
     """SIGTERM each child's process group, then SIGKILL what is left after ``grace`` seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
-            for target in (lambda: os.killpg(pid, sig), lambda: os.kill(pid, sig)):
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
                 try:
-                    target()
-                    break
+                    os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
-                    continue
+                    pass
         if sig == signal.SIGTERM:
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline and any(_alive(p) for p in pids):
@@ -286,8 +287,8 @@ class launcher:
         self.rank_start = int(rank_start)
         if self.rank_start + self.n > self.world_size:
             raise ValueError(
-                f"dist.launcher: ranks {self.rank_start}..{self.rank_start + self.n - 1} do not fit "
-                f"in world_size {self.world_size}"
+                f"dist.launcher: ranks {self.rank_start}..{self.rank_start + self.n - 1} do not "
+                f"fit in world_size {self.world_size}"
             )
         self.master_ip, self.port = master_ip, int(port)
         self.backend = backend
@@ -387,7 +388,8 @@ class launcher:
         while running or open_conns:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                missing = [self.rank_start + i for i in range(self.n) if self.rank_start + i not in results]
+                ranks = [self.rank_start + i for i in range(self.n)]
+                missing = [r for r in ranks if r not in results]
                 raise LaunchError(
                     f"dist.launcher: job timed out after {self.job_timeout:g} s; rank(s) {missing} "
                     f"had not finished"

@@ -123,7 +123,8 @@ class Server:
             self._sock.bind((host, port))
         except OSError as exc:
             self._sock.close()
-            raise OSError(exc.errno, f"store server cannot listen on port {port}: {exc.strerror}")
+            msg = f"store server cannot listen on port {port}: {exc.strerror}"
+            raise OSError(exc.errno, msg) from exc
         self._sock.listen(128)
         self.port: int = self._sock.getsockname()[1]
         self._thread = threading.Thread(target=self._accept_loop, name="mg-store", daemon=True)
@@ -337,7 +338,7 @@ class Client:
         return bool(self._request({"op": "check", "key": key}))
 
     def add(self, key: str, amount: int = 1) -> int:
-        """Atomically add ``amount`` to the integer at ``key`` (0 if unset); return the new value."""
+        """Atomically add ``amount`` to the integer at ``key`` (0 if unset); return the result."""
         return int(self._request({"op": "add", "key": key, "amount": int(amount)}))
 
     def delete(self, key: str) -> bool:

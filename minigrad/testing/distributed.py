@@ -27,8 +27,8 @@ def run_workers(
     """Run ``fn(*args, **kwargs)`` on ``world_size`` forked ranks; return results in rank order.
 
     ``timeout`` bounds the whole run (every process is killed after it); ``collective_timeout``
-    (default: ``MINIGRAD_DIST_TIMEOUT`` or ``timeout``) bounds each collective. A failing rank raises
-    :class:`minigrad.distributed.LaunchError` with its traceback.
+    (default: ``MINIGRAD_DIST_TIMEOUT`` or ``timeout``) bounds each collective. A failing rank
+    raises :class:`minigrad.distributed.LaunchError` with its traceback.
     """
     job = launcher(
         fn,

@@ -25,7 +25,7 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
 
 
 def fingerprint(op: str, seq: int, root: int | None = None, sig: Any = None) -> dict:
-    """The cheap per-call identity every rank must agree on (``sig``: shapes/dtypes that must match)."""
+    """The cheap per-call identity all ranks must agree on (``sig``: shapes/dtypes to match)."""
     return {"op": op, "seq": seq, "root": root, "sig": sig}
 
 
@@ -48,9 +48,12 @@ def check_fingerprints(headers: list[dict], ranks: list[int]) -> None:
     ref = headers[0]
     for i, h in enumerate(headers[1:], start=1):
         if any(h.get(k) != ref.get(k) for k in keys):
-            calls = "; ".join(f"rank {ranks[j]} called {describe(x)}" for j, x in enumerate(headers))
+            calls = "; ".join(
+                f"rank {ranks[j]} called {describe(x)}" for j, x in enumerate(headers)
+            )
             raise CollectiveMismatchError(
-                f"collective mismatch in group {ranks} between rank {ranks[0]} and rank {ranks[i]}: "
+                f"collective mismatch in group {ranks} between rank {ranks[0]} and rank "
+                f"{ranks[i]}: "
                 f"{calls}"
             )
 
@@ -98,7 +101,7 @@ def nccl_available() -> bool:
 
 
 def create_backend(name: str, ctx) -> Any:
-    """Factory: the backend object ``name`` for a group context ``ctx`` (see ``group.GroupContext``)."""
+    """Factory: backend ``name`` for a group context ``ctx`` (see ``group.GroupContext``)."""
     if name == "cpu":
         from minigrad.distributed.backends.cpu import CpuBackend
 

@@ -1,0 +1,194 @@
+"""Faults and bad input: failing/killed ranks, skipped and mismatched collectives, hostile store
+traffic, leaks. Every scenario must end quickly with an error that names the culprit."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+
+import minigrad.distributed as dist
+from minigrad.distributed import comm
+from minigrad.testing.distributed import run_workers
+
+
+def _mg_shm_files() -> set[str]:
+    return set(glob.glob("/dev/shm/mg-*"))
+
+
+def test_rank_that_raises_is_named_with_traceback():
+    def body():
+        comm.all_reduce(np.ones(3))
+        if dist.get_rank() == 1:
+            raise ValueError("boom from the model")
+        comm.all_reduce(np.ones(3))  # rank 0 would wait here forever without the launcher
+
+    t = time.monotonic()
+    with pytest.raises(dist.LaunchError, match="rank 1 failed") as info:
+        run_workers(body, 2, timeout=30)
+    assert time.monotonic() - t < 10
+    assert info.value.rank == 1
+    assert "ValueError: boom from the model" in str(info.value) and "Traceback" in str(info.value)
+
+
+def test_rank_killed_by_sigkill_mid_step():
+    def body():
+        for step in range(1000):
+            comm.all_reduce(np.ones(1000))
+            if step == 20 and dist.get_rank() == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    t = time.monotonic()
+    with pytest.raises(dist.LaunchError, match="rank 2") as info:
+        run_workers(body, 3, timeout=30)
+    assert time.monotonic() - t < 10
+    assert "SIGKILL" in str(info.value)
+
+
+def test_skipped_collective_times_out_naming_op_and_seq():
+    def body():
+        r = dist.get_rank()
+        comm.all_reduce(np.ones(2))
+        if r == 1:
+            time.sleep(3)  # alive, but skips collective #2
+            return "skipped"
+        try:
+            comm.broadcast(np.ones(2), root=0)
+        except dist.CollectiveTimeoutError as exc:
+            return str(exc)
+        return "no error"
+
+    t = time.monotonic()
+    msg, skipped = run_workers(body, 2, timeout=20, collective_timeout=2)
+    assert skipped == "skipped" and 1.9 < time.monotonic() - t < 10
+    assert "broadcast#2" in msg and "timed out after 2 s" in msg and "[1]" in msg
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_mismatched_calls_raise_on_every_rank(monkeypatch, transport):
+    monkeypatch.setenv("MINIGRAD_DIST_TRANSPORT", transport)
+
+    def body():
+        r = dist.get_rank()
+        msgs = []
+        x = np.ones((3, 4), np.float32) if r == 0 else np.ones((4, 3), np.float32)
+        try:
+            comm.all_reduce(x)
+        except dist.CollectiveMismatchError as exc:
+            msgs.append(str(exc))
+        return msgs
+
+    res = run_workers(body, 3, timeout=30)
+    for msgs in res:
+        assert len(msgs) == 1
+        assert "rank 0 called all_reduce#1" in msgs[0] and "[3, 4]" in msgs[0]
+        assert "rank 1 called all_reduce#1" in msgs[0] and "[4, 3]" in msgs[0]
+
+
+def test_different_ops_and_dtypes_mismatch():
+    def body():
+        r = dist.get_rank()
+        out = []
+        try:
+            if r == 0:
+                comm.all_reduce(np.ones(3, np.float32))
+            else:
+                comm.all_reduce(np.ones(3, np.float64))
+        except dist.CollectiveMismatchError as exc:
+            out.append(str(exc))
+        return out
+
+    for msgs in run_workers(body, 2, timeout=30):
+        assert "<f4" in msgs[0] and "<f8" in msgs[0]
+
+    def body():
+        try:
+            if dist.get_rank() == 0:
+                comm.all_reduce(np.ones(3))
+            else:
+                comm.broadcast(np.ones(3), root=0)
+        except dist.CollectiveMismatchError as exc:
+            return str(exc)
+
+    for msg in run_workers(body, 2, timeout=30):
+        assert "all_reduce#1" in msg and "broadcast#1" in msg
+
+
+def test_garbage_and_wrong_secret_do_not_disturb_the_job():
+    def body():
+        client = dist.get_client()
+        r = dist.get_rank()
+        comm.all_reduce(np.ones(2))
+        if r == 0:
+            for payload in (b"\x00" * 64, b"GET / HTTP/1.1\r\n\r\n", os.urandom(300)):
+                with socket.create_connection((client.host, client.port), timeout=5) as s:
+                    s.recv(40)
+                    s.sendall(payload)
+                    s.shutdown(socket.SHUT_WR)
+                    try:
+                        s.recv(10)
+                    except OSError:
+                        pass
+            with pytest.raises(dist.StoreError, match="wrong secret"):
+                dist.Client(client.host, client.port, secret="not-the-secret", timeout=5)
+        client.barrier("after-attack", 2)
+        client.user_set(f"k{r}", r * 10)
+        other = client.user_get(f"k{1 - r}", timeout=10)
+        return other, comm.all_reduce(np.full(2, r + 1.0))
+
+    res = run_workers(body, 2, timeout=30)
+    assert res[0][0] == 10 and res[1][0] == 0
+    for _, y in res:
+        np.testing.assert_array_equal(y, [3.0, 3.0])
+
+
+def test_port_already_in_use_is_a_clear_error():
+    blocker = socket.socket()
+    blocker.bind(("0.0.0.0", 0))
+    blocker.listen(1)
+    port = blocker.getsockname()[1]
+    try:
+        with pytest.raises(OSError, match=f"port {port}"):
+            dist.Server(port)
+
+        @dist.launcher(n_gpus=2, device_type="cpu", port=port)
+        def job():
+            return 1
+
+        with pytest.raises(OSError, match=f"port {port}"):
+            job()
+    finally:
+        blocker.close()
+
+
+def test_no_shared_memory_left_behind():
+    before = _mg_shm_files()
+
+    def body():
+        comm.send(np.ones(10), (dist.get_rank() + 1) % 2)
+        comm.recv((dist.get_rank() + 1) % 2)
+        if dist.get_rank() == 1:
+            comm.send(np.ones(10), 0)  # never received: its ring stays unclaimed
+        return comm.all_reduce(np.ones(5))
+
+    run_workers(body, 2, timeout=30)
+    with pytest.raises(dist.LaunchError):
+        run_workers(lambda: os.kill(os.getpid(), signal.SIGKILL), 2, timeout=30)
+    assert _mg_shm_files() - before == set()
+
+
+@pytest.mark.stress
+def test_stress_repeat_multiprocess():
+    def body():
+        r = dist.get_rank()
+        out = [comm.all_reduce(np.full(100, r + 1.0)) for _ in range(20)]
+        return sum(float(o[0]) for o in out)
+
+    for _ in range(20):
+        for n in (2, 3, 4):
+            assert run_workers(body, n, timeout=30) == [20.0 * n * (n + 1) / 2] * n

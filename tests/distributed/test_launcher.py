@@ -1,0 +1,142 @@
+"""The fork launcher and the ``python -m minigrad.distributed.launch`` CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import minigrad.distributed as dist
+from minigrad.distributed import comm
+from minigrad.distributed.launcher import cuda_initialized, limit_blas_threads
+from minigrad.testing.distributed import run_workers
+
+
+def test_decorator_forms_and_rank_ordered_results(monkeypatch):
+    @dist.launcher
+    def plain(k):
+        return dist.get_rank() * k, dist.get_world_size(), os.environ["LOCAL_RANK"]
+
+    assert plain(10) == [(0, 2, "0"), (10, 2, "1")]  # CPU default: 2 processes
+
+    monkeypatch.setenv("MINIGRAD_NPROC", "3")
+
+    @dist.launcher(device_type="cpu")
+    def from_env():
+        return os.environ["RANK"], os.environ["WORLD_SIZE"], dist.get_backend()
+
+    assert from_env() == [(str(r), "3", "auto") for r in range(3)]
+
+    @dist.launcher(n_gpus=1, device_type="cpu")
+    def single():
+        return dist.is_distributed(), comm.all_reduce(np.arange(3)).tolist()
+
+    assert single() == [(True, [0, 1, 2])]
+
+
+def test_large_return_values_do_not_deadlock():
+    def body():
+        return np.full(3_000_000, dist.get_rank(), np.float64)  # 24 MB per rank through a pipe
+
+    res = run_workers(body, 2, timeout=30)
+    assert res[0].sum() == 0 and res[1].sum() == 3_000_000
+
+
+def test_blas_threads_are_shared_fairly():
+    def body():
+        import ctypes
+
+        paths = {ln.split()[-1] for ln in open("/proc/self/maps") if "openblas" in ln.lower()}
+        counts = []
+        for p in paths:
+            lib = ctypes.CDLL(p)
+            for sym in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads"):
+                if hasattr(lib, sym):
+                    counts.append(getattr(lib, sym)())
+        return counts, os.environ.get("OMP_NUM_THREADS")
+
+    cores = os.cpu_count() or 1
+    for counts, omp in run_workers(body, 2):
+        assert omp == str(max(1, cores // 2))
+        assert all(c == max(1, cores // 2) for c in counts)
+    assert isinstance(limit_blas_threads(max(1, cores)), bool)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_no_orphans_after_failure(tmp_path):
+    def body():
+        r = dist.get_rank()
+        child = subprocess.Popen(["sleep", "30"])  # a grandchild, e.g. a data-loader worker
+        (tmp_path / f"pids{r}").write_text(f"{os.getpid()} {child.pid}")
+        comm.barrier()
+        if r == 0:
+            raise RuntimeError("first rank fails")
+        time.sleep(30)
+
+    t = time.monotonic()
+    with pytest.raises(dist.LaunchError, match="first rank fails"):
+        run_workers(body, 3, timeout=30)
+    assert time.monotonic() - t < 10
+    pids = [int(p) for r in range(3) for p in (tmp_path / f"pids{r}").read_text().split()]
+    time.sleep(0.2)
+    assert [p for p in pids if _running(p)] == []
+
+
+def test_job_timeout_kills_everything():
+    def body():
+        time.sleep(60)
+
+    t = time.monotonic()
+    with pytest.raises(dist.LaunchError, match="timed out after 1 s"):
+        run_workers(body, 2, timeout=1)
+    assert time.monotonic() - t < 6
+
+
+def test_cuda_not_initialised_here():
+    assert cuda_initialized() is False
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, os
+    import numpy as np
+    import minigrad.distributed as dist
+    from minigrad.distributed import comm
+
+    dist.init_process_group()
+    r = dist.get_rank()
+    y = comm.all_reduce(np.full(4, r + 1.0))
+    print("rank", r, "local", os.environ["LOCAL_RANK"], "sum", y[0], "args", sys.argv[1:])
+    if "--fail" in sys.argv and r == 1:
+        raise SystemExit(3)
+    """
+)
+
+
+def test_launch_cli(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    logdir = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "minigrad.distributed.launch", "--nproc_per_node", "2",
+           "--logdir", str(logdir), str(script), "--lr", "0.1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for r in range(2):
+        log = (logdir / f"rank{r}.log").read_text()
+        assert f"rank {r} local {r} sum 3.0 args ['--lr', '0.1']" in log
+
+    proc = subprocess.run(cmd + ["--fail"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "rank 1" in proc.stderr and "exit code 3" in proc.stderr
