@@ -2,10 +2,13 @@
 
 Everything is written once on raw ``xp`` arrays (NumPy or CuPy) around two helpers:
 
-* ``_im2col`` views every receptive field of a padded NCHW input with ``as_strided`` and copies them
-  once into a ``(C*kh*kw, N*OH*OW)`` matrix, so a convolution is one big matrix product (BLAS);
+* ``_im2col`` views every receptive field of a padded image with ``as_strided`` and copies them
+  once into a ``(C*kh*kw, OH*OW*N)`` matrix, so a convolution is one big matrix product (BLAS);
 * ``_col2im`` is its adjoint: it scatters such a matrix back onto the image with one strided
   ``+=`` per kernel offset (``kh*kw`` iterations, never a loop over pixels).
+
+Both work on a batch-last (C, H, W, N) copy of the image so that those copies and adds move long
+contiguous runs; the NCHW tensors the user sees are converted once on the way in and out.
 
 conv2d's input gradient is ``_col2im``; conv_transpose2d is conv2d's adjoint and reuses the same two
 helpers the other way round. Pooling loops over the ``kh*kw`` kernel offsets with strided slices.
@@ -66,36 +69,56 @@ def _pad(xp, x, ph: int, pw: int, value: float = 0.0):
 
 
 def _offset(i: int, j: int, oh: int, ow: int, stride, dilation) -> tuple:
-    """The strided slice of a padded image that kernel offset ``(i, j)`` sees over all outputs."""
+    """The (rows, cols) slices of a padded image that kernel offset ``(i, j)`` sees over all
+    ``oh x ow`` outputs."""
     (sh, sw), (dh, dw) = stride, dilation
     return (
-        Ellipsis,
         slice(i * dh, i * dh + sh * (oh - 1) + 1, sh),
         slice(j * dw, j * dw + sw * (ow - 1) + 1, sw),
     )
 
 
-def _im2col(xp, x, kh: int, kw: int, oh: int, ow: int, stride, dilation):
-    """Receptive fields of ``x`` (N, C, Hp, Wp) as a ``(C*kh*kw, N*OH*OW)`` matrix (one copy)."""
-    n, c = x.shape[:2]
-    s_n, s_c, s_h, s_w = x.strides
+# Convolutions work on a batch-last (C, H, W, N) copy of the image: a kernel offset then selects
+# runs of OW*N contiguous numbers (stride 1), so im2col copies and col2im adds stream through
+# memory instead of crawling along rows of OW elements, and each product is one big GEMM.
+
+
+def _batch_last(xp, x, ph: int, pw: int):
+    """(N, C, H, W) -> zero-padded (C, H + 2ph, W + 2pw, N), one copy."""
+    n, c, h, w = x.shape
+    if ph == 0 and pw == 0:
+        return xp.ascontiguousarray(x.transpose(1, 2, 3, 0))
+    out = xp.zeros((c, h + 2 * ph, w + 2 * pw, n), x.dtype)
+    out[:, ph : ph + h, pw : pw + w] = x.transpose(1, 2, 3, 0)
+    return out
+
+
+def _batch_first(xp, xt, ph: int, pw: int, h: int, w: int):
+    """Padded (C, Hp, Wp, N) -> the contiguous (N, C, H, W) interior, one copy."""
+    return xp.ascontiguousarray(xt[:, ph : ph + h, pw : pw + w].transpose(3, 0, 1, 2))
+
+
+def _im2col(xp, xt, kh: int, kw: int, oh: int, ow: int, stride, dilation):
+    """Receptive fields of a batch-last image (C, Hp, Wp, N) as a (C*kh*kw, OH*OW*N) matrix."""
+    c, _, _, n = xt.shape
+    s_c, s_h, s_w, s_n = xt.strides
     (sh, sw), (dh, dw) = stride, dilation
     view = xp.lib.stride_tricks.as_strided(
-        x,
-        shape=(c, kh, kw, n, oh, ow),
-        strides=(s_c, s_h * dh, s_w * dw, s_n, s_h * sh, s_w * sw),
+        xt,
+        shape=(c, kh, kw, oh, ow, n),
+        strides=(s_c, s_h * dh, s_w * dw, s_h * sh, s_w * sw, s_n),
     )
-    return xp.ascontiguousarray(view).reshape(c * kh * kw, n * oh * ow)
+    return xp.ascontiguousarray(view).reshape(c * kh * kw, oh * ow * n)
 
 
-def _col2im(xp, cols, padded_shape, kh: int, kw: int, oh: int, ow: int, stride, dilation):
-    """Adjoint of ``_im2col``: sum a ``(C*kh*kw, N*OH*OW)`` matrix into an (N, C, Hp, Wp) image."""
-    n, c = padded_shape[:2]
-    cols = cols.reshape(c, kh, kw, n, oh, ow)
-    out = xp.zeros(padded_shape, cols.dtype)
+def _col2im(xp, cols, image_shape, kh: int, kw: int, oh: int, ow: int, stride, dilation):
+    """Adjoint of ``_im2col``: sum (C*kh*kw, OH*OW*N) patches into a (C, Hp, Wp, N) image."""
+    c, _, _, n = image_shape
+    cols = cols.reshape(c, kh, kw, oh, ow, n)
+    out = xp.zeros(image_shape, cols.dtype)
     for i in range(kh):
         for j in range(kw):
-            out[_offset(i, j, oh, ow, stride, dilation)] += cols[:, i, j].transpose(1, 0, 2, 3)
+            out[(slice(None), *_offset(i, j, oh, ow, stride, dilation))] += cols[:, i, j]
     return out
 
 
@@ -110,40 +133,37 @@ def _crop(x, ph: int, pw: int, h: int, w: int):
 
 
 class Conv2d(Function):
-    """``out = W (g, O/g, K) @ im2col(x) (g, K, N*OH*OW)``, per group ``g``."""
+    """Per group: ``out (O/g, OH*OW*N) = W (O/g, K) @ im2col(x) (K, OH*OW*N)``."""
 
     def forward(self, x, w, stride, padding, dilation, groups):
         xp = x.xp
         xd, wd = x._data, w._data
         n, c, h, wid = xd.shape
         o, cg, kh, kw = wd.shape
-        (ph, pw) = padding
-        oh = _out_size(h, kh, stride[0], ph, dilation[0])
-        ow = _out_size(wid, kw, stride[1], pw, dilation[1])
-        cols = _im2col(xp, _pad(xp, xd, ph, pw), kh, kw, oh, ow, stride, dilation)
-        wmat = wd.reshape(groups, o // groups, cg * kh * kw)
-        out = xp.matmul(wmat, cols.reshape(groups, cg * kh * kw, n * oh * ow))
+        oh = _out_size(h, kh, stride[0], padding[0], dilation[0])
+        ow = _out_size(wid, kw, stride[1], padding[1], dilation[1])
+        cols = _im2col(xp, _batch_last(xp, xd, *padding), kh, kw, oh, ow, stride, dilation)
+        cols = cols.reshape(groups, cg * kh * kw, -1)
+        out = xp.matmul(wd.reshape(groups, o // groups, cg * kh * kw), cols)
         self.cols, self.wd, self.args = cols, wd, (xd.shape, stride, padding, dilation, groups)
-        return xp.ascontiguousarray(out.reshape(o, n, oh, ow).transpose(1, 0, 2, 3))
+        return xp.ascontiguousarray(out.reshape(o, oh, ow, n).transpose(3, 0, 1, 2))
 
     def backward(self, dy):
         xshape, stride, padding, dilation, g = self.args
-        d, wd, cols = dy._data, self.wd, self.cols
-        xp = dy.xp
-        n, o, oh, ow = d.shape
+        wd, cols, xp = self.wd, self.cols, dy.xp
+        n, o, oh, ow = dy.shape
         _, cg, kh, kw = wd.shape
-        k, m = cg * kh * kw, n * oh * ow
-        dmat = xp.ascontiguousarray(d.transpose(1, 0, 2, 3)).reshape(g, o // g, m)
+        dmat = xp.ascontiguousarray(dy._data.transpose(1, 2, 3, 0)).reshape(g, o // g, -1)
         dx = dw = None
         if _needs_grad(self, 1):
-            dw = xp.matmul(dmat, cols.reshape(g, k, m).transpose(0, 2, 1)).reshape(wd.shape)
+            dw = xp.matmul(dmat, cols.swapaxes(-1, -2)).reshape(wd.shape)
             dw = Tensor._wrap(dw, dy._device)
         if _needs_grad(self, 0):
-            dcols = xp.matmul(wd.reshape(g, o // g, k).transpose(0, 2, 1), dmat)
-            (ph, pw) = padding
-            padded = (n, xshape[1], xshape[2] + 2 * ph, xshape[3] + 2 * pw)
-            dxp = _col2im(xp, dcols, padded, kh, kw, oh, ow, stride, dilation)
-            dx = Tensor._wrap(_crop(dxp, ph, pw, xshape[2], xshape[3]), dy._device)
+            dcols = xp.matmul(wd.reshape(g, o // g, cg * kh * kw).swapaxes(-1, -2), dmat)
+            (ph, pw), (_, c, h, wid) = padding, xshape
+            image = (c, h + 2 * ph, wid + 2 * pw, n)
+            dxt = _col2im(xp, dcols, image, kh, kw, oh, ow, stride, dilation)
+            dx = Tensor._wrap(_batch_first(xp, dxt, ph, pw, h, wid), dy._device)
         return dx, dw, None, None, None, None
 
 
@@ -155,31 +175,30 @@ class ConvTranspose2d(Function):
         xd, wd = x._data, w._data
         n, cin, h, wid = xd.shape
         _, og, kh, kw = wd.shape
-        ph, pw = padding
-        m = n * h * wid
-        xmat = xp.ascontiguousarray(xd.transpose(1, 0, 2, 3)).reshape(groups, cin // groups, m)
+        xmat = _batch_last(xp, xd, 0, 0).reshape(groups, cin // groups, -1)
         wmat = wd.reshape(groups, cin // groups, og * kh * kw)
-        cols = xp.matmul(wmat.transpose(0, 2, 1), xmat)  # (g, Cout/g*kh*kw, N*H*W)
-        padded = (n, og * groups, out_hw[0] + 2 * ph, out_hw[1] + 2 * pw)
-        out = _col2im(xp, cols, padded, kh, kw, h, wid, stride, dilation)
+        cols = xp.matmul(wmat.swapaxes(-1, -2), xmat)  # (g, Cout/g*kh*kw, H*W*N)
+        (ph, pw), (oh, ow) = padding, out_hw
+        image = (og * groups, oh + 2 * ph, ow + 2 * pw, n)
+        out = _col2im(xp, cols, image, kh, kw, h, wid, stride, dilation)
         self.xmat, self.wd, self.args = xmat, wd, (xd.shape, stride, padding, dilation, groups)
-        return xp.ascontiguousarray(_crop(out, ph, pw, out_hw[0], out_hw[1]))
+        return _batch_first(xp, out, ph, pw, oh, ow)
 
     def backward(self, dy):
         xshape, stride, padding, dilation, g = self.args
         xp, xmat, wd = dy.xp, self.xmat, self.wd
         n, cin, h, wid = xshape
         _, og, kh, kw = wd.shape
-        k, m = og * kh * kw, n * h * wid
-        # the padded output buffer of forward is exactly dy padded back (output_padding included)
-        cols = _im2col(xp, _pad(xp, dy._data, *padding), kh, kw, h, wid, stride, dilation)
-        cols = cols.reshape(g, k, m)
+        # the padded output image of forward is exactly dy padded back (output_padding included)
+        cols = _im2col(xp, _batch_last(xp, dy._data, *padding), kh, kw, h, wid, stride, dilation)
+        cols = cols.reshape(g, og * kh * kw, -1)
         dx = dw = None
         if _needs_grad(self, 0):
-            dxm = xp.matmul(wd.reshape(g, cin // g, k), cols).reshape(cin, n, h, wid)
-            dx = Tensor._wrap(xp.ascontiguousarray(dxm.transpose(1, 0, 2, 3)), dy._device)
+            dxm = xp.matmul(wd.reshape(g, cin // g, og * kh * kw), cols)
+            dxm = dxm.reshape(cin, h, wid, n).transpose(3, 0, 1, 2)
+            dx = Tensor._wrap(xp.ascontiguousarray(dxm), dy._device)
         if _needs_grad(self, 1):
-            dw = xp.matmul(xmat, cols.transpose(0, 2, 1)).reshape(wd.shape)
+            dw = xp.matmul(xmat, cols.swapaxes(-1, -2)).reshape(wd.shape)
             dw = Tensor._wrap(dw, dy._device)
         return dx, dw, None, None, None, None, None
 
@@ -334,31 +353,32 @@ def conv_transpose2d(inp, weight, bias=None, stride=1, padding=0, output_padding
 
 
 class MaxPool2d(Function):
-    """Running maximum over the ``kh*kw`` offsets; remembers which offset won (first on ties)."""
+    """Running maximum over the ``kh*kw`` offsets (one ``maximum`` pass each). Backward finds the
+    winning offset again by comparing with the output; the first maximum of a window takes the
+    whole gradient (``rest`` holds what is still unassigned), so ties never double-count."""
 
     def forward(self, x, kernel, stride, padding, out_hw):
         xp = x.xp
         kh, kw = kernel
         xpad = _pad(xp, x._data, *padding, value=-math.inf)
-        out = idx = None
+        out = None
         for k in range(kh * kw):
-            s = xpad[_offset(k // kw, k % kw, *out_hw, stride, (1, 1))]
-            if out is None:
-                out = xp.array(s)  # contiguous copy
-                idx = xp.zeros(out.shape, xp.int8 if kh * kw < 128 else xp.int32)
-                continue
-            better = s > out
-            xp.copyto(out, s, where=better)
-            xp.copyto(idx, k, where=better)
-        self.idx, self.args = idx, (x._data.shape, xpad.shape, kernel, stride, padding, out_hw)
+            s = xpad[(Ellipsis, *_offset(k // kw, k % kw, *out_hw, stride, (1, 1)))]
+            out = xp.array(s) if out is None else xp.maximum(out, s, out=out)
+        self.xpad, self.out = xpad, out
+        self.args = (x._data.shape, kernel, stride, padding, out_hw)
         return out
 
     def backward(self, dy):
-        xshape, pshape, (kh, kw), stride, (ph, pw), out_hw = self.args
-        xp, d, idx = dy.xp, dy._data, self.idx
-        dxp = xp.zeros(pshape, d.dtype)
+        xshape, (kh, kw), stride, (ph, pw), out_hw = self.args
+        xp, xpad, out = dy.xp, self.xpad, self.out
+        dxp = xp.zeros(xpad.shape, dy.dtype)
+        rest = xp.array(dy._data)
         for k in range(kh * kw):
-            dxp[_offset(k // kw, k % kw, *out_hw, stride, (1, 1))] += d * (idx == k)
+            index = (Ellipsis, *_offset(k // kw, k % kw, *out_hw, stride, (1, 1)))
+            g = rest * (xpad[index] == out)
+            rest -= g
+            dxp[index] += g
         return Tensor._wrap(_crop(dxp, ph, pw, *xshape[2:]), dy._device), None, None, None, None
 
 
@@ -371,7 +391,7 @@ class AvgPool2d(Function):
         xpad = _pad(xp, x._data, *padding)
         out = None
         for k in range(kh * kw):
-            s = xpad[_offset(k // kw, k % kw, *out_hw, stride, (1, 1))]
+            s = xpad[(Ellipsis, *_offset(k // kw, k % kw, *out_hw, stride, (1, 1)))]
             out = xp.array(s) if out is None else xp.add(out, s, out=out)
         out *= count
         self.args = (x._data.shape, xpad.shape, kernel, stride, padding, out_hw, count)
@@ -383,7 +403,7 @@ class AvgPool2d(Function):
         g = dy._data * count
         dxp = xp.zeros(pshape, g.dtype)
         for k in range(kh * kw):
-            dxp[_offset(k // kw, k % kw, *out_hw, stride, (1, 1))] += g
+            dxp[(Ellipsis, *_offset(k // kw, k % kw, *out_hw, stride, (1, 1)))] += g
         out = Tensor._wrap(_crop(dxp, ph, pw, *xshape[2:]), dy._device)
         return out, None, None, None, None, None
 

@@ -1,12 +1,15 @@
 """Normalisation layers' functional forms: batch_norm, layer_norm and group_norm.
 
-All three are compositions ``(x - mean) / sqrt(var + eps) * weight + bias`` over different axes,
-so their gradients come from the elementwise and reduction primitives. The variance used to
+All three are ``Normalize(x) * weight + bias`` over different axes, where ``Normalize`` (the
+standardisation ``(x - mean) / sqrt(var + eps)``) is one primitive with a closed-form backward
+because it sits on every step of most models; the affine part is a composition. The variance used to
 normalise is the biased (population) one, as in MegEngine and PyTorch.
 """
 
 from __future__ import annotations
 
+from minigrad.autodiff.function import Function
+from minigrad.functional._util import recording_backward
 from minigrad.functional.elementwise import _f, sqrt
 from minigrad.functional.reduction import mean
 from minigrad.functional.shape import reshape
@@ -15,12 +18,41 @@ from minigrad.tensor import Tensor
 __all__ = ["batch_norm", "group_norm", "layer_norm"]
 
 
+class Normalize(Function):
+    """``xhat = (x - mean) / sqrt(var + eps)`` over ``axes``: one fused pass forward and the
+    closed-form backward ``rstd * (g - mean(g) - xhat * mean(g * xhat))``, instead of ~25 composed
+    ops. The backward is written with Tensor ops, so it is itself differentiable."""
+
+    def forward(self, x, axes, eps):
+        xp, d = x.xp, x._data
+        mu = d.mean(axis=axes, keepdims=True)
+        xc = d - mu
+        var = xp.mean(xc * xc, axis=axes, keepdims=True)
+        rstd = 1.0 / xp.sqrt(var + eps)
+        xc *= rstd
+        self.x, self.axes, self.eps = x, axes, eps
+        self.xhat, self.rstd, self.mu, self.var = xc, rstd, mu, var
+        return xc
+
+    def backward(self, g):
+        axes = self.axes
+        if recording_backward():  # recompute the statistics as recorded functions of x
+            x = self.x
+            centered = x - mean(x, axes, keepdims=True)
+            rstd = 1.0 / sqrt(mean(centered * centered, axes, keepdims=True) + self.eps)
+            xhat = centered * rstd
+        else:
+            xhat = Tensor._wrap(self.xhat, g._device)
+            rstd = Tensor._wrap(self.rstd, g._device)
+        gx = g - mean(g, axes, keepdims=True) - xhat * mean(g * xhat, axes, keepdims=True)
+        return gx * rstd, None, None
+
+
 def _normalize(x: Tensor, axes: tuple, eps: float):
-    """``(x - mean) / sqrt(var + eps)`` over ``axes``; also returns mean and biased var."""
-    mu = mean(x, axes, keepdims=True)
-    centered = x - mu
-    var = mean(centered * centered, axes, keepdims=True)
-    return centered / sqrt(var + eps), mu, var
+    """``(x - mean) / sqrt(var + eps)`` over ``axes``; also the (constant) mean and biased var."""
+    node = Normalize()
+    out = node(x, axes, float(eps))
+    return out, node.mu, node.var
 
 
 def _channel_param(op: str, name: str, p, c: int, ndim: int, like: Tensor):
@@ -67,8 +99,8 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
         out, mu, var = _normalize(inp, axes, eps)
         if rm is not None:
             n = inp.size // c
-            unbiased = var._data * (n / max(n - 1, 1))
-            new_mean = rm._data * momentum + mu._data * (1.0 - momentum)
+            unbiased = var * (n / max(n - 1, 1))
+            new_mean = rm._data * momentum + mu * (1.0 - momentum)
             new_var = rv._data * momentum + unbiased * (1.0 - momentum)
     else:
         out = (inp - rm.detach()) / sqrt(rv.detach() + eps)

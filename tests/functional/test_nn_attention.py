@@ -1,0 +1,110 @@
+"""scaled_dot_product_attention and multi_head_attention against NumPy float64 references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+import minigrad.functional as F
+from minigrad.testing import check_grad
+
+
+def _t(a, device, dtype="float64"):
+    return mg.tensor(a, dtype=dtype, device=device)
+
+
+def ref_sdpa(q, k, v, mask=None, causal=False, scale=None):
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    lq, lk = s.shape[-2:]
+    if causal:
+        s = np.where(np.tril(np.ones((lq, lk), bool)), s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_forward_and_grad(causal, device, rng):
+    q = rng.standard_normal((2, 3, 5, 4))
+    k = rng.standard_normal((2, 3, 5, 4))
+    v = rng.standard_normal((2, 3, 5, 6))
+    got = F.scaled_dot_product_attention(_t(q, device), _t(k, device), _t(v, device),
+                                         is_causal=causal)
+    np.testing.assert_allclose(got.numpy(), ref_sdpa(q, k, v, causal=causal), rtol=1e-10)
+    check_grad(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+               q, k, v, device=device)
+
+
+def test_sdpa_masks_scale_and_broadcast(device, rng):
+    q = rng.standard_normal((2, 4, 3))
+    k = rng.standard_normal((1, 6, 3))  # broadcasts over the batch
+    v = rng.standard_normal((1, 6, 2))
+    bmask = rng.random((4, 6)) > 0.3
+    bmask[:, 0] = True  # every query keeps at least one key
+    got = F.scaled_dot_product_attention(_t(q, device), _t(k, device), _t(v, device),
+                                         attn_mask=_t(bmask, device, "bool"), scale=0.7)
+    np.testing.assert_allclose(got.numpy(), ref_sdpa(q, k, v, bmask, scale=0.7), rtol=1e-10)
+    fmask = rng.standard_normal((4, 6))
+    got = F.scaled_dot_product_attention(_t(q, device), _t(k, device), _t(v, device),
+                                         attn_mask=_t(fmask, device))
+    np.testing.assert_allclose(got.numpy(), ref_sdpa(q, k, v, fmask), rtol=1e-10)
+    check_grad(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, _t(bmask, device, "bool")),
+               q, k, v, device=device)
+
+
+def test_sdpa_dropout_is_seeded_and_errors(device, rng):
+    q = _t(rng.standard_normal((2, 4, 3)), device)
+    mg.random.seed(3)
+    a = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).numpy()
+    mg.random.seed(3)
+    b = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).numpy()
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, F.scaled_dot_product_attention(q, q, q).numpy())
+    with pytest.raises(ValueError, match="scaled_dot_product_attention: incompatible shapes"):
+        F.scaled_dot_product_attention(q, _t(np.zeros((2, 4, 5)), device), q)
+
+
+def _ref_mha(xq, xk, xv, h, w_in, b_in, w_out, b_out, causal):
+    e = xq.shape[-1]
+    q = xq @ w_in[:e].T + b_in[:e]
+    k = xk @ w_in[e : 2 * e].T + b_in[e : 2 * e]
+    v = xv @ w_in[2 * e :].T + b_in[2 * e :]
+    d = e // h
+    outs = [ref_sdpa(q[..., i * d : (i + 1) * d], k[..., i * d : (i + 1) * d],
+                     v[..., i * d : (i + 1) * d], causal=causal) for i in range(h)]
+    return np.concatenate(outs, -1) @ w_out.T + b_out
+
+
+@pytest.mark.parametrize("self_attn", [True, False])
+def test_multi_head_attention(self_attn, device, rng):
+    n, length, e, h = 2, 5, 8, 2
+    x = rng.standard_normal((n, length, e))
+    mem = x if self_attn else rng.standard_normal((n, 3, e))
+    w_in, b_in = rng.standard_normal((3 * e, e)) * 0.3, rng.standard_normal(3 * e)
+    w_out, b_out = rng.standard_normal((e, e)) * 0.3, rng.standard_normal(e)
+    causal = self_attn
+    xt = _t(x, device)
+    mt = xt if self_attn else _t(mem, device)
+    got = F.multi_head_attention(xt, mt, mt, h, _t(w_in, device), _t(b_in, device),
+                                 _t(w_out, device), _t(b_out, device), is_causal=causal)
+    ref = _ref_mha(x, mem, mem, h, w_in, b_in, w_out, b_out, causal)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-9, atol=1e-12)
+    if self_attn:
+        fn = lambda x, wi, bi, wo, bo: F.multi_head_attention(x, x, x, h, wi, bi, wo, bo,
+                                                              is_causal=True)
+        check_grad(fn, x, w_in, b_in, w_out, b_out, device=device)
+    else:
+        fn = lambda x, m, wi, bi, wo, bo: F.multi_head_attention(x, m, m, h, wi, bi, wo, bo)
+        check_grad(fn, x, mem, w_in, b_in, w_out, b_out, device=device)
+
+
+def test_multi_head_attention_errors(device):
+    x = _t(np.zeros((2, 3, 6)), device)
+    with pytest.raises(ValueError, match="num_heads=4 must divide the embedding size 6"):
+        F.multi_head_attention(x, x, x, 4, _t(np.zeros((18, 6)), device))
+    with pytest.raises(ValueError, match=r"in_proj_weight has shape \(12, 6\)"):
+        F.multi_head_attention(x, x, x, 2, _t(np.zeros((12, 6)), device))

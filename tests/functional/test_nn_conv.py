@@ -1,0 +1,311 @@
+"""Convolution and pooling against explicit-loop NumPy float64 references, plus gradient checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+import minigrad.functional as F
+from minigrad.testing import check_grad
+
+
+def _t(a, device, dtype="float64"):
+    return mg.tensor(a, dtype=dtype, device=device)
+
+
+# --------------------------------------------------------------------------------------------------
+# independent references: loops over output (or input) positions on tiny shapes
+
+
+def ref_conv2d(x, w, b=None, stride=(1, 1), pad=(0, 0), dil=(1, 1), groups=1):
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // groups
+    for oc in range(o):
+        g = oc // og
+        for i in range(oh):
+            for j in range(ow):
+                r, s = i * stride[0], j * stride[1]
+                patch = xp[:, g * cg : (g + 1) * cg, r : r + dil[0] * (kh - 1) + 1 : dil[0],
+                           s : s + dil[1] * (kw - 1) + 1 : dil[1]]
+                out[:, oc, i, j] = (patch * w[oc]).sum(axis=(1, 2, 3))
+    if b is not None:
+        out += b.reshape(1, -1, 1, 1)
+    return out
+
+
+def ref_conv_transpose2d(x, w, stride, pad, out_pad, dil, groups):
+    n, cin, h, wd = x.shape
+    _, og, kh, kw = w.shape
+    oh = (h - 1) * stride[0] - 2 * pad[0] + dil[0] * (kh - 1) + out_pad[0] + 1
+    ow = (wd - 1) * stride[1] - 2 * pad[1] + dil[1] * (kw - 1) + out_pad[1] + 1
+    buf = np.zeros((n, og * groups, oh + 2 * pad[0], ow + 2 * pad[1]))
+    cg = cin // groups
+    for ic in range(cin):
+        g = ic // cg
+        for i in range(h):
+            for j in range(wd):
+                for a in range(kh):
+                    for bb in range(kw):
+                        r, s = i * stride[0] + a * dil[0], j * stride[1] + bb * dil[1]
+                        contrib = x[:, ic, i, j, None] * w[ic, :, a, bb]
+                        buf[:, g * og : (g + 1) * og, r, s] += contrib
+    return buf[:, :, pad[0] : pad[0] + oh, pad[1] : pad[1] + ow]
+
+
+def ref_pool(x, k, s, p, kind, include_pad=False):
+    n, c, h, w = x.shape
+    oh, ow = (h + 2 * p[0] - k[0]) // s[0] + 1, (w + 2 * p[1] - k[1]) // s[1] + 1
+    out = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, c0 = i * s[0] - p[0], j * s[1] - p[1]
+            rs, cs = max(r0, 0), max(c0, 0)
+            re, ce = min(r0 + k[0], h), min(c0 + k[1], w)
+            win = x[:, :, rs:re, cs:ce]
+            if kind == "max":
+                out[:, :, i, j] = win.max(axis=(2, 3))
+            else:
+                denom = k[0] * k[1] if include_pad else (re - rs) * (ce - cs)
+                out[:, :, i, j] = win.sum(axis=(2, 3)) / denom
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# conv2d
+
+CONV_CASES = [  # (n, c, h, w, o, kh, kw, stride, pad, dil, groups)
+    (2, 3, 6, 5, 4, 3, 3, (1, 1), (0, 0), (1, 1), 1),
+    (2, 4, 7, 6, 6, 3, 2, (2, 1), (1, 2), (1, 1), 2),
+    (1, 2, 8, 8, 2, 3, 3, (1, 2), (2, 1), (2, 1), 1),
+    (3, 6, 5, 5, 3, 1, 1, (1, 1), (0, 0), (1, 1), 3),
+    (1, 4, 9, 7, 8, 2, 3, (3, 2), (1, 1), (1, 2), 4),
+    (1, 1, 4, 4, 1, 4, 4, (1, 1), (0, 0), (1, 1), 1),  # kernel covers the image: 1x1 output
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv2d_forward_matches_loops(case, device, rng):
+    n, c, h, w, o, kh, kw, s, p, d, g = case
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((o, c // g, kh, kw))
+    b = rng.standard_normal(o)
+    got = F.conv2d(_t(x, device), _t(wt, device), _t(b.reshape(1, o, 1, 1), device), s, p, d, g)
+    ref = ref_conv2d(x, wt, b, s, p, d, g)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv2d_grad(case, device, rng):
+    n, c, h, w, o, kh, kw, s, p, d, g = case
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((o, c // g, kh, kw))
+    b = rng.standard_normal(o)
+    check_grad(lambda x, wt, b: F.conv2d(x, wt, b, s, p, d, g), x, wt, b, device=device)
+
+
+def test_conv2d_float32_and_noncontiguous_input(device, rng):
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    wt = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    xt = F.transpose(mg.tensor(x, device=device), (0, 1, 3, 2))  # a strided view (2, 3, 7, 5)
+    got = F.conv2d(xt, mg.tensor(wt, device=device), padding=1)
+    assert got.dtype == np.float32
+    ref = ref_conv2d(x.transpose(0, 1, 3, 2).astype(np.float64), wt.astype(np.float64), pad=(1, 1))
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-4)
+    check_grad(lambda x, w: F.conv2d(F.transpose(x, (0, 1, 3, 2)), w, stride=2, padding=1),
+               x, wt, device=device)
+
+
+def test_conv2d_grouped_5d_weight_equals_4d(device, rng):
+    x = rng.standard_normal((2, 4, 5, 5))
+    w5 = rng.standard_normal((2, 3, 2, 3, 3))  # (groups, out/g, in/g, kh, kw)
+    a = F.conv2d(_t(x, device), _t(w5, device), groups=2).numpy()
+    np.testing.assert_allclose(a, ref_conv2d(x, w5.reshape(6, 2, 3, 3), groups=2), rtol=1e-10)
+
+
+def test_conv2d_bias_as_vector_and_size1_dims(device, rng):
+    x = rng.standard_normal((1, 1, 1, 5))
+    wt = rng.standard_normal((2, 1, 1, 3))
+    b = rng.standard_normal(2)
+    got = F.conv2d(_t(x, device), _t(wt, device), _t(b, device)).numpy()
+    np.testing.assert_allclose(got, ref_conv2d(x, wt, b), rtol=1e-10)
+    check_grad(lambda x, w, b: F.conv2d(x, w, b), x, wt, b, device=device)
+
+
+def test_conv2d_input_without_grad_skips_but_weight_grad_is_right(device, rng):
+    x = rng.standard_normal((2, 2, 5, 5))
+    wt = rng.standard_normal((3, 2, 3, 3))
+    check_grad(lambda x, w: F.conv2d(x, w, padding=1), x, wt, device=device, wrt=[1])
+    check_grad(lambda x, w: F.conv2d(x, w, padding=1), x, wt, device=device, wrt=[0])
+
+
+def test_conv1d(device, rng):
+    x = rng.standard_normal((2, 4, 9))
+    wt = rng.standard_normal((6, 2, 3))
+    b = rng.standard_normal(6)
+    got = F.conv1d(_t(x, device), _t(wt, device), _t(b.reshape(1, 6, 1), device), stride=2,
+                   padding=1, dilation=2, groups=2).numpy()
+    ref = ref_conv2d(x[:, :, None], wt[:, :, None], b, (1, 2), (0, 1), (1, 2), 2)[:, :, 0]
+    np.testing.assert_allclose(got, ref, rtol=1e-10)
+    check_grad(lambda x, w, b: F.conv1d(x, w, b, 2, 1, 2, 2), x, wt, b, device=device)
+
+
+def test_conv_errors_name_op_and_shapes(device, rng):
+    x = _t(rng.standard_normal((1, 3, 5, 5)), device)
+    w = _t(rng.standard_normal((4, 2, 3, 3)), device)
+    with pytest.raises(ValueError, match=r"conv2d.*\(1, 3, 5, 5\).*\(4, 2, 3, 3\)"):
+        F.conv2d(x, w)
+    with pytest.raises(ValueError, match="conv2d: expected a 4-D input"):
+        F.conv2d(_t(np.zeros((3, 5, 5)), device), w)
+    with pytest.raises(ValueError, match="too small"):
+        F.conv2d(x, _t(np.zeros((1, 3, 7, 7)), device))
+    with pytest.raises(ValueError, match="groups=2"):
+        F.conv2d(x, _t(np.zeros((4, 1, 3, 3)), device), groups=2)
+    with pytest.raises(ValueError, match="bias shape"):
+        F.conv2d(x, _t(np.zeros((4, 3, 3, 3)), device), _t(np.zeros(5), device))
+    with pytest.raises(ValueError, match="conv1d.*channels"):
+        F.conv1d(_t(np.zeros((1, 3, 5)), device), _t(np.zeros((2, 2, 3)), device))
+    with pytest.raises(ValueError, match="conv_transpose2d.*channels"):
+        F.conv_transpose2d(x, _t(np.zeros((2, 2, 3, 3)), device))
+
+
+# --------------------------------------------------------------------------------------------------
+# conv_transpose2d
+
+TRANSPOSE_CASES = [  # (n, cin, h, w, cout, k, stride, pad, out_pad, dil, groups)
+    (2, 3, 4, 3, 2, (3, 3), (1, 1), (0, 0), (0, 0), (1, 1), 1),
+    (1, 4, 3, 4, 6, (3, 2), (2, 2), (1, 0), (1, 1), (1, 1), 2),
+    (2, 2, 3, 3, 3, (2, 3), (3, 1), (0, 1), (2, 0), (1, 2), 1),
+]
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES)
+def test_conv_transpose2d_forward_and_grad(case, device, rng):
+    n, cin, h, w, cout, k, s, p, op, d, g = case
+    x = rng.standard_normal((n, cin, h, w))
+    wt = rng.standard_normal((cin, cout // g, *k))
+    b = rng.standard_normal(cout)
+    got = F.conv_transpose2d(_t(x, device), _t(wt, device), _t(b, device), s, p, op, d, g)
+    ref = ref_conv_transpose2d(x, wt, s, p, op, d, g) + b.reshape(1, -1, 1, 1)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-10, atol=1e-10)
+    check_grad(lambda x, w, b: F.conv_transpose2d(x, w, b, s, p, op, d, g), x, wt, b,
+               device=device)
+
+
+def test_conv_transpose2d_is_adjoint_of_conv2d(device, rng):
+    # <conv2d(x, w), y> == <x, conv_transpose2d(y, w)> for matching geometry
+    x = rng.standard_normal((2, 4, 7, 6))
+    w = rng.standard_normal((6, 2, 3, 3))
+    y = rng.standard_normal((2, 6, 4, 3))
+    lhs = (F.conv2d(_t(x, device), _t(w, device), stride=2, padding=1, groups=2).numpy() * y).sum()
+    back = F.conv_transpose2d(_t(y, device), _t(w, device), stride=2, padding=1,
+                              output_padding=(0, 1), groups=2).numpy()
+    assert back.shape == x.shape
+    np.testing.assert_allclose(lhs, (x * back).sum(), rtol=1e-10)
+
+
+# --------------------------------------------------------------------------------------------------
+# pooling
+
+POOL_CASES = [  # (shape, kernel, stride, padding)
+    ((2, 3, 6, 6), (2, 2), None, (0, 0)),
+    ((1, 2, 7, 8), (3, 3), (2, 2), (1, 1)),
+    ((2, 1, 5, 7), (3, 2), (1, 2), (1, 0)),
+    ((1, 2, 4, 4), (4, 4), None, (0, 0)),
+]
+
+
+@pytest.mark.parametrize("case", POOL_CASES)
+def test_max_pool2d(case, device, rng):
+    shape, k, s, p = case
+    x = rng.standard_normal(shape)
+    got = F.max_pool2d(_t(x, device), k, s, p).numpy()
+    np.testing.assert_array_equal(got, ref_pool(x, k, s or k, p, "max"))
+    check_grad(lambda x: F.max_pool2d(x, k, s, p), x, device=device)
+
+
+@pytest.mark.parametrize("case", POOL_CASES)
+@pytest.mark.parametrize("mode", ["average", "average_count_exclude_padding"])
+def test_avg_pool2d(case, mode, device, rng):
+    shape, k, s, p = case
+    x = rng.standard_normal(shape)
+    got = F.avg_pool2d(_t(x, device), k, s, p, mode=mode).numpy()
+    ref = ref_pool(x, k, s or k, p, "avg", include_pad=(mode == "average"))
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+    check_grad(lambda x: F.avg_pool2d(x, k, s, p, mode=mode), x, device=device)
+
+
+def test_max_pool2d_ties_send_gradient_to_first_maximum(device):
+    x = _t(np.ones((1, 1, 2, 2)), device)
+    gm = mg.GradManager().attach(x)
+    with gm:
+        gm.backward(F.max_pool2d(x, 2).sum())
+    np.testing.assert_array_equal(x.grad.numpy(), [[[[1.0, 0.0], [0.0, 0.0]]]])
+
+
+def test_pool_noncontiguous_float32(device, rng):
+    x = rng.standard_normal((2, 3, 6, 4)).astype(np.float32)
+    xt = F.transpose(mg.tensor(x, device=device), (0, 1, 3, 2))
+    got = F.max_pool2d(xt, 2)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got.numpy(), ref_pool(x.transpose(0, 1, 3, 2), (2, 2), (2, 2),
+                                                      (0, 0), "max"), rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape,oshp", [((2, 3, 7, 5), (3, 2)), ((1, 2, 6, 6), 3),
+                                        ((1, 1, 5, 4), (5, 4)), ((2, 2, 4, 5), 1)])
+def test_adaptive_avg_pool2d(shape, oshp, device, rng):
+    x = rng.standard_normal(shape)
+    oh, ow = (oshp, oshp) if isinstance(oshp, int) else oshp
+    h, w = shape[2:]
+    ref = np.zeros(shape[:2] + (oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, r1 = (i * h) // oh, -(-((i + 1) * h) // oh)
+            c0, c1 = (j * w) // ow, -(-((j + 1) * w) // ow)
+            ref[:, :, i, j] = x[:, :, r0:r1, c0:c1].mean(axis=(2, 3))
+    np.testing.assert_allclose(F.adaptive_avg_pool2d(_t(x, device), oshp).numpy(), ref,
+                               rtol=1e-12)
+    check_grad(lambda x: F.adaptive_avg_pool2d(x, oshp), x, device=device)
+
+
+def test_pool_errors(device):
+    x = _t(np.zeros((1, 1, 3, 3)), device)
+    with pytest.raises(ValueError, match="max_pool2d.*too small"):
+        F.max_pool2d(x, 4)
+    with pytest.raises(ValueError, match="avg_pool2d: mode"):
+        F.avg_pool2d(x, 2, mode="bogus")
+    with pytest.raises(ValueError, match="max_pool2d: expected a 4-D input"):
+        F.max_pool2d(_t(np.zeros((3, 3)), device), 2)
+
+
+# --------------------------------------------------------------------------------------------------
+# optional cross-check against PyTorch (never the only reference)
+
+
+def test_against_torch(rng):
+    torch = pytest.importorskip("torch")
+    tf = torch.nn.functional
+    x = rng.standard_normal((2, 4, 9, 8))
+    w = rng.standard_normal((6, 2, 3, 3))
+    np.testing.assert_allclose(
+        F.conv2d(_t(x, "cpu0"), _t(w, "cpu0"), stride=2, padding=1, dilation=2, groups=2).numpy(),
+        tf.conv2d(torch.tensor(x), torch.tensor(w), stride=2, padding=1, dilation=2,
+                  groups=2).numpy(), rtol=1e-10, atol=1e-12)
+    wt = rng.standard_normal((4, 3, 3, 2))
+    np.testing.assert_allclose(
+        F.conv_transpose2d(_t(x, "cpu0"), _t(wt, "cpu0"), stride=2, padding=1,
+                           output_padding=1, groups=2).numpy(),
+        tf.conv_transpose2d(torch.tensor(x), torch.tensor(wt), stride=2, padding=1,
+                            output_padding=1, groups=2).numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(F.max_pool2d(_t(x, "cpu0"), 3, 2, 1).numpy(),
+                               tf.max_pool2d(torch.tensor(x), 3, 2, 1).numpy())
+    np.testing.assert_allclose(F.avg_pool2d(_t(x, "cpu0"), 3, 2, 1, mode="average").numpy(),
+                               tf.avg_pool2d(torch.tensor(x), 3, 2, 1).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(F.adaptive_avg_pool2d(_t(x, "cpu0"), (4, 3)).numpy(),
+                               tf.adaptive_avg_pool2d(torch.tensor(x), (4, 3)).numpy(), rtol=1e-12)

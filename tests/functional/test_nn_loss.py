@@ -1,0 +1,136 @@
+"""Losses and topk_accuracy against NumPy float64 references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+import minigrad.functional as F
+from minigrad.testing import check_grad
+
+
+def _t(a, device, dtype="float64"):
+    return mg.tensor(a, dtype=dtype, device=device)
+
+
+def _red(x, reduction):
+    return {"mean": x.mean(), "sum": x.sum(), "none": x}[reduction]
+
+
+def _ref_ce(x, y, axis, smooth=0.0):
+    m = x.max(axis=axis, keepdims=True)
+    logp = x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+    picked = np.take_along_axis(logp, np.expand_dims(y, axis), axis).squeeze(axis)
+    return -(1 - smooth) * picked - smooth * logp.mean(axis=axis)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smooth", [0.0, 0.1])
+def test_cross_entropy(reduction, smooth, device, rng):
+    x = rng.standard_normal((6, 5)) * 3
+    y = rng.integers(0, 5, 6).astype(np.int32)
+    got = F.cross_entropy(_t(x, device), _t(y, device, "int32"), label_smooth=smooth,
+                          reduction=reduction)
+    np.testing.assert_allclose(got.numpy(), _red(_ref_ce(x, y, 1, smooth), reduction), rtol=1e-10)
+    check_grad(lambda x, y: F.cross_entropy(x, y, label_smooth=smooth, reduction=reduction), x, y,
+               device=device)
+
+
+def test_cross_entropy_other_axis_and_probabilities(device, rng):
+    x = rng.standard_normal((2, 4, 3))  # (N, C, L) with labels (N, L)
+    y = rng.integers(0, 4, (2, 3)).astype(np.int32)
+    got = F.cross_entropy(_t(x, device), _t(y, device, "int32"))
+    np.testing.assert_allclose(got.numpy(), _ref_ce(x, y, 1).mean(), rtol=1e-10)
+    xl = rng.standard_normal((3, 2, 5))
+    yl = rng.integers(0, 5, (3, 2)).astype(np.int32)
+    got = F.cross_entropy(_t(xl, device), _t(yl, device, "int32"), axis=-1)
+    np.testing.assert_allclose(got.numpy(), _ref_ce(xl, yl, 2).mean(), rtol=1e-10)
+    p = rng.random((4, 3)) + 0.1
+    p /= p.sum(1, keepdims=True)
+    yp = np.array([0, 2, 1, 1], dtype=np.int32)
+    got = F.cross_entropy(_t(p, device), _t(yp, device, "int32"), with_logits=False)
+    np.testing.assert_allclose(got.numpy(), -np.log(p[np.arange(4), yp]).mean(), rtol=1e-12)
+    check_grad(lambda p, y: F.cross_entropy(p, y, with_logits=False), p, yp, device=device)
+
+
+def test_cross_entropy_bad_labels(device):
+    x = _t(np.zeros((3, 4)), device)
+    with pytest.raises(TypeError, match="cross_entropy: label must be an integer tensor"):
+        F.cross_entropy(x, _t(np.zeros(3), device))
+    with pytest.raises(ValueError, match=r"labels must be in \[0, 4\), got min 0 max 4"):
+        F.cross_entropy(x, _t(np.array([0, 4, 1]), device, "int32"))
+    with pytest.raises(ValueError, match="cross_entropy: labels must be in .* min -1"):
+        F.cross_entropy(x, _t(np.array([0, -1, 1]), device, "int32"))
+    with pytest.raises(ValueError, match=r"cross_entropy: label shape \(2,\)"):
+        F.cross_entropy(x, _t(np.array([0, 1]), device, "int32"))
+    with pytest.raises(ValueError, match="reduction"):
+        F.cross_entropy(x, _t(np.array([0, 1, 2]), device, "int32"), reduction="avg")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_cross_entropy(reduction, device, rng):
+    x = rng.standard_normal((4, 3)) * 3
+    y = rng.random((4, 3))
+    p = 1 / (1 + np.exp(-x))
+    ref = -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    got = F.binary_cross_entropy(_t(x, device), _t(y, device), reduction=reduction)
+    np.testing.assert_allclose(got.numpy(), _red(ref, reduction), rtol=1e-10)
+    got = F.binary_cross_entropy(_t(p, device), _t(y, device), with_logits=False,
+                                 reduction=reduction)
+    np.testing.assert_allclose(got.numpy(), _red(ref, reduction), rtol=1e-10)
+    check_grad(lambda x, y: F.binary_cross_entropy(x, y, reduction=reduction), x, y,
+               device=device)
+    check_grad(lambda p, y: F.binary_cross_entropy(p, y, with_logits=False), p, y, wrt=[0],
+               device=device)
+
+
+def test_binary_cross_entropy_stable_and_shape_error(device):
+    x = np.array([-500.0, 500.0])
+    got = F.binary_cross_entropy(_t(x, device), _t(np.array([1.0, 0.0]), device),
+                                 reduction="none").numpy()
+    np.testing.assert_allclose(got, [500.0, 500.0])
+    with pytest.raises(ValueError, match=r"binary_cross_entropy: pred shape \(2,\)"):
+        F.binary_cross_entropy(_t(x, device), _t(np.zeros(3), device))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_l1_and_square_loss(reduction, device, rng):
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    np.testing.assert_allclose(F.l1_loss(_t(a, device), _t(b, device), reduction).numpy(),
+                               _red(np.abs(a - b), reduction), rtol=1e-12)
+    np.testing.assert_allclose(F.square_loss(_t(a, device), _t(b, device), reduction).numpy(),
+                               _red((a - b) ** 2, reduction), rtol=1e-12)
+    assert F.mse_loss is F.square_loss
+    check_grad(lambda a, b: F.l1_loss(a, b, reduction), a, b, device=device)
+    check_grad(lambda a, b: F.square_loss(a, b, reduction), a, b, device=device)
+
+
+def test_topk_accuracy(device, rng):
+    logits = rng.standard_normal((50, 7))
+    target = rng.integers(0, 7, 50).astype(np.int32)
+    ranks = [(np.argsort(-row) == t).nonzero()[0][0] for row, t in zip(logits, target, strict=True)]
+    ranks = np.array(ranks)
+    acc1, acc3 = F.topk_accuracy(_t(logits, device), _t(target, device, "int32"), (1, 3))
+    assert acc1.dtype == np.float32
+    np.testing.assert_allclose(acc1.item(), (ranks < 1).mean(), rtol=1e-6)
+    np.testing.assert_allclose(acc3.item(), (ranks < 3).mean(), rtol=1e-6)
+    single = F.topk_accuracy(_t(logits, device), _t(target, device, "int32"))
+    np.testing.assert_allclose(single.item(), (ranks < 1).mean(), rtol=1e-6)
+    with pytest.raises(ValueError, match="topk_accuracy: k=8"):
+        F.topk_accuracy(_t(logits, device), _t(target, device, "int32"), 8)
+
+
+def test_losses_against_torch(rng):
+    torch = pytest.importorskip("torch")
+    tf = torch.nn.functional
+    x = rng.standard_normal((5, 4))
+    y = rng.integers(0, 4, 5)
+    np.testing.assert_allclose(
+        F.cross_entropy(_t(x, "cpu0"), _t(y, "cpu0", "int32"), label_smooth=0.2).numpy(),
+        tf.cross_entropy(torch.tensor(x), torch.tensor(y), label_smoothing=0.2).numpy(),
+        rtol=1e-10)
+    t = rng.random((5, 4))
+    np.testing.assert_allclose(
+        F.binary_cross_entropy(_t(x, "cpu0"), _t(t, "cpu0")).numpy(),
+        tf.binary_cross_entropy_with_logits(torch.tensor(x), torch.tensor(t)).numpy(), rtol=1e-10)
