@@ -32,6 +32,12 @@ class Function:
     def backward(self, *grads):
         raise NotImplementedError(f"{type(self).__name__}.backward is not implemented")
 
+    def needs_input_grad(self, i: int) -> bool:
+        """Inside ``backward``: whether input ``i`` leads to anything that wants a gradient, so an
+        op can skip products nobody uses (e.g. the input gradient of a network's first layer)."""
+        edges = self._edges
+        return edges is None or edges[i] is not None
+
     def __call__(self, *inputs):
         Tensor = _tensor_class()
         state = STATE

@@ -56,12 +56,6 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-def _needs_grad(node: Function, i: int) -> bool:
-    """Whether input ``i`` of a recorded node receives a gradient (skips a useless col2im)."""
-    edges = node._edges
-    return edges is None or edges[i] is not None
-
-
 def _pad(xp, x, ph: int, pw: int, value: float = 0.0):
     if ph == 0 and pw == 0:
         return x
@@ -155,10 +149,10 @@ class Conv2d(Function):
         _, cg, kh, kw = wd.shape
         dmat = xp.ascontiguousarray(dy._data.transpose(1, 2, 3, 0)).reshape(g, o // g, -1)
         dx = dw = None
-        if _needs_grad(self, 1):
+        if self.needs_input_grad(1):
             dw = xp.matmul(dmat, cols.swapaxes(-1, -2)).reshape(wd.shape)
             dw = Tensor._wrap(dw, dy._device)
-        if _needs_grad(self, 0):
+        if self.needs_input_grad(0):
             dcols = xp.matmul(wd.reshape(g, o // g, cg * kh * kw).swapaxes(-1, -2), dmat)
             (ph, pw), (_, c, h, wid) = padding, xshape
             image = (c, h + 2 * ph, wid + 2 * pw, n)
@@ -193,11 +187,11 @@ class ConvTranspose2d(Function):
         cols = _im2col(xp, _batch_last(xp, dy._data, *padding), kh, kw, h, wid, stride, dilation)
         cols = cols.reshape(g, og * kh * kw, -1)
         dx = dw = None
-        if _needs_grad(self, 0):
+        if self.needs_input_grad(0):
             dxm = xp.matmul(wd.reshape(g, cin // g, og * kh * kw), cols)
             dxm = dxm.reshape(cin, h, wid, n).transpose(3, 0, 1, 2)
             dx = Tensor._wrap(xp.ascontiguousarray(dxm), dy._device)
-        if _needs_grad(self, 1):
+        if self.needs_input_grad(1):
             dw = xp.matmul(xmat, cols.swapaxes(-1, -2)).reshape(wd.shape)
             dw = Tensor._wrap(dw, dy._device)
         return dx, dw, None, None, None, None, None

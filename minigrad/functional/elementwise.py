@@ -48,8 +48,8 @@ class Mul(Function):
 
     def backward(self, dy):
         a, b = self.a, self.b
-        return (dy * b if isinstance(a, Tensor) else None), (
-            dy * a if isinstance(b, Tensor) else None
+        return (dy * b if self.needs_input_grad(0) else None), (
+            dy * a if self.needs_input_grad(1) else None
         )
 
 
@@ -60,8 +60,8 @@ class Div(Function):
 
     def backward(self, dy):
         a, b = self.a, self.b
-        da = dy / b if isinstance(a, Tensor) else None
-        db = -dy * a / (b * b) if isinstance(b, Tensor) else None
+        da = dy / b if self.needs_input_grad(0) else None
+        db = -dy * a / (b * b) if self.needs_input_grad(1) else None
         return da, db
 
 
@@ -317,12 +317,13 @@ class Abs(Function):
 
 class Relu(Function):
     def forward(self, x):
-        self.x = x
         self.mask = x._data > 0
         return x._data * self.mask
 
     def backward(self, dy):
-        return dy * Tensor._wrap(self.mask.astype(dy.dtype), dy._device)
+        if recording_backward():
+            return dy * Tensor._wrap(self.mask, dy._device)  # float * bool keeps dy's dtype
+        return dy._data * self.mask
 
 
 class Clip(Function):
@@ -335,7 +336,7 @@ class Clip(Function):
         return x.xp.clip(d, lo, hi).astype(d.dtype, copy=False)
 
     def backward(self, dy):
-        return dy * Tensor._wrap(self.mask.astype(dy.dtype), dy._device), None, None
+        return dy * Tensor._wrap(self.mask, dy._device), None, None
 
 
 class _Rounding(Function):

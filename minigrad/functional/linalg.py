@@ -19,7 +19,9 @@ class MatMul(Function):
 
     def backward(self, dy):
         a, b = self.a, self.b
-        return matmul(dy, swapaxes(b, -1, -2)), matmul(swapaxes(a, -1, -2), dy)
+        da = matmul(dy, b, transpose_b=True) if self.needs_input_grad(0) else None
+        db = matmul(a, dy, transpose_a=True) if self.needs_input_grad(1) else None
+        return da, db
 
 
 def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:

@@ -16,7 +16,6 @@ import numpy as np
 
 from minigrad.autodiff.function import Function
 from minigrad.functional._util import recording_backward
-from minigrad.functional.conv import _needs_grad
 from minigrad.functional.elementwise import (
     _f,
     _saved_out,
@@ -48,10 +47,16 @@ class Linear(Function):
         return out
 
     def backward(self, dy):
-        dx = matmul(dy, self.w) if _needs_grad(self, 0) else None
-        dw = matmul(dy, self.x, transpose_a=True) if _needs_grad(self, 1) else None
-        db = _sum(dy, 0) if self.has_bias and _needs_grad(self, 2) else None
-        return dx, dw, db
+        need_x, need_w = self.needs_input_grad(0), self.needs_input_grad(1)
+        need_b = self.has_bias and self.needs_input_grad(2)
+        if recording_backward():  # Tensor ops, so that a second-order gradient flows through
+            dx = matmul(dy, self.w) if need_x else None
+            dw = matmul(dy, self.x, transpose_a=True) if need_w else None
+            return dx, dw, _sum(dy, 0) if need_b else None
+        g = dy._data
+        dx = g @ self.w._data if need_x else None
+        dw = g.T @ self.x._data if need_w else None
+        return dx, dw, g.sum(axis=0) if need_b else None
 
 
 def linear(inp, weight, bias=None) -> Tensor:

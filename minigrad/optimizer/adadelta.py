@@ -36,4 +36,4 @@ class Adadelta(Optimizer):
         s = state["square_avg"] = rho * state["square_avg"] + (1 - rho) * (g * g)
         d = xp.sqrt(state["acc_delta"] + eps) / xp.sqrt(s + eps) * g
         state["acc_delta"] = rho * state["acc_delta"] + (1 - rho) * (d * d)
-        return p - group["lr"] * d
+        p -= group["lr"] * d

@@ -36,4 +36,4 @@ class Adagrad(Optimizer):
         state["step"] += 1
         s = state["square_sum"] = state["square_sum"] + g * g
         clr = group["lr"] / (1 + (state["step"] - 1) * group["lr_decay"])
-        return p - clr * (g / xp.sqrt(s + group["eps"]))
+        p -= clr * (g / xp.sqrt(s + group["eps"]))

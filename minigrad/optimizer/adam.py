@@ -41,12 +41,15 @@ class Adam(Optimizer):
             state["exp_avg_sq"] = xp.zeros_like(p)
         state["step"] += 1
         t = state["step"]
-        m = state["exp_avg"] = b1 * state["exp_avg"] + (1 - b1) * g
-        v = state["exp_avg_sq"] = b2 * state["exp_avg_sq"] + (1 - b2) * (g * g)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m *= b1
+        m += (1 - b1) * g
+        v *= b2
+        v += (1 - b2) * (g * g)
         delta = (m / (1 - b1**t)) / (xp.sqrt(v / (1 - b2**t)) + eps)
         if wd and self._decoupled:
             delta = delta + wd * p
-        return p - lr * delta
+        p -= lr * delta
 
 
 class AdamW(Adam):

@@ -45,4 +45,4 @@ class LAMB(Optimizer):
             u_norm = float(xp.linalg.norm(update.ravel()))
             if p_norm > 0 and u_norm > 0:
                 ratio = p_norm / u_norm
-        return p - (group["lr"] * ratio) * update
+        p -= (group["lr"] * ratio) * update

@@ -107,11 +107,15 @@ class Optimizer:
                         f"shape {p.shape}"
                     )
                 state = self._state.setdefault(id(p), {})
-                new = self._update(p._data, grad, state, group)
-                p._data = new.astype(p.dtype, copy=False)
+                data = p._data
+                if not getattr(data.flags, "writeable", True):  # e.g. a loaded read-only array
+                    data = p._data = data.copy()
+                self._update(data, grad, state, group)
         return self
 
-    def _update(self, param, grad, state: dict, group: dict):
+    def _update(self, param, grad, state: dict, group: dict) -> None:
+        """Update ``param`` (the parameter's array) and ``state`` in place: no new parameter-sized
+        arrays per step, which is most of an optimizer's cost on a CPU."""
         raise NotImplementedError(f"{self._name}._update is not implemented")
 
     def clear_grad(self) -> "Optimizer":

@@ -32,7 +32,10 @@ class SGD(Optimizer):
             g = g + wd * p
         if momentum:
             buf = state.get("momentum_buffer")
-            buf = g.copy() if buf is None else momentum * buf + g
-            state["momentum_buffer"] = buf
+            if buf is None:
+                buf = state["momentum_buffer"] = g.copy()
+            else:
+                buf *= momentum
+                buf += g
             g = g + momentum * buf if group["nesterov"] else buf
-        return p - group["lr"] * g
+        p -= group["lr"] * g

@@ -1,5 +1,5 @@
 """Test helpers: finite-difference gradient checks and a multi-process harness."""
 
-from minigrad.testing.gradcheck import check_grad, numeric_directional_derivative
+from minigrad.testing.gradcheck import check_double_grad, check_grad, numeric_directional_derivative
 
-__all__ = ["check_grad", "numeric_directional_derivative"]
+__all__ = ["check_double_grad", "check_grad", "numeric_directional_derivative"]

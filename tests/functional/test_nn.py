@@ -50,6 +50,12 @@ def test_linear_unfused_bias_and_partial_grads(device, rng):
     check_grad(lambda x, w, b: F.linear(x, w, b), x, w, b[0], device=device, wrt=[0])
 
 
+def test_linear_second_order(device, rng, double_grad):
+    # linear(x, w) is bilinear: the recorded backward must carry the x-w cross term
+    double_grad(lambda x, w, b: F.linear(x, w, b) * F.linear(x, w, b), rng.standard_normal((5, 4)),
+                rng.standard_normal((3, 4)), rng.standard_normal(3), device=device)
+
+
 def test_linear_error_names_shapes(device):
     with pytest.raises(ValueError, match=r"linear: .*\(2, 5\).*\(3, 4\)"):
         F.linear(_t(np.zeros((2, 5)), device), _t(np.zeros((3, 4)), device))

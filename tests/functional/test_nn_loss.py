@@ -134,3 +134,11 @@ def test_losses_against_torch(rng):
     np.testing.assert_allclose(
         F.binary_cross_entropy(_t(x, "cpu0"), _t(t, "cpu0")).numpy(),
         tf.binary_cross_entropy_with_logits(torch.tensor(x), torch.tensor(t)).numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_second_order(reduction, device, rng, double_grad):
+    # the fused (N, C) logits path has its own backward; its recorded form must match too
+    y = _t(rng.integers(0, 4, 5).astype(np.int32), device, "int32")
+    double_grad(lambda x: F.cross_entropy(x, y, reduction=reduction),
+                rng.standard_normal((5, 4)), device=device)
