@@ -1,16 +1,21 @@
 """Attention: ``scaled_dot_product_attention`` and the functional ``multi_head_attention``.
 
-Both are compositions of matmul, softmax, dropout and shape ops; masks enter as constant additive
-biases (``0`` to keep, ``-inf`` to drop) so they cost one broadcast add and no gradient work.
+The attention core ``softmax(q k^T * scale + bias) v`` is one node with a closed-form backward
+(it is most of a Transformer's non-matmul time); with dropout it is the composition of matmul,
+softmax and dropout. Masks enter as constant additive biases (``0`` to keep, ``-inf`` to drop),
+so they cost one broadcast add and no gradient work.
 """
 
 from __future__ import annotations
 
 import math
 
+from minigrad.autodiff.function import Function
+from minigrad.functional._util import recording_backward
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import matmul
-from minigrad.functional.shape import reshape, transpose
+from minigrad.functional.reduction import sum as _sum
+from minigrad.functional.shape import reshape, split, transpose
 from minigrad.tensor import Tensor
 
 __all__ = ["multi_head_attention", "scaled_dot_product_attention"]
@@ -38,6 +43,56 @@ def _mask_bias(op: str, attn_mask, is_causal: bool, like: Tensor, length: int, s
     return None if bias is None else Tensor._wrap(bias, like._device)
 
 
+def _weights(q, k, bias, scale):
+    """softmax(q k^T * scale + bias) over the last axis, as recorded Tensor ops."""
+    from minigrad.functional.nn import softmax  # noqa: PLC0415  (nn re-exports us)
+
+    scores = matmul(q * scale, k, transpose_b=True)
+    return softmax(scores if bias is None else scores + bias, -1)
+
+
+class _Attention(Function):
+    """``w = softmax(q k^T * scale + bias); out = w v``, keeping only ``w`` for backward::
+
+        dv = w^T dout,  ds = w * (dw - rowsum(dw * w)) with dw = dout v^T,
+        dq = ds k * scale,  dk = ds^T q * scale
+    """
+
+    def forward(self, q, k, v, bias, scale):
+        xp = q.xp
+        w = xp.matmul(q._data * scale, xp.swapaxes(k._data, -1, -2))
+        if bias is not None:  # in place unless the mask broadcasts the scores to a larger shape
+            if xp.broadcast_shapes(w.shape, bias.shape) == w.shape:
+                w += bias._data
+            else:
+                w = w + bias._data
+        w -= w.max(axis=-1, keepdims=True)
+        xp.exp(w, out=w)
+        w /= w.sum(axis=-1, keepdims=True)
+        self.q, self.k, self.v, self.bias, self.scale, self.w = q, k, v, bias, scale, w
+        return xp.matmul(w, v._data)
+
+    def backward(self, dy):
+        q, k, v, scale = self.q, self.k, self.v, self.scale
+        need_q, need_k, need_v = (self.needs_input_grad(i) for i in range(3))
+        if recording_backward():  # Tensor ops, so that a second-order gradient flows through
+            w = _weights(q, k, self.bias, scale)
+            dw = matmul(dy, v, transpose_b=True)
+            ds = w * (dw - _sum(dw * w, -1, keepdims=True))
+            return (matmul(ds, k) * scale if need_q else None,
+                    matmul(ds, q, transpose_a=True) * scale if need_k else None,
+                    matmul(w, dy, transpose_a=True) if need_v else None, None, None)
+        xp, w, g = q.xp, self.w, dy._data
+        dv = xp.matmul(xp.swapaxes(w, -1, -2), g) if need_v else None
+        ds = xp.matmul(g, xp.swapaxes(v._data, -1, -2))
+        ds -= (ds * w).sum(axis=-1, keepdims=True)
+        ds *= w
+        ds *= scale
+        dq = xp.matmul(ds, k._data) if need_q else None
+        dk = xp.matmul(xp.swapaxes(ds, -1, -2), q._data) if need_k else None
+        return dq, dk, dv, None, None
+
+
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
                                  dropout_p: float = 0.0, scale: float | None = None) -> Tensor:
     """``softmax(q @ k^T * scale + mask) @ v`` over the last two axes.
@@ -51,7 +106,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
 
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, L, D)
     """
-    from minigrad.functional.nn import dropout, softmax  # noqa: PLC0415  (nn re-exports us)
+    from minigrad.functional.nn import dropout  # noqa: PLC0415  (nn re-exports us)
 
     op = "scaled_dot_product_attention"
     q, k, v = _f(q), _f(k), _f(v)
@@ -65,14 +120,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
             f"q[-1] == k[-1] and k[-2] == v[-2])"
         )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    scores = matmul(q * scale, k, transpose_b=True)
     bias = _mask_bias(op, attn_mask, is_causal, q, q.shape[-2], k.shape[-2])
-    if bias is not None:
-        scores = scores + bias
-    weights = softmax(scores, -1)
     if dropout_p > 0.0:
-        weights = dropout(weights, dropout_p, training=True)
-    return matmul(weights, v)
+        return matmul(dropout(_weights(q, k, bias, scale), dropout_p, training=True), v)
+    return _Attention()(q, k, v, bias, scale)
 
 
 def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_proj_bias=None,
@@ -114,7 +165,7 @@ def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_p
     if query is key and key is value:  # self-attention: one fused projection
         qkv = linear(query, in_proj_weight, in_proj_bias)
         qkv = transpose(reshape(qkv, (n, length, 3, num_heads, d)), (2, 0, 3, 1, 4))
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        q, k, v = (reshape(t, t.shape[1:]) for t in split(qkv, 3, 0))
     else:
         key, value = _f(key), _f(value)
         if key.ndim != 3 or key.shape[0] != n or key.shape[2] != e or value.shape != key.shape:

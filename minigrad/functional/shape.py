@@ -272,6 +272,20 @@ def stack(inps, axis: int = 0) -> Tensor:
     return concat([expand_dims(x, axis) for x in inps], axis=axis)
 
 
+class Split(Function):
+    """Consecutive slices along one axis as one node (several outputs). Its backward concatenates
+    the slices' gradients into one buffer, where separate ``getitem`` nodes would each scatter
+    into a zero tensor of the full shape and then be summed."""
+
+    def forward(self, x, axis, bounds):
+        self.axis = axis
+        lead = (slice(None),) * axis
+        return tuple(x._data[lead + (slice(a, b),)] for a, b in zip(bounds[:-1], bounds[1:]))
+
+    def backward(self, *dys):
+        return concat(list(dys), self.axis), None, None
+
+
 def split(x, nsplits_or_sections, axis: int = 0) -> list:
     """Split into ``n`` equal parts (int) or at the given indices (list), MegEngine style."""
     x = _t(x)
@@ -287,10 +301,9 @@ def split(x, nsplits_or_sections, axis: int = 0) -> list:
     else:
         points = list(nsplits_or_sections)
     bounds = [0] + points + [size]
-    return [
-        getitem(x, (slice(None),) * axis + (slice(a, b),))
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-    ]
+    if not all(0 <= a <= b <= size for a, b in zip(bounds[:-1], bounds[1:])):
+        raise ValueError(f"split: sections {points} are not increasing within size {size}")
+    return list(Split()(x, axis, tuple(bounds)))
 
 
 class Pad(Function):

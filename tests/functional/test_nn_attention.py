@@ -56,6 +56,24 @@ def test_sdpa_masks_scale_and_broadcast(device, rng):
                q, k, v, device=device)
 
 
+def test_sdpa_mask_with_more_leading_axes(device, rng):
+    # a per-example mask (N, 1, L, S) over heads-only q/k/v (H, L, E): the output gains the N axis
+    q, k, v = (rng.standard_normal((2, 4, 3)) for _ in range(3))
+    mask = rng.standard_normal((3, 1, 4, 4))
+    got = F.scaled_dot_product_attention(_t(q, device), _t(k, device), _t(v, device),
+                                         attn_mask=_t(mask, device))
+    np.testing.assert_allclose(got.numpy(), ref_sdpa(q, k, v, mask), rtol=1e-10)
+    check_grad(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, _t(mask, device)),
+               q, k, v, device=device)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_second_order(causal, device, rng, double_grad):
+    q, k, v = (rng.standard_normal((2, 3, 2)) for _ in range(3))
+    double_grad(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                q, k, v, device=device)
+
+
 def test_sdpa_dropout_is_seeded_and_errors(device, rng):
     q = _t(rng.standard_normal((2, 4, 3)), device)
     mg.random.seed(3)
