@@ -122,19 +122,21 @@ def all_reduce(x: Any, op: str = "sum", group: Group | None = None) -> Any:
     return c.out(c.backend.all_reduce(c.host(x), op, c.seq))
 
 
-def all_reduce_async(x: Any, op: str = "sum", group: Group | None = None) -> Work:
+def all_reduce_async(x: Any, op: str = "sum", group: Group | None = None,
+                     donate: bool = False) -> Work:
     """Start an all-reduce and return a :class:`Work`; ``Work.wait()`` returns the result.
 
     Used to overlap bucketed gradient all-reduce with the rest of backward. Collectives issued
-    later on the same group run after it (order is preserved).
+    later on the same group run after it (order is preserved). ``donate=True`` hands ``x`` over:
+    the result may be written into it instead of a copy (saves two passes over a big bucket).
     """
     _check_op("all_reduce_async", op)
     c = _Call("all_reduce_async", group, x)
     if c.gpu and not c.nccl:
         host = c.host(x)
-        work = c.backend.all_reduce_async(host, op, c.seq)
+        work = c.backend.all_reduce_async(host, op, c.seq, donate=host is not x)
         return Work(lambda: c.out(work.wait()), work.is_completed)
-    return c.backend.all_reduce_async(x, op, c.seq)
+    return c.backend.all_reduce_async(x, op, c.seq, donate=donate)
 
 
 def broadcast(x: Any, root: int = 0, group: Group | None = None) -> Any:

@@ -105,3 +105,32 @@ def test_allreduce_sum_and_bcast():
 def test_world_size_one_callback_is_identity():
     out = run_workers(_sum_worker, 1)
     np.testing.assert_allclose(out[0][0], [1.0, 1.0, 1.0])
+
+
+def _accumulate_worker(n_ranks, reference=False):
+    """Three backward passes without clearing: .grad accumulates, and the gradient tensors of
+    earlier steps (views of a reused bucket buffer) must keep their values."""
+    x_all, y_all = _data(n_ranks)
+    params = _init(seed=1)
+    rank = 0 if reference else dist.get_rank()
+    cbs = [] if reference else [dist.make_allreduce_cb("mean", bucket_size_mb=1e-4)]
+    gm = ad.GradManager().attach(params, callbacks=cbs)
+    held, snapshots = [], []
+    for step in range(3):
+        sl = slice(None) if reference else slice(rank * B, (rank + 1) * B)
+        with gm:
+            gm.backward(_loss(params, mg.tensor(x_all[step, sl]), mg.tensor(y_all[step, sl])))
+        held.append([p.grad for p in params])
+        snapshots.append([p.grad.numpy().copy() for p in params])
+    intact = all(
+        np.array_equal(t.numpy(), s) for ts, ss in zip(held, snapshots) for t, s in zip(ts, ss)
+    )
+    return [p.grad.numpy() for p in params], intact
+
+
+def test_accumulated_and_held_gradients_survive_buffer_reuse():
+    ref, _ = _accumulate_worker(2, reference=True)
+    for grads, intact in run_workers(_accumulate_worker, 2, 2):
+        assert intact, "a gradient from an earlier step was overwritten by a later all-reduce"
+        for g, r in zip(grads, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)

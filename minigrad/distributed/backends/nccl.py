@@ -143,7 +143,7 @@ class NcclBackend:
             )
         return out, self._end()
 
-    def all_reduce_async(self, x, op: str, seq: int) -> Work:
+    def all_reduce_async(self, x, op: str, seq: int, donate: bool = False) -> Work:
         out, ev = self._all_reduce(x, op, seq)
         keep = (x, out)  # inputs stay alive until the caller waited
 
