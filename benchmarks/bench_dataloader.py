@@ -3,15 +3,17 @@
 Usage: python benchmarks/bench_dataloader.py [--epochs 3] [--workers 0 2]
 
 Prints samples/s per num_workers (best of the timed epochs; worker start-up is included because a
-fresh set of workers is started every epoch).
+fresh set of workers is started every epoch) and writes ``benchmarks/results/dataloader.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import time
+from pathlib import Path
 
 from minigrad.data.dataloader import DataLoader
 from minigrad.data.dataset.vision.mnist import MNIST
@@ -46,9 +48,14 @@ def main() -> None:
           f"{os.cpu_count()} CPUs")
     print(f"{'num_workers':>11} | {'best samples/s':>14} | {'mean samples/s':>14}")
     print(f"{'-' * 11}-+-{'-' * 14}-+-{'-' * 14}")
+    results = {"batch_size": args.batch_size, "samples_per_s": {}}
     for workers in args.workers:
         best, mean = measure(dataset, workers, args.epochs, args.batch_size)
         print(f"{workers:>11} | {best:>14,.0f} | {mean:>14,.0f}")
+        results["samples_per_s"][workers] = {"best": best, "mean": mean}
+    out = Path(__file__).resolve().parent / "results" / "dataloader.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

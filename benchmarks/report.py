@@ -44,17 +44,20 @@ def summary() -> str:
         "",
     ]
     tr = _load("training.json")
-    if tr:
+    for setting, block in _training_blocks(tr):
         lines += [
-            "| training step | minigrad ms | PyTorch ms | ratio | target |",
+            f"| training step, {tr['meta']['threads']} threads, {setting} | minigrad ms "
+            "| PyTorch ms | ratio | target |",
             "|---|---:|---:|---:|---:|",
         ]
-        for key, r in tr["models"].items():
+        for key, r in block.items():
+            if key == "overhead":
+                continue
             lines.append(
                 f"| {key} | {r['minigrad_ms']:.2f} | {r['torch_ms']:.2f} | {r['ratio']:.2f}x | "
                 f"<= {r['target_ratio']}x |"
             )
-        for key, r in tr.get("overhead", {}).items():
+        for key, r in block.get("overhead", {}).items():
             lines.append(
                 f"| per-op {key} (us) | {r['minigrad_us']:.2f} | {r['torch_us']:.2f} | "
                 f"{r['ratio']:.2f}x | {'<= 15 us' if key == 'record' else ''} |"
@@ -91,7 +94,22 @@ def summary() -> str:
                     f"| {r['ratio']:.2f} |"
                 )
         lines.append("")
+    dl = _load("dataloader.json")
+    if dl:
+        lines += [f"| DataLoader, bundled MNIST, batch {dl['batch_size']} | samples/s (best) |",
+                  "|---|---:|"]
+        for workers, r in dl["samples_per_s"].items():
+            lines.append(f"| num_workers={workers} | {r['best']:,.0f} |")
+        lines.append("")
     return "\n".join(lines)
+
+
+def _training_blocks(tr) -> list:
+    """(allocator setting, {model: result}) pairs present in training.json."""
+    if not tr:
+        return []
+    names = {"tuned_malloc": "malloc tuned", "default_malloc": "glibc malloc defaults"}
+    return [(names[k], tr[k]) for k in ("tuned_malloc", "default_malloc") if k in tr]
 
 
 def plots() -> list[Path]:
@@ -104,23 +122,24 @@ def plots() -> list[Path]:
         print("matplotlib is not installed (pip install -e '.[bench]'): skipping plots")
         return []
     out = []
-    tr = _load("training.json")
-    if tr:
-        keys = list(tr["models"])
+    blocks = _training_blocks(_load("training.json"))
+    if blocks:
+        models = blocks[0][1]
+        keys = [k for k in models if k != "overhead"]
         fig, ax = plt.subplots(figsize=(6, 3.5))
         xs = range(len(keys))
         ax.bar(
             [x - 0.2 for x in xs],
-            [tr["models"][k]["minigrad_ms"] for k in keys],
+            [models[k]["minigrad_ms"] for k in keys],
             0.4,
             label="minigrad",
         )
         ax.bar(
-            [x + 0.2 for x in xs], [tr["models"][k]["torch_ms"] for k in keys], 0.4, label="PyTorch"
+            [x + 0.2 for x in xs], [models[k]["torch_ms"] for k in keys], 0.4, label="PyTorch"
         )
         ax.set_xticks(list(xs), keys)
         ax.set_ylabel("ms per training step")
-        ax.set_title("Training step time (CPU)")
+        ax.set_title(f"Training step time (CPU, {blocks[0][0]})")
         ax.legend()
         out.append(_save(fig, "training.png"))
     co = _load("collectives.json")
