@@ -16,7 +16,8 @@ reported with the ratio minigrad/PyTorch. Models are built from functional ops d
   same op recorded and then back-propagated (a chain of 200 adds, per op).
 
 By default everything runs twice in the one process: with glibc's allocator defaults, then with
-``tune_malloc()`` (see there: page faults of fresh NumPy temporaries otherwise dominate the CNN).
+``minigrad.backend.allocator.tune_malloc()``, which ``import minigrad`` applies unless
+``MINIGRAD_MALLOC=default`` (page faults of fresh NumPy temporaries otherwise dominate the CNN).
 Results go to stdout and ``benchmarks/results/training.json``.
 """
 
@@ -50,12 +51,14 @@ ARGS = _parse_args()
 # BLAS reads its thread count when NumPy loads, so it is pinned before the imports below.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = str(ARGS.threads)
+os.environ["MINIGRAD_MALLOC"] = "default"  # importing minigrad must not tune: main() decides
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import minigrad as mg  # noqa: E402
 import minigrad.functional as F  # noqa: E402
+from minigrad.backend.allocator import tune_malloc  # noqa: E402
 from minigrad.optimizer import SGD  # noqa: E402
 
 tF = torch.nn.functional
@@ -192,24 +195,6 @@ def transformer_pair() -> Pair:
 
 # ---------------------------------------------------------------------------------------------
 # timing
-
-
-def tune_malloc() -> bool:
-    """Keep freed memory in the process (glibc ``mallopt``): no ``mmap`` for blocks under 32 MB,
-    no trimming of the heap top. NumPy allocates fresh arrays for every temporary; with glibc's
-    defaults many of them are new ``mmap`` regions whose pages fault in on first touch (about
-    2,500 faults per LeNet step), which in a VM costs as much as the arithmetic. PyTorch users get
-    the same effect from jemalloc/tcmalloc; here it applies to both frameworks alike."""
-    import ctypes  # noqa: PLC0415
-    import ctypes.util  # noqa: PLC0415
-
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    libc = ctypes.CDLL(name)
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)
-                and libc.mallopt(m_top_pad, 64 << 20))
 
 
 def timed_steps(fn, steps: int) -> list:

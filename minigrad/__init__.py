@@ -7,9 +7,13 @@ changed::
     import minigrad.functional as F
 """
 
+from minigrad.backend.allocator import tune_malloc_unless_disabled
+
+tune_malloc_unless_disabled()
+
 from minigrad import autodiff, functional, random  # noqa: E402
 from minigrad.autodiff import Function, GradManager, enable_grad, no_grad  # noqa: E402
-from minigrad.backend import (
+from minigrad.backend import (  # noqa: E402
     get_default_device,
     get_device_count,
     is_cuda_available,
@@ -27,7 +31,7 @@ from minigrad.functional.creation import (  # noqa: E402
     zeros_like,
 )
 from minigrad.serialization import load, save  # noqa: E402
-from minigrad.tensor import Parameter, Tensor, tensor  # noqa: I001  (tensor before functional)
+from minigrad.tensor import Parameter, Tensor, tensor  # noqa: E402, I001
 
 float16, float32, float64 = "float16", "float32", "float64"
 int8, int32, int64, uint8, bool_ = "int8", "int32", "int64", "uint8", "bool"
