@@ -124,8 +124,10 @@ def _normal_cdf_f32(d, out) -> None:
     np.exp(p, out=p)
     p *= t
     p *= f32(0.5)  # p = erfc(|d| / sqrt 2) / 2 = Phi(-|d|), exact in the left tail
-    out[...] = p  # Phi(d) = p for d < 0, 1 - p for d >= 0
-    np.subtract(f32(1.0), p, out=out, where=d >= 0)
+    np.multiply(p, f32(-2.0), out=out)  # Phi(d) = p for d < 0, 1 - p for d >= 0 (no masked
+    out += f32(1.0)  # ufunc: a where= loop is ten times slower than these four passes)
+    out *= d >= 0
+    out += p
 
 
 def _gelu_f32(y, cdf, d) -> None:
