@@ -221,10 +221,14 @@ class Tensor:
         return _F.astype(self, dtype)
 
     def set_value(self, value) -> "Tensor":
-        """Replace the data in place (shape and dtype kept); what optimizers and loaders use."""
+        """Replace the data (shape and dtype kept) with a copy that this tensor owns: optimizers
+        update parameters in place, which must never write into the caller's array (a state dict
+        loaded with ``load_state_dict`` stays as it was)."""
         if isinstance(value, Tensor):
             value = value._data
         arr = self._device.put(value, self.dtype)
+        if arr is value or getattr(arr, "base", None) is not None:
+            arr = arr.copy()
         if arr.shape != self.shape:
             raise ValueError(
                 f"set_value: shape {arr.shape} does not match tensor shape {self.shape}"

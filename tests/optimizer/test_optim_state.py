@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 import minigrad as mg
+import minigrad.autodiff as ad
+import minigrad.module as M
 import minigrad.optimizer as optim
 from minigrad.tensor import Parameter
 
@@ -179,3 +181,29 @@ def test_optimizers_and_clipping_on_gpu_match_cpu():
             assert str(p.device) == dev
             results.append(p.numpy())
         np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls, kw", [(optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+                                     (optim.Adam, {"lr": 0.1})])
+def test_in_place_updates_never_write_into_callers_arrays(cls, kw):
+    # optimizers update parameters in place: a loaded state dict, a read-only array and the
+    # gradient must all be left as they were
+    net = M.Linear(3, 2)
+    saved = net.state_dict()
+    frozen = {k: v.copy() for k, v in saved.items()}
+    net.load_state_dict(saved)
+    readonly = np.ones((2,), np.float32)
+    readonly.flags.writeable = False
+    net.bias._data = readonly  # e.g. an array handed out by a memory-mapped checkpoint
+    opt = cls(net.parameters(), **kw)
+    gm = ad.GradManager().attach(net.parameters())
+    with gm:
+        gm.backward(net(mg.tensor(np.ones((4, 3), np.float32))).sum())
+    grads = {id(p): p.grad.numpy().copy() for p in net.parameters()}
+    opt.step()
+    for k in saved:
+        np.testing.assert_array_equal(saved[k], frozen[k], err_msg=k)
+    np.testing.assert_array_equal(readonly, np.ones(2))
+    for p in net.parameters():
+        np.testing.assert_array_equal(p.grad.numpy(), grads[id(p)])
+        assert not np.array_equal(p.numpy(), frozen["weight" if p.ndim == 2 else "bias"])
