@@ -130,22 +130,6 @@ def _normal_cdf_f32(d, out) -> None:
     out += p
 
 
-def _gelu_f32(y, cdf, d) -> None:
-    _normal_cdf_f32(d, cdf)
-    np.multiply(d, cdf, out=y)
-
-
-def _gelu_grad_f32(g, d, cdf, dy) -> None:
-    """``g = dy * (Phi(d) + d * pdf(d))``."""
-    np.multiply(d, d, out=g)
-    g *= np.float32(-0.5)
-    np.exp(g, out=g)
-    g *= np.float32(_INV_SQRT_2PI)
-    g *= d
-    g += cdf
-    g *= dy
-
-
 class Gelu(Function):
     """``x * Phi(x)``; one fused kernel each way instead of a dozen composed ops (it sits in every
     Transformer MLP). Twice differentiable: backward uses Tensor ops when it is being recorded."""
@@ -153,12 +137,12 @@ class Gelu(Function):
     def forward(self, x):
         self.x, d = x, x._data
         if x.xp is np and d.dtype == np.float32:
-            y, self.cdf = np.empty_like(d), np.empty_like(d)
-            _gelu_f32(y, self.cdf, d)
-            return y
-        from minigrad.functional.elementwise import _erf_kernel  # noqa: PLC0415
+            self.cdf = np.empty_like(d)
+            _normal_cdf_f32(d, self.cdf)
+        else:
+            from minigrad.functional.elementwise import _erf_kernel  # noqa: PLC0415
 
-        self.cdf = (_erf_kernel(x.xp)(d * _INV_SQRT2) * 0.5 + 0.5).astype(d.dtype, copy=False)
+            self.cdf = (_erf_kernel(x.xp)(d * _INV_SQRT2) * 0.5 + 0.5).astype(d.dtype, copy=False)
         return d * self.cdf
 
     def backward(self, dy):
@@ -166,12 +150,15 @@ class Gelu(Function):
         if recording_backward():
             cdf = erf(x * _INV_SQRT2) * 0.5 + 0.5
             return dy * (cdf + x * exp(x * x * -0.5) * _INV_SQRT_2PI)
-        d, g = x._data, dy._data
-        if x.xp is np and d.dtype == np.float32 and g.dtype == np.float32:
-            out = np.empty_like(d)
-            _gelu_grad_f32(out, d, self.cdf, g)
-            return out
-        return g * (self.cdf + d * x.xp.exp(d * d * -0.5) * _INV_SQRT_2PI)
+        d = x._data
+        g = d * d  # g = dy * (Phi(d) + d * pdf(d)), in place
+        g *= d.dtype.type(-0.5)
+        x.xp.exp(g, out=g)
+        g *= d.dtype.type(_INV_SQRT_2PI)
+        g *= d
+        g += self.cdf
+        g *= dy._data
+        return g
 
 
 def gelu(inp) -> Tensor:
