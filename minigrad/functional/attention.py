@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from minigrad.autodiff.function import Function
 from minigrad.functional._util import recording_backward
 from minigrad.functional.elementwise import _f
@@ -62,7 +64,7 @@ class _Attention(Function):
         xp = q.xp
         w = xp.matmul(q._data * scale, xp.swapaxes(k._data, -1, -2))
         if bias is not None:  # in place unless the mask broadcasts the scores to a larger shape
-            if xp.broadcast_shapes(w.shape, bias.shape) == w.shape:
+            if np.broadcast_shapes(w.shape, bias.shape) == w.shape:
                 w += bias._data
             else:
                 w = w + bias._data
