@@ -37,7 +37,8 @@ def binary_args(a, b, op: str, broadcast: bool = True):
     """
     ta, tb = isinstance(a, Tensor), isinstance(b, Tensor)
     if ta and tb:
-        check_compatible(op, a, b, broadcast=broadcast)
+        if a._device is not b._device or a._data.shape != b._data.shape:  # else nothing to check
+            check_compatible(op, a, b, broadcast=broadcast)
         return a, b
     if not ta and not tb:
         a = as_tensor(a)
