@@ -1,6 +1,6 @@
 """Full training steps in minigrad vs PyTorch (CPU), same models, same weights, same thread count.
 
-Usage: python benchmarks/bench_training.py [--threads 2] [--steps 30] [--warmup 5] [--only mlp]
+Usage: python benchmarks/bench_training.py [--threads 2] [--steps 90] [--warmup 5] [--only mlp]
 
 A step is forward, backward (``GradManager`` / ``loss.backward()``) and an SGD update with momentum
 (``minigrad.optimizer.SGD`` / ``torch.optim.SGD``). Both frameworks are timed in the same process,
@@ -36,7 +36,7 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="BLAS/intra-op threads for both frameworks (default: all cores)")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=90)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--only", nargs="*", default=None,
                         help="subset of: mlp lenet transformer overhead")
@@ -206,7 +206,7 @@ def timed_steps(fn, steps: int) -> list:
     return times
 
 
-def bench_model(pair: Pair, steps: int, warmup: int, rounds: int = 3) -> dict:
+def bench_model(pair: Pair, steps: int, warmup: int, rounds: int = 9) -> dict:
     """Median step time of each framework; the steps are taken in ``rounds`` alternating blocks
     (each after ``_settle``) so that a change of machine load hits both frameworks alike."""
     l_mg, l_t = pair.step_mg(), pair.step_torch()  # same weights: the first losses agree
