@@ -15,7 +15,7 @@ import os, numpy as np
 import minigrad
 page = os.sysconf("SC_PAGE_SIZE")
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * page
-a = np.ones(8 << 20, np.uint8)  # 8 MB, touched
+a = np.ones(24 << 20, np.uint8)  # 24 MB: above glibc's dynamic mmap threshold, below ours
 before_free = rss()
 del a
 print(before_free - rss())  # bytes handed back to the kernel by the free
@@ -34,5 +34,5 @@ def _returned_bytes(setting: str) -> int:
 def test_freed_arrays_stay_in_the_process_unless_disabled():
     if not tune_malloc():
         pytest.skip("this C library has no mallopt")
-    assert _returned_bytes("default") >= 7 << 20  # glibc mmaps 8 MB and unmaps it on free
-    assert _returned_bytes("tuned") < 1 << 20  # kept on the heap for the next temporary
+    assert _returned_bytes("default") >= 20 << 20  # glibc mmaps it and unmaps it on free
+    assert _returned_bytes("tuned") < 4 << 20  # kept on the heap for the next temporary
