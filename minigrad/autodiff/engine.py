@@ -71,13 +71,12 @@ def run_backward(roots, root_grads, on_leaf, keep_graph: bool) -> None:
     while heap:
         _, _, node, grads = heapq.heappop(heap)
         edges, meta = node._edges, node._in_meta
-        if all(g is None for g in grads):  # nothing flowed in: nothing flows out
+        missing = [i for i, g in enumerate(grads) if g is None]
+        if len(missing) == len(grads):  # nothing flowed in: nothing flows out
             in_grads = [None] * len(edges)
         else:
-            if any(g is None for g in grads):
-                grads = [
-                    g if g is not None else Tensor._zeros_for(node, i) for i, g in enumerate(grads)
-                ]
+            for i in missing:
+                grads[i] = Tensor._zeros_for(node, i)
             in_grads = node.backward(*grads)
             if not isinstance(in_grads, (tuple, list)):
                 in_grads = (in_grads,)
@@ -92,8 +91,8 @@ def run_backward(roots, root_grads, on_leaf, keep_graph: bool) -> None:
             if edge is None:
                 continue
             if g is not None:
-                if not isinstance(g, Tensor):
-                    g = Tensor._wrap(g, None)
+                if not isinstance(g, Tensor):  # a raw array from a fast backward path
+                    g = Tensor._wrap(g, m[2])
                 if g._data.shape != m[0]:
                     g = sum_to(g, m[0])
                 if g._data.dtype != m[1]:

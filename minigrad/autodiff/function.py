@@ -92,7 +92,7 @@ class Function:
                     edges.append((node, x._out_idx))
                 else:
                     edges.append((x, 0) if x._requires_grad else None)
-                meta.append((x._data.shape, x._data.dtype))
+                meta.append((x._data.shape, x._data.dtype, x._device))
             else:
                 edges.append(None)
                 meta.append(None)
