@@ -115,3 +115,18 @@ def test_readme_commands_are_the_ones_ci_uses():
     assert install_and_test in ci.splitlines(), (
         "the README's test command must be what .ci/run runs"
     )
+
+
+def test_readme_tour_runs_as_written():
+    # the tour is code a newcomer copies: it must run, compute what it says, and train over 2 ranks
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## A 20-line tour.*?```python\n(.*?)```", readme, re.S).group(1)
+    ns: dict = {}
+    exec(compile(code, "README tour", "exec"), ns)  # noqa: S102
+    x, w = ns["x"].numpy(), ns["w"]
+    np.testing.assert_allclose(w.grad.numpy(), 0.5 * np.repeat(x.sum(0)[:, None], 2, 1),
+                               rtol=1e-6)
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((8, 784)).astype("float32"),
+                rng.integers(0, 10, 8).astype("int32")) for _ in range(2)]
+    assert ns["train"](batches) == [None, None]  # both ranks ran the loop to the end
