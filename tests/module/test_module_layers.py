@@ -6,6 +6,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 from module_test_helpers import layer_check_grad, needs, to_float64
+from numpy_references import ref_conv2d, ref_pool
 
 import minigrad as mg
 import minigrad.module as M
@@ -46,25 +47,6 @@ def test_linear_bad_input_names_layer_and_shapes():
 
 
 # -- convolutions ---------------------------------------------------------------------------------
-def ref_conv2d(x, w, b, stride, pad, dil, groups):
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
-    oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1
-    ow = (wd + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
-    out = np.zeros((n, o, oh, ow))
-    og = o // groups
-    for oc in range(o):
-        g = oc // og
-        for i in range(oh):
-            for j in range(ow):
-                r0, c0 = i * stride[0], j * stride[1]
-                patch = xp[:, g * cg:(g + 1) * cg, r0:r0 + dil[0] * (kh - 1) + 1:dil[0],
-                           c0:c0 + dil[1] * (kw - 1) + 1:dil[1]]
-                out[:, oc, i, j] = (patch * w[oc]).sum(axis=(1, 2, 3))
-    return out + (b.reshape(1, -1, 1, 1) if b is not None else 0)
-
-
 @needs("conv2d")
 @pytest.mark.parametrize("kw", [dict(), dict(stride=2, padding=1), dict(dilation=2, padding=2),
                                 dict(groups=2, stride=(1, 2), padding=(0, 1))])
@@ -233,22 +215,6 @@ def test_activations(layer, ref, fname):
     x = _x(3, 5) + 0.05  # keep away from the kinks at 0
     np.testing.assert_allclose(_run(layer, x), ref(x), rtol=1e-7, atol=1e-12)
     layer_check_grad(layer, x)
-
-
-def ref_pool(x, k, s, p, reduce, count_pad):
-    n, c, h, w = x.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=np.nan)
-    oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
-    out = np.zeros((n, c, oh, ow))
-    for i in range(oh):
-        for j in range(ow):
-            win = xp[:, :, i * s:i * s + k, j * s:j * s + k].reshape(n, c, -1)
-            if reduce == "max":
-                out[:, :, i, j] = np.nanmax(win, -1)
-            else:
-                count = k * k if count_pad else (~np.isnan(win)).sum(-1)
-                out[:, :, i, j] = np.nansum(win, -1) / count
-    return out
 
 
 @needs("max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")
