@@ -28,12 +28,18 @@ CONV_CASES = [  # (n, c, h, w, o, kh, kw, stride, pad, dil, groups)
 ]
 
 
-@pytest.mark.parametrize("case", CONV_CASES)
-def test_conv2d_forward_matches_loops(case, device, rng):
+def _conv_inputs(case, rng):
+    """Input, weight and bias of a CONV_CASES entry, plus its stride, padding, dilation, groups."""
     n, c, h, w, o, kh, kw, s, p, d, g = case
     x = rng.standard_normal((n, c, h, w))
     wt = rng.standard_normal((o, c // g, kh, kw))
-    b = rng.standard_normal(o)
+    return x, wt, rng.standard_normal(o), (s, p, d, g)
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv2d_forward_matches_loops(case, device, rng):
+    x, wt, b, (s, p, d, g) = _conv_inputs(case, rng)
+    o = wt.shape[0]
     got = F.conv2d(_t(x, device), _t(wt, device), _t(b.reshape(1, o, 1, 1), device), s, p, d, g)
     ref = ref_conv2d(x, wt, b, s, p, d, g)
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-10, atol=1e-10)
@@ -41,10 +47,7 @@ def test_conv2d_forward_matches_loops(case, device, rng):
 
 @pytest.mark.parametrize("case", CONV_CASES)
 def test_conv2d_grad(case, device, rng):
-    n, c, h, w, o, kh, kw, s, p, d, g = case
-    x = rng.standard_normal((n, c, h, w))
-    wt = rng.standard_normal((o, c // g, kh, kw))
-    b = rng.standard_normal(o)
+    x, wt, b, (s, p, d, g) = _conv_inputs(case, rng)
     check_grad(lambda x, wt, b: F.conv2d(x, wt, b, s, p, d, g), x, wt, b, device=device)
 
 
