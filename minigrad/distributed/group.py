@@ -140,10 +140,6 @@ class Group:
         self.gid = gid
 
     @property
-    def is_world(self) -> bool:
-        return self._ranks is None
-
-    @property
     def ranks(self) -> list[int]:
         return list(range(_state.world_size)) if self._ranks is None else list(self._ranks)
 

@@ -7,17 +7,9 @@ import numbers
 import numpy as np
 
 from minigrad.autodiff.state import STATE
-from minigrad.backend.xp import cupy_or_none
 from minigrad.tensor import Tensor, as_dtype
 
 FLOAT32 = np.dtype(np.float32)
-
-
-def is_array(x) -> bool:
-    if isinstance(x, np.ndarray):
-        return True
-    cp = cupy_or_none()
-    return cp is not None and isinstance(x, cp.ndarray)
 
 
 def as_tensor(x, like: Tensor | None = None, dtype=None) -> Tensor:
