@@ -62,7 +62,8 @@ class _LogitsCrossEntropy(Function):
         s = e.sum(axis=1, keepdims=True)
         nll = xp.log(s[:, 0]) - z[rows, lab]  # == -logsoftmax[label], same rounding
         e /= s
-        self.pred, self.label, self.prob, self.reduction = pred, label, e, reduction
+        self.pred, self.label, self.rows, self.prob = pred, label, rows, e
+        self.reduction = reduction
         if reduction == "none":
             return nll
         return nll.mean() if reduction == "mean" else nll.sum()
@@ -76,7 +77,7 @@ class _LogitsCrossEntropy(Function):
             scale = dy.reshape((n, 1)) if self.reduction == "none" else dy
             return g * (scale / n if self.reduction == "mean" else scale), None, None
         g, d = self.prob, dy._data  # prob is ours: the graph is freed after this backward
-        g[self.pred.xp.arange(n), self.label._data] -= 1
+        g[self.rows, self.label._data] -= 1
         g *= d[:, None] if self.reduction == "none" else (d / n if self.reduction == "mean" else d)
         return g, None, None
 
