@@ -516,17 +516,63 @@ def _first_problem(
     training: bool,
 ) -> tuple[int, str] | None:
     """``(index, reason)`` of the first action of ``program`` that breaks a per-stage rule, or
-    ``(len(program), reason)`` for something missing at the end; None if the program is valid."""
-    last = stages * chunks - 1
-    seen: dict[tuple[str, int, int], int] = {}   # (label, micro-batch, chunk) -> index
-    step_end: list[Action] = []
-
-    def done(label: str, m: int, c: int) -> bool:
-        return (label, m, c) in seen
-
+    ``(len(program), reason)`` for something missing at the end; None if the program is valid.
+    Forwards and backwards are checked first, so that a mistake in a hand-written compute order
+    is reported as such rather than through the transfers inserted around it."""
     for i, a in enumerate(program):
         if not isinstance(a, Action):
             return i, f"{a!r} is not an Action"
+        if isinstance(a, MicroBatchAction) and not 0 <= a.micro_batch < micro_batches:
+            return i, f"{a!r}: micro-batch {a.micro_batch} is outside [0, {micro_batches})"
+        if isinstance(a, MicroBatchAction) and not 0 <= a.chunk < chunks:
+            return i, f"{a!r}: chunk {a.chunk} is outside [0, {chunks})"
+    compute = [(i, a) for i, a in enumerate(program) if isinstance(a, (Forward, *_BACKWARDS))]
+    return (_compute_problem(compute, len(program), micro_batches, chunks, training)
+            or _transfer_problem(program, stage, stages, micro_batches, chunks, training))
+
+
+def _compute_problem(
+    compute: Sequence[tuple[int, Action]], end: int, micro_batches: int, chunks: int,
+    training: bool,
+) -> tuple[int, str] | None:
+    """Rule 1 on the ``(index, action)`` forwards and backwards of one program."""
+    seen: dict[tuple[str, int, int], int] = {}
+    for i, a in compute:
+        m, c = a.micro_batch, a.chunk
+        if (a.label, m, c) in seen:
+            return i, f"{a!r} appears twice (first at action {seen[(a.label, m, c)]})"
+        if isinstance(a, _BACKWARDS):
+            if not training:
+                return i, f"an inference schedule has no backward ({a!r})"
+            if ("F", m, c) not in seen:
+                return i, f"{a!r} runs before its forward F{m} (chunk {c})"
+            if isinstance(a, Backward) and (("BI", m, c) in seen or ("BW", m, c) in seen):
+                return i, f"{a!r}: micro-batch {m} (chunk {c}) already has a split backward"
+            if isinstance(a, BackwardInput) and ("B", m, c) in seen:
+                return i, f"{a!r}: micro-batch {m} (chunk {c}) already ran a full backward"
+            if isinstance(a, BackwardWeight) and ("BI", m, c) not in seen:
+                return i, f"{a!r} runs before its input pass BI{m} (chunk {c})"
+        seen[(a.label, m, c)] = i
+    for c in range(chunks):
+        for m in range(micro_batches):
+            split = ("BI", m, c) in seen or ("BW", m, c) in seen
+            need = ["F"] + ((["BI", "BW"] if split else ["B"]) if training else [])
+            for label in need:
+                if (label, m, c) not in seen:
+                    return end, f"{label}{m}{f'c{c}' if c else ''} is missing"
+    return None
+
+
+def _transfer_problem(
+    program: Sequence[Action], stage: int, stages: int, micro_batches: int, chunks: int,
+    training: bool,
+) -> tuple[int, str] | None:
+    """Rules 2 and 3 (transfers and the end of the step) on one program whose forwards and
+    backwards already passed rule 1."""
+    last = stages * chunks - 1
+    done: set[tuple[str, int, int]] = set()
+    step_end: list[Action] = []
+    for i, a in enumerate(program):
         if step_end or not isinstance(a, MicroBatchAction):
             if not training:
                 return i, f"an inference schedule has no {a!r}"
@@ -537,16 +583,11 @@ def _first_problem(
             step_end.append(a)
             continue
         m, c = a.micro_batch, a.chunk
-        if not 0 <= m < micro_batches:
-            return i, f"{a!r}: micro-batch {m} is outside [0, {micro_batches})"
-        if not 0 <= c < chunks:
-            return i, f"{a!r}: chunk {c} is outside [0, {chunks})"
-        if done(a.label, m, c):
-            return i, f"{a!r} appears twice (first at action {seen[(a.label, m, c)]})"
         position = logical_stage(stage, c, stages)
         if isinstance(a, Communication):
-            neighbour = position + a.direction
-            if not 0 <= neighbour <= last:
+            if (a.label, m, c) in done:
+                return i, f"{a!r} appears twice"
+            if not 0 <= position + a.direction <= last:
                 return i, (f"{a!r}: logical stage {position} has no "
                            f"{'next' if a.direction > 0 else 'previous'} stage to talk to")
             if not training and a.message == "grad":
@@ -554,66 +595,32 @@ def _first_problem(
             problem = _misplaced_transfer(a, m, c, done)
             if problem:
                 return i, problem
-        elif isinstance(a, Forward):
-            if position > 0 and not done("RA", m, c):
-                return i, f"{a!r} runs before its input arrives (RecvActivation {m}, chunk {c})"
-        else:
-            if not training:
-                return i, f"an inference schedule has no backward ({a!r})"
-            problem = _misplaced_backward(a, m, c, position, last, done)
-            if problem:
-                return i, problem
-        seen[(a.label, m, c)] = i
-    missing = _missing_actions(seen, stage, stages, micro_batches, chunks, training)
-    if missing:
-        return len(program), missing
+        elif isinstance(a, Forward) and position > 0 and ("RA", m, c) not in done:
+            return i, f"{a!r} runs before its input arrives (RecvActivation {m}, chunk {c})"
+        elif isinstance(a, (Backward, BackwardInput)) and position < last \
+                and ("RG", m, c) not in done:
+            return i, f"{a!r} runs before its output gradient arrives (RecvGrad {m}, chunk {c})"
+        done.add((a.label, m, c))
+    for c in range(chunks):
+        position = logical_stage(stage, c, stages)
+        for m in range(micro_batches):
+            need = ["SA"] if position < last else []
+            if training:
+                need += (["RG"] if position < last else []) + (["SG"] if position > 0 else [])
+            for label in need:
+                if (label, m, c) not in done:
+                    return len(program), f"{label}{m}{f'c{c}' if c else ''} is missing"
     if training and len(step_end) < len(STEP_END):
         return len(program), f"the step does not end with {STEP_END[len(step_end)]!r}"
     return None
 
 
-def _misplaced_transfer(a: Communication, m: int, c: int, done) -> str | None:
+def _misplaced_transfer(a: Communication, m: int, c: int, done: set) -> str | None:
     """Why a send or receive is out of place (a send before the value exists), or None."""
-    if isinstance(a, SendActivation) and not done("F", m, c):
+    if isinstance(a, SendActivation) and ("F", m, c) not in done:
         return f"{a!r} sends an activation before its forward F{m} (chunk {c}) ran"
-    if isinstance(a, SendGrad) and not (done("B", m, c) or done("BI", m, c)):
+    if isinstance(a, SendGrad) and not (("B", m, c) in done or ("BI", m, c) in done):
         return f"{a!r} sends a gradient before the backward of micro-batch {m} (chunk {c}) ran"
-    if isinstance(a, RecvGrad) and not done("F", m, c):
+    if isinstance(a, RecvGrad) and ("F", m, c) not in done:
         return f"{a!r} receives a gradient before its forward F{m} (chunk {c}) ran"
-    return None
-
-
-def _misplaced_backward(a: Action, m: int, c: int, position: int, last: int, done) -> str | None:
-    """Why a backward pass is out of place, or None."""
-    if not done("F", m, c):
-        return f"{a!r} runs before its forward F{m} (chunk {c})"
-    if isinstance(a, Backward) and (done("BI", m, c) or done("BW", m, c)):
-        return f"{a!r}: micro-batch {m} (chunk {c}) already has a split backward"
-    if isinstance(a, BackwardWeight):
-        if not done("BI", m, c):
-            return f"{a!r} runs before its input pass BI{m} (chunk {c})"
-        return None
-    if isinstance(a, BackwardInput) and done("B", m, c):
-        return f"{a!r}: micro-batch {m} (chunk {c}) already ran a full backward"
-    if position < last and not done("RG", m, c):
-        return f"{a!r} runs before its output gradient arrives (RecvGrad {m}, chunk {c})"
-    return None
-
-
-def _missing_actions(
-    seen: dict, stage: int, stages: int, micro_batches: int, chunks: int, training: bool
-) -> str | None:
-    """What a complete program of ``stage`` still lacks, or None."""
-    last = stages * chunks - 1
-    for c in range(chunks):
-        position = logical_stage(stage, c, stages)
-        for m in range(micro_batches):
-            need = ["F"] + (["SA"] if position < last else [])
-            if training:
-                split = ("BI", m, c) in seen or ("BW", m, c) in seen
-                need += ["BI", "BW"] if split else ["B"]
-                need += (["RG"] if position < last else []) + (["SG"] if position > 0 else [])
-            for label in need:
-                if (label, m, c) not in seen:
-                    return f"{label}{m}{f'c{c}' if c else ''} is missing"
     return None

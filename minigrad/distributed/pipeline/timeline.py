@@ -28,7 +28,6 @@ __all__ = ["COMPUTE_ACTIONS", "Timeline", "TimelineEvent", "bubble_fraction", "p
 COMPUTE_ACTIONS = frozenset({"F", "B", "BI", "BW"})
 
 _COLOURS = {"F": "#4C72B0", "B": "#DD8452", "BI": "#C44E52", "BW": "#55A868"}
-_OTHER_COLOUR = "#8C8C8C"
 
 
 @dataclass(frozen=True)
@@ -113,10 +112,10 @@ def bubble_fraction(timeline: Timeline) -> float:
     return 1.0 - busy / (len(ranks) * span)
 
 
-def plot_timeline(timeline: Timeline, path: str, title: str | None = None) -> str:
+def plot_timeline(timeline: Timeline, path: str, title: str | None = None):
     """Draw ``timeline`` as a Gantt chart (one row per rank, a box per compute action labelled
     with its micro-batch) and save it to ``path`` (PNG, SVG or PDF by extension). The title
-    shows the measured bubble fraction. Returns ``path``.
+    shows the measured bubble fraction. Returns the matplotlib ``Figure``.
 
     Needs matplotlib: ``pip install 'minigrad[bench]'``.
 
@@ -143,19 +142,19 @@ def plot_timeline(timeline: Timeline, path: str, title: str | None = None) -> st
             continue
         row = ranks.index(e.rank)
         ax.barh(row, e.duration, left=e.start - origin, height=0.8,
-                color=_COLOURS.get(e.action, _OTHER_COLOUR), edgecolor="black", linewidth=0.5,
+                color=_COLOURS[e.action], edgecolor="black", linewidth=0.5,
                 alpha=1.0 if e.chunk % 2 == 0 else 0.6)
         label = "" if e.micro_batch is None else str(e.micro_batch)
         ax.text(e.start - origin + e.duration / 2, row, label, ha="center", va="center",
                 fontsize=7, color="white")
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.invert_yaxis()
-    ax.set_xlabel("time (s)")
-    present = sorted({e.action for e in timeline if e.is_compute})
+    ax.set_xlabel("time")
+    present = [a for a in _COLOURS if any(e.action == a for e in timeline)]
     ax.legend(handles=[Patch(color=_COLOURS[a], label=a) for a in present],
               loc="upper right", fontsize=7, ncol=len(present))
     heading = f"{title} — " if title else ""
     ax.set_title(f"{heading}bubble fraction {bubble:.1%}")
     fig.tight_layout()
     fig.savefig(path)
-    return path
+    return fig
