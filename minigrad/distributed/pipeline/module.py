@@ -333,6 +333,14 @@ class PipelineModule(Module):
         part = self._chunk(chunk)
         return range(part.start, part.stop)
 
+    def pipeline_ranks(self) -> list[int]:
+        """The global ranks of this rank's pipeline, indexed by stage: a schedule's transfer to
+        stage ``p`` goes to ``pipeline_ranks()[p]``. Pure (no process group is created); outside
+        a job of the topology's size (the ``stage_id`` seam) the first pipeline's ranks."""
+        if is_distributed() and get_world_size() == self.topology.world_size():
+            return self.topology.group_ranks("pipe", rank=get_rank())
+        return self.topology.get_axis_comm_lists("pipe")[0]
+
     @property
     def is_first_stage(self) -> bool:
         """Whether this stage holds the model's first layer (it reads the inputs)."""

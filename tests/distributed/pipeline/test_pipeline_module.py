@@ -282,6 +282,7 @@ def test_tied_copies_tie_groups_and_ranks():
     assert nets[2].tied_weights()["embed"][0] is getattr(nets[2], "0").weight
     assert [n for n, _ in nets[2].named_parameters()] == ["0.weight"]
     assert nets[0].tie_group_ranks("embed") == [[0, 4], [1, 5]]
+    assert nets[1].pipeline_ranks() == [0, 2, 4]
     assert nets[0].tied_layer_index("embed") == 0
     with pytest.raises(TypeError, match="tied_weight_attr must be a name or a list of names"):
         TiedLayerSpec("k", M.Linear, 2, 2, tied_weight_attr=[])
@@ -377,11 +378,13 @@ def _build_on_every_rank(num_stages):
         net = PipelineModule([LayerSpec(Counted, i) for i in range(6)], num_stages=num_stages)
     except ValueError as e:
         return str(e)
-    return net.stage_id, list(Counted.built), net.topology.get_dim("data")
+    return net.stage_id, list(Counted.built), net.pipeline_ranks()
 
 
 def test_ranks_build_their_own_stage_and_all_reject_a_bad_world_size():
+    # PipeDataParallelTopology(2, 2): rank = stage * 2 + replica
     assert run_workers(_build_on_every_rank, 4, 2) == [
-        (0, [0, 1, 2], 2), (0, [0, 1, 2], 2), (1, [3, 4, 5], 2), (1, [3, 4, 5], 2)]
+        (0, [0, 1, 2], [0, 2]), (0, [0, 1, 2], [1, 3]), (1, [3, 4, 5], [0, 2]),
+        (1, [3, 4, 5], [1, 3])]
     assert run_workers(_build_on_every_rank, 3, 2) == [
         "PipelineModule: num_stages (2) must divide the world size (3)"] * 3
