@@ -4,7 +4,9 @@
   model, its partition into stages, tied layers and checkpoints keyed by global layer index.
 * :mod:`.partition` — the partition arithmetic (uniform, balanced).
 * :mod:`.actions`, :mod:`.schedule` — schedules as data (GPipe, 1F1B, interleaved 1F1B,
-  zero-bubble H1, inference, custom), validated and rendered as a stage x step grid.
+  zero-bubble H1, inference, custom), validated and rendered as a stage x step grid. The
+  action classes (``Forward``, ``BackwardInput``, ``SendActivation``...) live in
+  :mod:`.actions`.
 * :mod:`.simulator`, :mod:`.timeline` — simulate a schedule, measure its bubble, draw a Gantt
   chart.
 * :mod:`.loader` — :class:`RepeatingLoader`.
@@ -18,31 +20,12 @@ Example::
     plot_timeline(sched.simulate(tF=1, tB=2), "1f1b.png")
 """
 
-from minigrad.distributed.pipeline.actions import (
-    Action,
-    Backward,
-    BackwardInput,
-    BackwardWeight,
-    Communication,
-    Forward,
-    MicroBatchAction,
-    OptimizerStep,
-    RecvActivation,
-    RecvGrad,
-    ReduceGrads,
-    ReduceTiedGrads,
-    ScheduleError,
-    SendActivation,
-    SendGrad,
-    parse_action,
-    parse_actions,
-)
+from minigrad.distributed.pipeline.actions import ScheduleError, parse_actions
 from minigrad.distributed.pipeline.loader import RepeatingLoader
 from minigrad.distributed.pipeline.module import (
     LayerSpec,
     PipelineModule,
     TiedLayerSpec,
-    layer_state_path,
     load_layer_states,
     save_layer_states,
 )
@@ -56,7 +39,6 @@ from minigrad.distributed.pipeline.schedule import (
     Schedule,
     ZeroBubbleH1,
     get_schedule,
-    peak_activations,
 )
 from minigrad.distributed.pipeline.simulator import simulate
 from minigrad.distributed.pipeline.timeline import (
@@ -68,41 +50,24 @@ from minigrad.distributed.pipeline.timeline import (
 
 __all__ = [
     "SCHEDULES",
-    "Action",
-    "Backward",
-    "BackwardInput",
-    "BackwardWeight",
-    "Communication",
     "CustomSchedule",
-    "Forward",
     "GPipe",
     "InferenceSchedule",
     "Interleaved1F1B",
     "LayerSpec",
-    "MicroBatchAction",
     "OneFOneB",
-    "OptimizerStep",
     "PipelineModule",
-    "RecvActivation",
-    "RecvGrad",
-    "ReduceGrads",
-    "ReduceTiedGrads",
     "RepeatingLoader",
     "Schedule",
     "ScheduleError",
-    "SendActivation",
-    "SendGrad",
     "TiedLayerSpec",
     "Timeline",
     "TimelineEvent",
     "ZeroBubbleH1",
     "bubble_fraction",
     "get_schedule",
-    "layer_state_path",
     "load_layer_states",
-    "parse_action",
     "parse_actions",
-    "peak_activations",
     "plot_timeline",
     "save_layer_states",
     "simulate",

@@ -14,10 +14,8 @@ import pytest
 import minigrad as mg
 import minigrad.functional as F
 import minigrad.module as M
-from minigrad.distributed.pipeline import (
-    LayerSpec,
-    PipelineModule,
-    TiedLayerSpec,
+from minigrad.distributed.pipeline import LayerSpec, PipelineModule, TiedLayerSpec
+from minigrad.distributed.pipeline.module import (
     layer_state_path,
     load_layer_states,
     save_layer_states,

@@ -9,26 +9,28 @@ import itertools
 import pytest
 
 from minigrad.distributed.pipeline import (
-    Backward,
-    BackwardInput,
-    BackwardWeight,
     CustomSchedule,
-    Forward,
     GPipe,
     InferenceSchedule,
     Interleaved1F1B,
     OneFOneB,
-    OptimizerStep,
-    RecvActivation,
-    ReduceGrads,
     ScheduleError,
-    SendActivation,
     ZeroBubbleH1,
     bubble_fraction,
     get_schedule,
-    parse_action,
     parse_actions,
     simulate,
+)
+from minigrad.distributed.pipeline.actions import (
+    Backward,
+    BackwardInput,
+    BackwardWeight,
+    Forward,
+    OptimizerStep,
+    RecvActivation,
+    ReduceGrads,
+    SendActivation,
+    parse_action,
 )
 
 STAGES = range(1, 6)
