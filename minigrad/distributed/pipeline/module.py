@@ -438,7 +438,8 @@ class PipelineModule(Module):
     def load_state_dir(self, load_dir: str, strict: bool = True) -> "PipelineModule":
         """Load this stage's layers (and tied copies) from a directory written by
         :meth:`save_state_dict` or :func:`save_layer_states`, whatever the stage count was."""
-        indices = sorted({int(name.split(".", 1)[0]) for name, _ in self.named_tensors()})
+        heads = {name.split(".", 1)[0] for name, _ in self.named_tensors()}
+        indices = sorted(int(head) for head in heads if head.isdigit())
         state: OrderedDict = OrderedDict()
         for i in indices:
             path = layer_state_path(load_dir, i)

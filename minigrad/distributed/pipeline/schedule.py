@@ -101,6 +101,7 @@ __all__ = [
     "add_communication",
     "get_schedule",
     "peak_activations",
+    "validate_programs",
 ]
 
 STEP_END = (ReduceTiedGrads(), ReduceGrads(), OptimizerStep())
@@ -324,10 +325,10 @@ class ZeroBubbleH1(Schedule):
     ``B``, and runs the weight pass ``BW(i)`` only after ``BI(i + s)`` — the last stages, which
     would otherwise idle while the gradients travel back, fill that time with weight passes.
     An activation is freed after its ``BW``, so stage s holds up to ``min(S - s - 1, M) + 1 + s``
-    micro-batches, never more than 1F1B's peak ``min(S, M)``. With ``tF = tI = tW`` the wall
-    time is ``M (tF + tI + tW) + (S - 1)(tF + tI - tW)``: a third of 1F1B's bubble, and the
-    least any schedule that starts and ends the step on every stage can reach (the last stage
-    cannot start before ``(S - 1) tF`` and has ``M (tF + tI + tW)`` of work).
+    micro-batches, never more than 1F1B's peak ``min(S, M)``. With ``tF = tI = tW`` and
+    ``M >= S`` the wall time is ``M (tF + tI + tW) + (S - 1)(tF + tI - tW)``: a third of 1F1B's
+    bubble, and the least any flushed schedule can reach (the last stage cannot start before
+    ``(S - 1) tF`` and then has ``M (tF + tI + tW)`` of work).
     """
 
     name = "zb-h1"
