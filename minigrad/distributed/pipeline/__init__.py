@@ -1,0 +1,74 @@
+"""Pipeline parallelism: a model as a sequence of layers, cut into stages, driven by schedules.
+
+* :mod:`.module` — :class:`PipelineModule`, :class:`LayerSpec`, :class:`TiedLayerSpec`: the
+  model, its partition into stages, tied layers and checkpoints keyed by global layer index.
+* :mod:`.partition` — the partition arithmetic (uniform, balanced).
+* :mod:`.actions`, :mod:`.schedule` — schedules as data (GPipe, 1F1B, interleaved 1F1B,
+  zero-bubble H1, inference, custom), validated and rendered as a stage x step grid. The
+  action classes (``Forward``, ``BackwardInput``, ``SendActivation``...) live in
+  :mod:`.actions`.
+* :mod:`.simulator`, :mod:`.timeline` — simulate a schedule, measure its bubble, draw a Gantt
+  chart.
+* :mod:`.loader` — :class:`RepeatingLoader`.
+
+Example::
+
+    from minigrad.distributed.pipeline import OneFOneB, plot_timeline
+
+    sched = OneFOneB(stages=4, micro_batches=8)
+    print(sched.render())
+    plot_timeline(sched.simulate(tF=1, tB=2), "1f1b.png")
+"""
+
+from minigrad.distributed.pipeline.actions import ScheduleError, parse_actions
+from minigrad.distributed.pipeline.loader import RepeatingLoader
+from minigrad.distributed.pipeline.module import (
+    LayerSpec,
+    PipelineModule,
+    TiedLayerSpec,
+    load_layer_states,
+    save_layer_states,
+)
+from minigrad.distributed.pipeline.schedule import (
+    SCHEDULES,
+    CustomSchedule,
+    GPipe,
+    InferenceSchedule,
+    Interleaved1F1B,
+    OneFOneB,
+    Schedule,
+    ZeroBubbleH1,
+    get_schedule,
+)
+from minigrad.distributed.pipeline.simulator import simulate
+from minigrad.distributed.pipeline.timeline import (
+    Timeline,
+    TimelineEvent,
+    bubble_fraction,
+    plot_timeline,
+)
+
+__all__ = [
+    "SCHEDULES",
+    "CustomSchedule",
+    "GPipe",
+    "InferenceSchedule",
+    "Interleaved1F1B",
+    "LayerSpec",
+    "OneFOneB",
+    "PipelineModule",
+    "RepeatingLoader",
+    "Schedule",
+    "ScheduleError",
+    "TiedLayerSpec",
+    "Timeline",
+    "TimelineEvent",
+    "ZeroBubbleH1",
+    "bubble_fraction",
+    "get_schedule",
+    "load_layer_states",
+    "parse_actions",
+    "plot_timeline",
+    "save_layer_states",
+    "simulate",
+]
