@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import os
 
-from minigrad.backend.device import (
-    as_device,
-    get_default_device,
-    get_device_count,
-    is_cuda_available,
-    set_default_device,
-)
+from minigrad.backend import device as _backend
 from minigrad.backend.xp import cupy_or_none
+
+as_device = _backend.as_device
+get_default_device = _backend.get_default_device
+get_device_count = _backend.get_device_count
+is_cuda_available = _backend.is_cuda_available
+set_default_device = _backend.set_default_device
 
 __all__ = [
     "coalesce_free_memory",

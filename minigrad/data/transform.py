@@ -281,7 +281,7 @@ class RandomHorizontalFlip(VisionTransform):
     def __init__(self, prob: float = 0.5, order: Sequence[str] | None = None) -> None:
         super().__init__(order)
         if not 0.0 <= prob <= 1.0:
-            raise ValueError(f"RandomHorizontalFlip: prob must be in [0, 1], got {prob}")
+            raise ValueError(f"{type(self).__name__}: prob must be in [0, 1], got {prob}")
         self.prob = float(prob)
 
     def _params(self, image: np.ndarray) -> bool:
@@ -368,17 +368,8 @@ class PseudoTransform(Transform):
         return input
 
 
-class RandomVerticalFlip(VisionTransform):
+class RandomVerticalFlip(RandomHorizontalFlip):
     """Mirror the H axis with probability ``prob``."""
-
-    def __init__(self, prob: float = 0.5, order: Sequence[str] | None = None) -> None:
-        super().__init__(order)
-        if not 0.0 <= prob <= 1.0:
-            raise ValueError(f"RandomVerticalFlip: prob must be in [0, 1], got {prob}")
-        self.prob = float(prob)
-
-    def _params(self, image: np.ndarray) -> bool:
-        return bool(np.random.random_sample() < self.prob)
 
     def _apply_image(self, image: np.ndarray, flip: bool) -> np.ndarray:
         return image[::-1].copy() if flip else image

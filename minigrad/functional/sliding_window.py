@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 
 from minigrad.autodiff.function import Function
+from minigrad.functional._util import ntuple
 from minigrad.functional.conv import _add_bias, _check_mode
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import einsum
@@ -27,25 +28,14 @@ from minigrad.tensor import Tensor
 __all__ = ["conv3d", "local_conv2d", "sliding_window", "sliding_window_transpose"]
 
 
-def _ntuple(value, n: int, name: str, op: str) -> tuple:
-    """``3`` -> ``(3,) * n``; a sequence of ``n`` ints stays; anything else names the op."""
-    if isinstance(value, Tensor):
-        value = value.numpy().tolist()
-    if isinstance(value, (tuple, list)):
-        if len(value) != n:
-            raise ValueError(f"{op}: {name} must be an int or {n} ints, got {value!r}")
-        return tuple(int(v) for v in value)
-    return (int(value),) * n
-
-
 def _window_args(op, x: Tensor, kernel, stride, padding, dilation):
     """Check an unfold's arguments against the (N, C, *spatial) input; return them with the output
     size per spatial axis."""
     n = x.ndim - 2
     if n < 1:
         raise ValueError(f"{op}: expected an input (N, C, *spatial), got shape {x.shape}")
-    kernel, stride = _ntuple(kernel, n, "kernel_size", op), _ntuple(stride, n, "stride", op)
-    padding, dilation = _ntuple(padding, n, "padding", op), _ntuple(dilation, n, "dilation", op)
+    kernel, stride = ntuple(kernel, n, "kernel_size", op), ntuple(stride, n, "stride", op)
+    padding, dilation = ntuple(padding, n, "padding", op), ntuple(dilation, n, "dilation", op)
     if min(kernel) < 1 or min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
         raise ValueError(
             f"{op}: need kernel_size, stride, dilation >= 1 and padding >= 0; got kernel_size="
@@ -139,7 +129,7 @@ def sliding_window_transpose(inp, output_size, kernel_size, padding=0, stride=1,
     n = (y.ndim - 2) // 2
     if n < 1 or y.ndim != 2 + 2 * n:
         raise ValueError(f"{op}: expected (N, C, *out, *kernel) windows, got shape {y.shape}")
-    size = _ntuple(output_size, n, "output_size", op)
+    size = ntuple(output_size, n, "output_size", op)
     probe = Tensor._wrap(y.xp.empty((1, 1) + size, y.dtype), y._device)
     kernel, stride, padding, dilation, out = _window_args(
         op, probe, kernel_size, stride, padding, dilation
@@ -152,6 +142,37 @@ def sliding_window_transpose(inp, output_size, kernel_size, padding=0, stride=1,
     return Fold()(y, size, kernel, stride, padding, dilation)
 
 
+def _conv_inputs(op: str, inp, weight, conv_mode: str, layout: str):
+    """Float input and weight of a convolution; the input must have ``layout``'s rank."""
+    _check_mode(op, conv_mode)
+    x, w = _f(inp), _f(weight)
+    ndim = layout.count(",") + 1
+    if x.ndim != ndim:
+        raise ValueError(f"{op}: expected a {ndim}-D input {layout}, got shape {x.shape}")
+    return x, w
+
+
+def _grouped_windows(op, x: Tensor, weight, groups: int, per_group: int, kernel, stride, padding,
+                     dilation, expect_out=None):
+    """The windows of ``x`` as (N, groups, in/groups, *out, *kernel) for a convolution whose
+    ``weight`` reads ``per_group`` input channels per group, and the output size; every mismatch
+    is an error naming ``op``."""
+    if per_group * groups != x.shape[1]:
+        raise ValueError(
+            f"{op}: input has {x.shape[1]} channels (shape {x.shape}) but weight "
+            f"{tuple(weight.shape)} expects {per_group * groups} (= {per_group} per group x "
+            f"{groups} groups)"
+        )
+    kernel, stride, padding, dilation, out = _window_args(op, x, kernel, stride, padding, dilation)
+    if expect_out is not None and out != expect_out:
+        raise ValueError(
+            f"{op}: weight is for a {expect_out} output but input {x.shape} with kernel {kernel}, "
+            f"stride {stride}, padding {padding} gives {out}"
+        )
+    windows = Unfold()(x, kernel, stride, padding, dilation, out)
+    return reshape(windows, (x.shape[0], groups, per_group) + out + kernel), out
+
+
 def local_conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1,
                  conv_mode: str = "cross_correlation") -> Tensor:
     """Locally connected layer: a 2-D convolution whose kernel differs at every output position.
@@ -161,10 +182,7 @@ def local_conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1,
     ``out[n, o, y, x] = sum_{i, h, w} window[n, i, y, x, h, w] * weight[y, x, i, h, w, o]``.
     """
     op = "local_conv2d"
-    _check_mode(op, conv_mode)
-    x, w = _f(inp), _f(weight)
-    if x.ndim != 4:
-        raise ValueError(f"{op}: expected a 4-D input (N, C, H, W), got shape {x.shape}")
+    x, w = _conv_inputs(op, inp, weight, conv_mode, "(N, C, H, W)")
     if w.ndim == 6:
         w = reshape(w, (1,) + w.shape)
     if w.ndim != 7:
@@ -173,20 +191,8 @@ def local_conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1,
             f"(G, OH, OW, IC/G, kh, kw, OC/G), got shape {tuple(weight.shape)}"
         )
     g, oh, ow, icg, kh, kw, ocg = w.shape
-    if icg * g != x.shape[1]:
-        raise ValueError(
-            f"{op}: input has {x.shape[1]} channels (shape {x.shape}) but weight "
-            f"{tuple(weight.shape)} expects {icg * g}"
-        )
-    kernel, stride, padding, dilation, out = _window_args(op, x, (kh, kw), stride, padding,
-                                                          dilation)
-    if out != (oh, ow):
-        raise ValueError(
-            f"{op}: weight is for a {(oh, ow)} output but input {x.shape} with kernel {kernel}, "
-            f"stride {stride}, padding {padding} gives {out}"
-        )
-    windows = Unfold()(x, kernel, stride, padding, dilation, out)
-    windows = reshape(windows, (x.shape[0], g, icg) + out + kernel)
+    windows, out = _grouped_windows(op, x, weight, g, icg, (kh, kw), stride, padding, dilation,
+                                    expect_out=(oh, ow))
     y = einsum("ngiyxhw,gyxihwo->ngoyx", windows, w)
     return _add_bias(op, reshape(y, (x.shape[0], g * ocg) + out), bias)
 
@@ -203,10 +209,7 @@ def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
         y = F.conv3d(x, w, padding=1)  # x (2, 3, 8, 8, 8), w (4, 3, 3, 3, 3) -> (2, 4, 8, 8, 8)
     """
     op = "conv3d"
-    _check_mode(op, conv_mode)
-    x, w = _f(inp), _f(weight)
-    if x.ndim != 5:
-        raise ValueError(f"{op}: expected a 5-D input (N, C, D, H, W), got shape {x.shape}")
+    x, w = _conv_inputs(op, inp, weight, conv_mode, "(N, C, D, H, W)")
     if w.ndim == 5:
         if groups < 1 or w.shape[0] % groups:
             raise ValueError(f"{op}: groups={groups} must divide the {w.shape[0]} output channels")
@@ -217,15 +220,7 @@ def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
             f"out/groups, in/groups, kd, kh, kw), got shape {tuple(weight.shape)}"
         )
     g, ocg, icg = w.shape[:3]
-    if icg * g != x.shape[1]:
-        raise ValueError(
-            f"{op}: input has {x.shape[1]} channels (shape {x.shape}) but weight "
-            f"{tuple(weight.shape)} expects {icg * g} (= {icg} per group x {g} groups)"
-        )
-    kernel, stride, padding, dilation, out = _window_args(op, x, w.shape[3:], stride, padding,
-                                                          dilation)
-    windows = Unfold()(x, kernel, stride, padding, dilation, out)
-    windows = reshape(windows, (x.shape[0], g, icg) + out + kernel)
+    windows, out = _grouped_windows(op, x, weight, g, icg, w.shape[3:], stride, padding, dilation)
     y = einsum("ngidhwxyz,goixyz->ngodhw", windows, w)
     return _add_bias(op, reshape(y, (x.shape[0], g * ocg) + out), bias)
 

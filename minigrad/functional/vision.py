@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.functional._util import ntuple
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import matmul
 from minigrad.functional.reduction import max as _max
@@ -53,13 +54,7 @@ def _const(like: Tensor, array) -> Tensor:
 
 
 def _pair(value, name: str, op: str) -> tuple:
-    if isinstance(value, Tensor):
-        value = value.numpy().tolist()
-    if isinstance(value, (tuple, list)):
-        if len(value) != 2:
-            raise ValueError(f"{op}: {name} must be an int or a pair, got {value!r}")
-        return int(value[0]), int(value[1])
-    return int(value), int(value)
+    return ntuple(value, 2, name, op)
 
 
 def _check_nchw(op: str, x: Tensor, layout: str = "(N, C, H, W)") -> None:
@@ -175,24 +170,14 @@ def interpolate(inp, size=None, scale_factor=None, mode: str = "bilinear",
         raise ValueError(f"{op}: give exactly one of size and scale_factor")
     spatial = x.shape[2:]
     if size is not None:
-        sizes = _axes_arg(size, nd, "size", op)
+        sizes = ntuple(size, nd, "size", op)
     else:
-        scales = _axes_arg(scale_factor, nd, "scale_factor", op, cast=float)
+        scales = ntuple(scale_factor, nd, "scale_factor", op, cast=float)
         # MegEngine computes floor(size * scale) in float32
         sizes = tuple(int(np.floor(np.float32(n) * np.float32(s))) for n, s in zip(spatial, scales))
     if min(sizes) < 1:
         raise ValueError(f"{op}: output size {sizes} must be positive (input {x.shape})")
     return _resample(x, sizes, kind, bool(align_corners))
-
-
-def _axes_arg(value, nd: int, name: str, op: str, cast=int) -> tuple:
-    if isinstance(value, Tensor):
-        value = value.numpy().tolist()
-    if isinstance(value, (tuple, list)):
-        if len(value) != nd:
-            raise ValueError(f"{op}: {name} must have {nd} entries, got {value!r}")
-        return tuple(cast(v) for v in value)
-    return (cast(value),) * nd
 
 
 def resize(inp, size, format: str = "NCHW", imode: str = "bilinear",  # noqa: A002
@@ -373,20 +358,8 @@ def warp_perspective(inp, mat, out_shape, mat_idx=None, border_mode: str = "repl
         shift = mg.tensor([[[1.0, 0, 1], [0, 1, 1], [0, 0, 1]]])  # read (w + 1, h + 1)
         F.vision.warp_perspective(x, shift, (2, 2))  # x (1, 1, 4, 4) -> x[..., 1:3, 1:3]
     """
-    op = "warp_perspective"
-    x = _to_nchw(op, _f(inp), format)
-    m = mat if isinstance(mat, Tensor) else Tensor(mat, device=x._device)
-    m = m.astype(x.dtype)
-    if m.ndim != 3 or m.shape[1:] != (3, 3):
-        raise ValueError(f"{op}: mat must be (batch, 3, 3), got shape {m.shape}")
-    oh, ow = _pair(out_shape, "out_shape", op)
-    batch = _batch_index(op, x, m.shape[0], mat_idx)
-    w, h = _grid(x, oh, ow)
-    den = _entry(m, 2, 0) * w + _entry(m, 2, 1) * h + _entry(m, 2, 2)
-    sx = (_entry(m, 0, 0) * w + _entry(m, 0, 1) * h + _entry(m, 0, 2)) / den
-    sy = (_entry(m, 1, 0) * w + _entry(m, 1, 1) * h + _entry(m, 1, 2)) / den
-    out = _sample(op, x, stack([sx, sy], axis=-1), batch, border_mode, border_val, interp_mode)
-    return _from_nchw(out, format)
+    return _warp("warp_perspective", inp, mat, 3, out_shape, mat_idx, border_mode, border_val,
+                 format, interp_mode)
 
 
 def warp_affine(inp, mat, out_shape, border_mode: str = "replicate", border_val: float = 0.0,
@@ -395,17 +368,27 @@ def warp_affine(inp, mat, out_shape, border_mode: str = "replicate", border_val:
     ``M = mat[n]`` (B, 2, 3). Note MegEngine's default ``format="NHWC"``. Interpolation
     ``"linear"`` or ``"nearest"``; border modes as in :func:`warp_perspective`. Differentiable in
     ``inp`` and ``mat`` (MegEngine's is forward-only)."""
-    op = "warp_affine"
+    return _warp("warp_affine", inp, mat, 2, out_shape, None, border_mode, border_val, format,
+                 interp_mode)
+
+
+def _warp(op, inp, mat, rows: int, out_shape, mat_idx, border_mode, border_val, format,  # noqa: A002
+          interp_mode) -> Tensor:
+    """The warps' shared body: output pixel ``(w, h)`` reads the input at ``mat @ (w, h, 1)``,
+    divided by the third component for a perspective (3 x 3) matrix. The coordinates are Tensor
+    ops of ``mat``, so the gradient reaches the matrix through ``Sample``'s coordinate gradient."""
     x = _to_nchw(op, _f(inp), format)
     m = mat if isinstance(mat, Tensor) else Tensor(mat, device=x._device)
     m = m.astype(x.dtype)
-    if m.ndim != 3 or m.shape[1:] != (2, 3):
-        raise ValueError(f"{op}: mat must be (batch, 2, 3), got shape {m.shape}")
+    if m.ndim != 3 or m.shape[1:] != (rows, 3):
+        raise ValueError(f"{op}: mat must be (batch, {rows}, 3), got shape {m.shape}")
     oh, ow = _pair(out_shape, "out_shape", op)
-    batch = _batch_index(op, x, m.shape[0], None)
+    batch = _batch_index(op, x, m.shape[0], mat_idx)
     w, h = _grid(x, oh, ow)
-    sx = _entry(m, 0, 0) * w + _entry(m, 0, 1) * h + _entry(m, 0, 2)
-    sy = _entry(m, 1, 0) * w + _entry(m, 1, 1) * h + _entry(m, 1, 2)
+    sx, sy = (_entry(m, r, 0) * w + _entry(m, r, 1) * h + _entry(m, r, 2) for r in range(2))
+    if rows == 3:
+        den = _entry(m, 2, 0) * w + _entry(m, 2, 1) * h + _entry(m, 2, 2)
+        sx, sy = sx / den, sy / den
     out = _sample(op, x, stack([sx, sy], axis=-1), batch, border_mode, border_val, interp_mode)
     return _from_nchw(out, format)
 

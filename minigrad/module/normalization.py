@@ -151,9 +151,9 @@ class GroupNorm(Module):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
-class InstanceNorm(Module):
+class InstanceNorm(GroupNorm):
     """Normalise each channel of each sample over its spatial axes, then scale and shift per
-    channel (``GroupNorm`` with one group per channel; no running statistics).
+    channel: ``GroupNorm`` with one group per channel (no running statistics).
 
     Example::
 
@@ -162,15 +162,7 @@ class InstanceNorm(Module):
     """
 
     def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True, **kwargs):
-        super().__init__(**kwargs)
-        self.num_channels = int(num_channels)
-        self.eps = float(eps)
-        self.affine = bool(affine)
-        if self.affine:
-            self.weight = Parameter(np.ones(self.num_channels, np.float32))
-            self.bias = Parameter(np.zeros(self.num_channels, np.float32))
-        else:
-            self.weight = self.bias = None
+        super().__init__(num_channels, num_channels, eps, affine, **kwargs)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim < 3 or x.shape[1] != self.num_channels:
