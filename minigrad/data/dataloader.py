@@ -75,7 +75,8 @@ class DataLoader:
         collator: builds the batch (default :class:`Collator`); an object with ``apply`` or a
             callable taking the list of samples.
         num_workers: worker processes building batches (0: in the main process).
-        timeout: seconds to wait for one batch from the workers before raising (0: no limit).
+        timeout: seconds to wait for one batch (from the workers, or from a StreamDataset's
+            iterator) before raising (0: no limit).
         prefetch_factor: batches in flight per worker.
         worker_init_fn: called with the worker id at the start of each worker process.
     """
