@@ -207,9 +207,9 @@ class Module:
         """Copy values (NumPy arrays or Tensors) into the parameters and buffers by name.
 
         With ``strict`` every name must match both ways; shape mismatches are always an error,
-        except that shapes differing only in size-1 axes are reshaped (MegEngine stores the
-        ``(1, C, 1, 1)`` tensors of norm layers as ``(C,)``). All problems are reported in one
-        message, and nothing is modified unless everything checks out.
+        except that a 1-D ``(C,)`` value fills a tensor whose other axes have size 1 (MegEngine
+        stores the ``(1, C, 1, 1)`` tensors of norm layers as ``(C,)``). All problems are reported
+        in one message, and nothing is modified unless everything checks out.
         """
         if not isinstance(state_dict, dict):
             raise TypeError(
@@ -230,7 +230,7 @@ class Module:
                 continue
             value = state_dict[name]
             shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
-            if shape != t.shape and _squeezed(shape) == _squeezed(t.shape):
+            if shape != t.shape and len(shape) == 1 and _squeezed(shape) == _squeezed(t.shape):
                 # MegEngine's state_dict flattens norm layers' (1, C, 1, 1) tensors to (C,)
                 value = value.reshape(t.shape) if isinstance(value, Tensor) else np.reshape(
                     value, t.shape)
