@@ -11,7 +11,7 @@ from minigrad.backend.allocator import tune_malloc_unless_disabled
 
 tune_malloc_unless_disabled()
 
-from minigrad import autodiff, functional, random  # noqa: E402
+from minigrad import autodiff, device, functional, random  # noqa: E402
 from minigrad.autodiff import Function, GradManager, enable_grad, no_grad  # noqa: E402
 from minigrad.backend import (  # noqa: E402
     get_default_device,
@@ -45,6 +45,7 @@ __all__ = [
     "Tensor",
     "arange",
     "autodiff",
+    "device",
     "enable_grad",
     "eye",
     "full",

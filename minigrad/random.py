@@ -56,3 +56,64 @@ def uniform(low: float = 0.0, high: float = 1.0, size=None, dtype="float32", dev
 def permutation(n: int, dtype="int32", device=None) -> Tensor:
     dev = as_device(device)
     return Tensor._wrap(dev.xp.asarray(_rng.permutation(int(n))).astype(as_dtype(dtype)), dev)
+
+
+# -- distributions with tensor parameters (MegEngine's gamma, beta, poisson) --------------------
+
+
+def _param_arrays(op: str, params: dict, size):
+    """Broadcast the parameters (numbers or Tensors) against each other, then put ``size`` in
+    front (MegEngine's rule: output shape ``size + broadcast(params)``); all must be positive.
+    Returns the device, the float dtype and the broadcast NumPy/CuPy arrays."""
+    dev = next((p._device for p in params.values() if isinstance(p, Tensor)), None)
+    dev = as_device(dev)
+    dtype = np.dtype(np.float32)
+    arrays = {}
+    for name, p in params.items():
+        if isinstance(p, Tensor):
+            if p._device != dev:
+                raise RuntimeError(f"random.{op}: {name} is on {p._device}, expected {dev}")
+            if p.dtype.kind == "f":
+                dtype = p.dtype
+            arr = p._data
+        else:
+            arr = dev.xp.asarray(float(p))
+        if arr.size and not bool((arr > 0).all()):
+            raise ValueError(f"random.{op}: {name} must be positive, got {p!r}")
+        arrays[name] = arr
+    shape = np.broadcast_shapes(*(a.shape for a in arrays.values()))
+    lead = () if size is None else ((int(size),) if np.isscalar(size) else tuple(size))
+    target = lead + shape
+    return dev, dtype, [dev.xp.broadcast_to(a, target) for a in arrays.values()]
+
+
+def _draw(dev, dtype, sample) -> Tensor:
+    with dev.context():
+        return Tensor._wrap(sample(get_rng(dev)).astype(dtype, copy=False), dev)
+
+
+def gamma(shape, scale=1, size=None) -> Tensor:
+    """Gamma(k = ``shape``, theta = ``scale``) samples, density ``x^(k-1) e^(-x/theta) /
+    (theta^k Gamma(k))``; parameters are positive numbers or Tensors. Output shape ``size +
+    broadcast(shape, scale)`` (MegEngine's rule: ``size`` is prepended), float32 unless a
+    parameter tensor is another float type.
+
+    Example::
+
+        mg.random.gamma(2.0, 1.0, size=(2, 2))  # mean shape * scale = 2
+    """
+    dev, dtype, (k, theta) = _param_arrays("gamma", {"shape": shape, "scale": scale}, size)
+    return _draw(dev, dtype, lambda rng: rng.gamma(k, theta))
+
+
+def beta(alpha, beta, size=None) -> Tensor:  # noqa: A002  (MegEngine's argument name)
+    """Beta(``alpha``, ``beta``) samples in (0, 1); shapes as in :func:`gamma`."""
+    dev, dtype, (a, b) = _param_arrays("beta", {"alpha": alpha, "beta": beta}, size)
+    return _draw(dev, dtype, lambda rng: rng.beta(a, b))
+
+
+def poisson(lam, size=None) -> Tensor:
+    """Poisson(``lam``) counts, as floats like MegEngine (float32 unless ``lam`` is another float
+    tensor); shapes as in :func:`gamma`."""
+    dev, dtype, (rate,) = _param_arrays("poisson", {"lam": lam}, size)
+    return _draw(dev, dtype, lambda rng: rng.poisson(rate))

@@ -9,9 +9,11 @@ API and a strict, length-checked header (a truncated file is detected before any
 
 Arbitrary Python objects are refused unless the caller opts in on both sides: ``save(...,
 pickle=True)`` stores them pickled, and ``load(..., allow_pickle=True)`` accepts such files (and
-legacy pickle checkpoints). Writes are atomic: a temporary file in the target directory is
-written, fsynced and renamed over the old file, so a crash mid-save leaves the previous
-checkpoint intact.
+legacy pickle checkpoints). Checkpoints written by MegEngine (pickles of NumPy arrays, containers
+and tensors) load without that opt-in through a restricted unpickler that cannot run code.
+
+Writes are atomic: a temporary file in the target directory is written, fsynced and renamed over
+the old file, so a crash mid-save leaves the previous checkpoint intact.
 
 Example::
 
@@ -37,6 +39,11 @@ from safetensors.numpy import save as _st_save
 
 from minigrad.backend.device import as_device
 from minigrad.backend.xp import to_numpy
+from minigrad.megengine_checkpoint import (
+    MegEngineCheckpointError,
+    RefusedPickleError,
+    load_megengine,
+)
 from minigrad.tensor import Parameter, Tensor
 
 FORMAT = "minigrad.checkpoint"
@@ -266,16 +273,7 @@ class _Decoder:
         return self.memo[key]
 
     def _tensor(self, node) -> Tensor:
-        saved = node.get("device", "cpu0")
-        target = self.map_device(saved)
-        try:
-            device = as_device(target)
-        except (ValueError, RuntimeError) as exc:
-            raise RuntimeError(
-                f"mg.load: {self.where} has a tensor saved on {saved}, which maps to {target!r} "
-                f"here, but that device is not usable ({exc}); pass map_location, e.g. "
-                f'map_location="cpu0"'
-            ) from None
+        device = _target_device(self.where, self.map_device, node.get("device", "cpu0"))
         cls = Parameter if node.get("parameter") else Tensor
 
         def make():
@@ -284,14 +282,55 @@ class _Decoder:
         return self._shared(("t", node["tensor"], str(device), cls.__name__), make)
 
 
-def load(f, map_location=None, allow_pickle: bool = False) -> Any:
-    """Load what ``save`` wrote, from a path or a readable binary file object.
+def _target_device(where: str, map_device, saved: str):
+    """The device a tensor saved on ``saved`` loads to, with a clear error when it is unusable."""
+    target = map_device(saved)
+    try:
+        return as_device(target)
+    except (ValueError, RuntimeError) as exc:
+        raise RuntimeError(
+            f"mg.load: {where} has a tensor saved on {saved}, which maps to {target!r} "
+            f"here, but that device is not usable ({exc}); pass map_location, e.g. "
+            f'map_location="cpu0"'
+        ) from None
+
+
+def _load_megengine(payload: bytes, where: str, map_location) -> Any:
+    """A pickle read by the restricted MegEngine reader (which never runs code from the file)."""
+    map_device = _device_mapper(map_location)
+
+    def make_tensor(array, saved: str, parameter: bool) -> Tensor:
+        return (Parameter if parameter else Tensor)(
+            array, device=_target_device(where, map_device, saved))
+
+    try:
+        return load_megengine(payload, make_tensor)
+    except RefusedPickleError as exc:
+        raise UnsafeCheckpointError(
+            f"mg.load: {where} is a pickle file that is not a plain MegEngine checkpoint: {exc}. "
+            "Pass allow_pickle=True only if you trust the file (unpickling can run arbitrary code)"
+        ) from None
+    except MegEngineCheckpointError as exc:
+        raise CheckpointError(f"mg.load: {where}: {exc}") from None
+
+
+def load(f, map_location=None, allow_pickle: bool = False, format: str | None = None) -> Any:  # noqa: A002
+    """Load what ``save`` wrote, or a MegEngine checkpoint, from a path or a binary file object.
 
     ``map_location`` moves tensors: a device name (``"cpu0"``), a dict mapping saved device
     prefixes to new ones (``{"gpu0": "cpu0"}``, ``{"gpu": "cpu"}``) or a callable
     ``saved_name -> new_name``. By default tensors return to the device they were saved from.
     NumPy arrays and Python values are returned as they were saved.
+
+    ``format="megengine"`` reads a file written by ``megengine.save`` (``.mge``) with a restricted
+    unpickler that rebuilds only NumPy arrays, plain containers and MegEngine tensors and refuses
+    everything else without running it (:mod:`minigrad.megengine_checkpoint`). With the default
+    ``format=None`` a pickle file (a MegEngine checkpoint or a legacy one) is read the same safe
+    way; ``allow_pickle=True`` unpickles it without restriction instead, for trusted files only.
+    ``format="minigrad"`` accepts only minigrad's own container.
     """
+    if format not in (None, "minigrad", "megengine"):
+        raise ValueError(f"mg.load: format must be None, 'minigrad' or 'megengine', got {format!r}")
     if hasattr(f, "read"):
         where = repr(getattr(f, "name", "<file object>"))
         payload = f.read()
@@ -302,6 +341,8 @@ def load(f, map_location=None, allow_pickle: bool = False) -> Any:
                 payload = handle.read()
         except FileNotFoundError:
             raise FileNotFoundError(f"mg.load: no checkpoint at {where}") from None
+    if format == "megengine":
+        return _load_megengine(payload, where, map_location)
     try:
         arrays = _st_load(payload)
         meta = _read_metadata(payload)
@@ -309,6 +350,8 @@ def load(f, map_location=None, allow_pickle: bool = False) -> Any:
         if payload[:2].startswith(_PICKLE_MAGIC[0]) or payload[:2] == _PICKLE_MAGIC[1]:
             if allow_pickle:
                 return _pickle.load(io.BytesIO(payload))
+            if format is None and payload.startswith(_PICKLE_MAGIC[0]):
+                return _load_megengine(payload, where, map_location)
             raise UnsafeCheckpointError(
                 f"mg.load: {where} looks like a pickle file; unpickling can run arbitrary code, "
                 "so it is refused. Pass allow_pickle=True only if you trust the file"

@@ -23,12 +23,20 @@ def is_cuda_available() -> bool:
 
 
 def get_device_count(device_type: str = "gpu") -> int:
-    """Number of devices of a kind: ``"gpu"`` counts CUDA devices, ``"cpu"`` is always 1."""
+    """Number of devices of a kind: ``"gpu"`` counts CUDA devices, ``"cpu"`` is always 1 (one
+    NumPy device using every core), ``"xpu"`` counts what ``xpux`` resolves to (the GPUs, else
+    the CPU); MegEngine's other accelerators (``"rocm"``, ``"cambricon"``, ``"atlas"``) have no
+    backend here and count 0."""
     if device_type == "cpu":
         return 1
+    if device_type == "xpu":
+        return get_device_count("gpu") or 1
+    if device_type in ("rocm", "cambricon", "atlas"):
+        return 0
     if device_type not in ("gpu", "cuda"):
         raise ValueError(
-            f"get_device_count: unknown device type {device_type!r}, expected 'gpu' or 'cpu'"
+            f"get_device_count: unknown device type {device_type!r}, expected 'gpu', 'cpu' or "
+            "'xpu'"
         )
     cp = cupy_or_none()
     if cp is None:

@@ -3,9 +3,13 @@
 Batching is the sampler's job (MegEngine semantics): each list of indices it yields becomes one
 batch: ``dataset[i]`` for each index, then ``transform.apply_batch``, then ``collator.apply``.
 With ``num_workers > 0`` batches are built in worker processes (fork on Linux) and handed back in
-sampler order. A worker's exception is re-raised in the main process with its original type and
-message plus the worker's traceback; ``timeout`` bounds the wait for each batch; workers are shut
-down on exhaustion, ``break`` (when the iterator is garbage collected), errors and interpreter exit.
+sampler order. A worker's exception is re-raised in the main process as MegEngine (and PyTorch) do:
+``RuntimeError("Caught ValueError in DataLoader worker process 0 ...")`` carrying the worker's
+original traceback, with the original exception (rebuilt when possible) as its ``__cause__``.
+``timeout`` bounds the wait for each batch, also for a ``StreamDataset``, whose items are then read
+by a helper thread so that a stream blocked in ``__iter__`` cannot hang the loader; workers are
+shut down on exhaustion, ``break`` (when the iterator is garbage collected), errors and
+interpreter exit.
 
 Example::
 
@@ -24,6 +28,7 @@ import pickle
 import queue
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -70,7 +75,8 @@ class DataLoader:
         collator: builds the batch (default :class:`Collator`); an object with ``apply`` or a
             callable taking the list of samples.
         num_workers: worker processes building batches (0: in the main process).
-        timeout: seconds to wait for one batch from the workers before raising (0: no limit).
+        timeout: seconds to wait for one batch (from the workers, or from a StreamDataset's
+            iterator) before raising (0: no limit).
         prefetch_factor: batches in flight per worker.
         worker_init_fn: called with the worker id at the start of each worker process.
     """
@@ -124,19 +130,85 @@ class DataLoader:
         return len(self.sampler)
 
     def _tasks(self) -> Iterator[tuple[str, list[Any]]]:
-        """("indices", [...]) per batch for map-style, ("samples", [...]) read from a stream."""
+        """("indices", [...]) per batch for map-style, ("samples", [...]) read from a stream (in a
+        helper thread when a timeout is set, so that a blocked stream cannot hang the caller)."""
         if self.stream:
-            for samples in self.sampler.batches(self.dataset):
-                yield "samples", samples
-        else:
-            for indices in self.sampler:
-                yield "indices", list(indices)
+            batches = (("samples", samples) for samples in self.sampler.batches(self.dataset))
+            return _TimedStream(batches, self.timeout) if self.timeout > 0 else batches
+        return (("indices", list(indices)) for indices in self.sampler)
 
     def __iter__(self) -> Iterator[Any]:
         tasks = self._tasks()
         if self.num_workers == 0:
             return (_build(self.dataset, self.transform, self.collator, t) for t in tasks)
         return _WorkerPool(self, tasks)
+
+
+def _read_stream(batches: Iterator[Any], out: queue.Queue, stop: threading.Event) -> None:
+    """Body of a ``_TimedStream`` thread: move batches into ``out`` until the stream ends or fails
+    or ``stop`` is set. It never references the ``_TimedStream`` itself, which can therefore be
+    garbage collected (and stop the thread) while the thread waits."""
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for batch in batches:
+            if not put(("batch", batch)):
+                return
+    except BaseException as exc:  # handed to the consumer, which raises it
+        put(("error", exc))
+        return
+    put(("end", None))
+
+
+class _TimedStream:
+    """Iterate a stream's batches with a bound on the wait for each: a daemon thread reads the
+    stream (a ``StreamDataset.__iter__`` may block forever on a socket or a pipe) and this side
+    waits for it at most ``timeout`` seconds, then raises a clear error."""
+
+    def __init__(self, batches: Iterator[Any], timeout: float) -> None:
+        self.timeout = timeout
+        self.queue: queue.Queue = queue.Queue(maxsize=2)
+        self.stop = threading.Event()
+        # started on the first next() so that worker processes are forked before it exists
+        self.thread = threading.Thread(target=_read_stream, args=(batches, self.queue, self.stop),
+                                       daemon=True, name="minigrad-stream-reader")
+        self.done = False
+
+    def __iter__(self) -> _TimedStream:
+        return self
+
+    def __next__(self) -> Any:
+        if self.done:
+            raise StopIteration
+        if self.thread.ident is None:
+            self.thread.start()
+        try:
+            kind, value = self.queue.get(timeout=self.timeout)
+        except queue.Empty:
+            raise RuntimeError(
+                f"DataLoader timed out after {self.timeout:g}s waiting for the StreamDataset to "
+                "produce samples; raise timeout= or check the stream for blocking reads"
+            ) from None
+        if kind == "batch":
+            return value
+        self.done = True
+        self.close()
+        if kind == "error":
+            raise value
+        raise StopIteration
+
+    def close(self) -> None:
+        self.stop.set()
+
+    def __del__(self) -> None:
+        self.stop.set()
 
 
 def _build(dataset: Any, transform: Any, collator: Any, task: tuple[str, list[Any]]) -> Any:
@@ -162,16 +234,14 @@ class _WorkerError:
 
     def reraise(self) -> None:
         msg = (
-            f"{self.message}\n\n[{self.type_name} raised in DataLoader worker {self.worker_id} "
-            f"(pid {self.pid})]\nOriginal traceback:\n{self.text}"
+            f"Caught {self.type_name} in DataLoader worker process {self.worker_id} "
+            f"(pid {self.pid}).\nOriginal {self.text}"
         )
-        try:
-            err = self.exc_type(msg) if self.exc_type is not None else None
+        try:  # the original exception, when its type can be rebuilt from the message alone
+            cause = self.exc_type(self.message) if self.exc_type is not None else None
         except Exception:
-            err = None
-        if not isinstance(err, BaseException):
-            err = RuntimeError(f"{self.type_name}: {msg}")
-        raise err
+            cause = None
+        raise RuntimeError(msg) from (cause if isinstance(cause, BaseException) else None)
 
 
 def _worker_loop(
@@ -314,6 +384,8 @@ class _WorkerPool:
         if self.closed:
             return
         self.closed = True
+        if isinstance(self.tasks, _TimedStream):
+            self.tasks.close()
         for q in self.index_qs:
             try:
                 q.put(None)

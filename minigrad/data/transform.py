@@ -33,6 +33,14 @@ __all__ = [
     "CenterCrop",
     "RandomHorizontalFlip",
     "Resize",
+    "PseudoTransform",
+    "RandomVerticalFlip",
+    "RandomResizedCrop",
+    "BrightnessTransform",
+    "ContrastTransform",
+    "SaturationTransform",
+    "HueTransform",
+    "ColorJitter",
 ]
 
 
@@ -273,7 +281,7 @@ class RandomHorizontalFlip(VisionTransform):
     def __init__(self, prob: float = 0.5, order: Sequence[str] | None = None) -> None:
         super().__init__(order)
         if not 0.0 <= prob <= 1.0:
-            raise ValueError(f"RandomHorizontalFlip: prob must be in [0, 1], got {prob}")
+            raise ValueError(f"{type(self).__name__}: prob must be in [0, 1], got {prob}")
         self.prob = float(prob)
 
     def _params(self, image: np.ndarray) -> bool:
@@ -348,3 +356,197 @@ class Resize(VisionTransform):
 
     def _apply_mask(self, mask: np.ndarray, params: Any) -> np.ndarray:
         return _resize(mask, *self._shape(*mask.shape[:2]), "nearest")
+
+
+# -- MegEngine's other transforms: identity, vertical flip, random resized crop, colour jitter ----
+
+
+class PseudoTransform(Transform):
+    """The identity: every sample passes unchanged (where an API requires some transform)."""
+
+    def apply(self, input: Any) -> Any:
+        return input
+
+
+class RandomVerticalFlip(RandomHorizontalFlip):
+    """Mirror the H axis with probability ``prob``."""
+
+    def _apply_image(self, image: np.ndarray, flip: bool) -> np.ndarray:
+        return image[::-1].copy() if flip else image
+
+    _apply_mask = _apply_image
+
+
+_CV2_INTERPOLATION = {0: "nearest", 1: "bilinear"}  # cv2.INTER_NEAREST, cv2.INTER_LINEAR
+
+
+class RandomResizedCrop(VisionTransform):
+    """Crop a random area (a ``scale_range`` fraction of the image, aspect ratio drawn
+    log-uniformly from ``ratio_range``) and resize it to ``output_size`` (the Inception-style
+    augmentation). After 10 draws that do not fit, the central crop closest to ``ratio_range`` is
+    used. ``interpolation``: ``"bilinear"`` or ``"nearest"`` (or OpenCV's codes 1 and 0); masks use
+    nearest."""
+
+    def __init__(self, output_size: int | Sequence[int], scale_range=(0.08, 1.0),
+                 ratio_range=(3.0 / 4, 4.0 / 3), interpolation: str | int = "bilinear",
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        self.output_size = _pair("output_size", "RandomResizedCrop", output_size)
+        for name, (lo, hi) in (("scale_range", scale_range), ("ratio_range", ratio_range)):
+            if not 0 < lo <= hi:
+                raise ValueError(f"RandomResizedCrop: {name} must be (min, max) with "
+                                 f"0 < min <= max, got {(lo, hi)}")
+        self.scale_range, self.ratio_range = tuple(scale_range), tuple(ratio_range)
+        interp = _CV2_INTERPOLATION.get(interpolation, interpolation)
+        if interp not in ("bilinear", "nearest"):
+            raise ValueError(f"RandomResizedCrop: interpolation must be 'bilinear' or 'nearest', "
+                             f"got {interpolation!r}")
+        self.interpolation = interp
+
+    def _params(self, image: np.ndarray) -> tuple[int, int, int, int]:
+        h, w = image.shape[:2]
+        log_ratio = (np.log(self.ratio_range[0]), np.log(self.ratio_range[1]))
+        for _ in range(10):
+            area = np.random.uniform(*self.scale_range) * h * w
+            ratio = np.exp(np.random.uniform(*log_ratio))
+            cw, ch = int(round(np.sqrt(area * ratio))), int(round(np.sqrt(area / ratio)))
+            if 0 < cw <= w and 0 < ch <= h:
+                return np.random.randint(0, w - cw + 1), np.random.randint(0, h - ch + 1), cw, ch
+        ratio = w / h  # fallback: the whole image, trimmed to the nearest allowed aspect ratio
+        cw, ch = w, h
+        if ratio < self.ratio_range[0]:
+            ch = int(round(w / self.ratio_range[0]))
+        elif ratio > self.ratio_range[1]:
+            cw = int(round(h * self.ratio_range[1]))
+        return (w - cw) // 2, (h - ch) // 2, cw, ch
+
+    def _crop_resize(self, image: np.ndarray, box, interpolation: str) -> np.ndarray:
+        x, y, cw, ch = box
+        return _resize(image[y:y + ch, x:x + cw], *self.output_size, interpolation)
+
+    def _apply_image(self, image: np.ndarray, box) -> np.ndarray:
+        return self._crop_resize(image, box, self.interpolation)
+
+    def _apply_mask(self, mask: np.ndarray, box) -> np.ndarray:
+        return self._crop_resize(mask, box, "nearest")
+
+
+def _gray(image: np.ndarray) -> np.ndarray:
+    """Luma of an HWC image in OpenCV's BGR channel order (one channel: itself), float32, HW1."""
+    img = image.astype(np.float32)
+    if img.ndim == 2 or img.shape[-1] == 1:
+        return img.reshape(img.shape[:2] + (1,))
+    return (img[..., :3] @ np.array([0.114, 0.587, 0.299], np.float32))[..., None]
+
+
+def _to_dtype(image: np.ndarray, dtype) -> np.ndarray:
+    """Clip to [0, 255] (MegEngine's colour transforms assume 8-bit ranges) and cast back,
+    rounding for integer types."""
+    image = np.clip(image, 0, 255)
+    return (np.rint(image) if np.issubdtype(dtype, np.integer) else image).astype(dtype)
+
+
+class _Jitter(VisionTransform):
+    """A colour transform that draws one factor per sample from ``[max(0, 1 - v), 1 + v]``."""
+
+    def __init__(self, value: float, order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        if value < 0:
+            raise ValueError(f"{type(self).__name__}: value must be >= 0, got {value}")
+        self.value = float(value)
+
+    def _params(self, image: np.ndarray) -> float:
+        return float(np.random.uniform(max(0.0, 1 - self.value), 1 + self.value))
+
+    def _apply_image(self, image: np.ndarray, alpha: float) -> np.ndarray:
+        if self.value == 0:
+            return image
+        return _to_dtype(self._blend(image.astype(np.float32), alpha), image.dtype)
+
+
+class BrightnessTransform(_Jitter):
+    """Scale the image by a factor from ``[max(0, 1 - value), 1 + value]``."""
+
+    def _blend(self, image: np.ndarray, alpha: float) -> np.ndarray:
+        return image * alpha
+
+
+class ContrastTransform(_Jitter):
+    """Blend the image with its mean grey level, weight from ``[max(0, 1 - value), 1 + value]``."""
+
+    def _blend(self, image: np.ndarray, alpha: float) -> np.ndarray:
+        return image * alpha + _gray(image).mean() * (1 - alpha)
+
+
+class SaturationTransform(_Jitter):
+    """Blend the image with its grey version, weight from ``[max(0, 1 - value), 1 + value]``."""
+
+    def _blend(self, image: np.ndarray, alpha: float) -> np.ndarray:
+        return image * alpha + _gray(image) * (1 - alpha)
+
+
+def _shift_hue(image: np.ndarray, turn: float) -> np.ndarray:
+    """Rotate the hue of a BGR image by ``turn`` of a full circle, keeping saturation and value
+    (HSV computed in float, per pixel)."""
+    bgr = image[..., :3].astype(np.float64)
+    b, g, r = bgr[..., 0], bgr[..., 1], bgr[..., 2]
+    v = bgr.max(-1)
+    c = v - bgr.min(-1)
+    safe = np.where(c > 0, c, 1.0)
+    h = np.where(v == r, (g - b) / safe, np.where(v == g, 2 + (b - r) / safe, 4 + (r - g) / safe))
+    h = ((h / 6.0 + turn) % 1.0) * 6.0
+    # back to RGB: each channel is v - c * clip(min(k, 4 - k), 0, 1) with k = (n + h) mod 6
+    out = np.empty_like(bgr)
+    for channel, n in ((2, 5.0), (1, 3.0), (0, 1.0)):  # r, g, b in BGR order
+        k = (n + h) % 6
+        out[..., channel] = v - c * np.clip(np.minimum(k, 4 - k), 0, 1)
+    result = image.astype(np.float64).copy()
+    result[..., :3] = out
+    return result
+
+
+class HueTransform(VisionTransform):
+    """Rotate the hue (of a 3-channel BGR image) by a fraction of a full turn drawn from
+    ``[-value, value]``, ``value`` in [0, 0.5]; grey images pass through."""
+
+    def __init__(self, value: float, order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        if not 0 <= value <= 0.5:
+            raise ValueError(f"HueTransform: value must be in [0, 0.5], got {value}")
+        self.value = float(value)
+
+    def _params(self, image: np.ndarray) -> float:
+        return float(np.random.uniform(-self.value, self.value))
+
+    def _apply_image(self, image: np.ndarray, turn: float) -> np.ndarray:
+        if self.value == 0 or image.ndim != 3 or image.shape[-1] < 3:
+            return image
+        return _to_dtype(_shift_hue(image, turn), image.dtype)
+
+
+class ColorJitter(VisionTransform):
+    """Randomly change brightness, contrast, saturation and hue, in a random order per sample;
+    each argument is the ``value`` of the corresponding transform (0 leaves it out).
+
+    Example::
+
+        t = ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
+    """
+
+    def __init__(self, brightness: float = 0, contrast: float = 0, saturation: float = 0,
+                 hue: float = 0, order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        self.brightness, self.contrast, self.saturation, self.hue = (
+            brightness, contrast, saturation, hue)
+        parts = ((BrightnessTransform, brightness), (ContrastTransform, contrast),
+                 (SaturationTransform, saturation), (HueTransform, hue))
+        self._parts = [cls(value) for cls, value in parts if value != 0]
+
+    def _params(self, image: np.ndarray) -> list:
+        order = np.random.permutation(len(self._parts))
+        return [(self._parts[i], self._parts[i]._params(image)) for i in order]
+
+    def _apply_image(self, image: np.ndarray, steps: list) -> np.ndarray:
+        for part, params in steps:
+            image = part._apply_image(image, params)
+        return image

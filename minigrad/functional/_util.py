@@ -99,6 +99,18 @@ def normalize_axis(axis, ndim: int, op: str):
     return tuple(out)
 
 
+def ntuple(value, n: int, name: str, op: str, cast=int) -> tuple:
+    """An op's per-axis argument: ``3`` -> ``(3,) * n``, a sequence (or Tensor) of ``n`` values
+    stays; another length is an error naming the op and the argument."""
+    if isinstance(value, Tensor):
+        value = value.numpy().tolist()
+    if isinstance(value, (tuple, list)):
+        if len(value) != n:
+            raise ValueError(f"{op}: {name} must be a number or {n} of them, got {value!r}")
+        return tuple(cast(v) for v in value)
+    return (cast(value),) * n
+
+
 __all__ = [
     "as_dtype",
     "as_tensor",
@@ -107,5 +119,6 @@ __all__ = [
     "check_compatible",
     "data",
     "normalize_axis",
+    "ntuple",
     "recording_backward",
 ]

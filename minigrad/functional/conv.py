@@ -280,11 +280,15 @@ def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
 def conv1d(inp, weight, bias=None, stride: int = 1, padding: int = 0, dilation: int = 1,
            groups: int = 1, conv_mode: str = "cross_correlation",
            compute_mode: str = "default") -> Tensor:
-    """1-D cross-correlation over (N, C, L): ``weight`` (out, in/groups, k), ``bias`` (1, out, 1)
-    or (out,). Runs as conv2d on a height-1 image."""
+    """1-D cross-correlation over (N, C, L): ``weight`` (out, in/groups, k) (or MegEngine's grouped
+    (groups, out/groups, in/groups, k)), ``bias`` (1, out, 1) or (out,). Runs as conv2d on a
+    height-1 image."""
     op = "conv1d"
     inp, weight = _f(inp), _f(weight)
     _check_input(op, inp, 3)
+    if weight.ndim == 4:  # MegEngine's grouped (groups, out/groups, in/groups, k)
+        weight = _group_weight(op, reshape(weight, weight.shape + (1,)), groups)
+        weight = reshape(weight, weight.shape[:3])
     if weight.ndim != 3:
         raise ValueError(
             f"{op}: expected a 3-D weight (out, in/groups, k), got shape {weight.shape}"

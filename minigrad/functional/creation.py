@@ -29,12 +29,24 @@ def ones(shape, dtype="float32", device=None) -> Tensor:
     return _make(lambda xp: xp.ones, dtype, device, _shape(shape))
 
 
-def full(shape, value, dtype="float32", device=None) -> Tensor:
+def full(shape, value, dtype=None, device=None) -> Tensor:
+    """A tensor of ``shape`` filled with ``value``. Without ``dtype`` the type follows the value as
+    in MegEngine: bool -> bool, int -> int32, float -> float32."""
+    if dtype is None:
+        dtype = "bool" if isinstance(value, (bool, np.bool_)) else (
+            "int32" if isinstance(value, (int, np.integer)) else "float32")
     return _make(lambda xp: xp.full, dtype, device, _shape(shape), value)
 
 
-def eye(n: int, m: int | None = None, dtype="float32", device=None) -> Tensor:
-    return _make(lambda xp: xp.eye, dtype, device, int(n), None if m is None else int(m))
+def eye(N, M: int | None = None, dtype="float32", device=None) -> Tensor:
+    """Ones on the main diagonal: ``eye(3)``, ``eye(2, 4)`` or MegEngine's ``eye((2, 4))`` (a
+    shape as the first argument)."""
+    if M is None and not isinstance(N, (int, np.integer)):
+        rows_cols = _shape(N)
+        if len(rows_cols) not in (1, 2):
+            raise ValueError(f"eye: shape must have 1 or 2 entries, got {rows_cols}")
+        N, M = rows_cols[0], rows_cols[-1]
+    return _make(lambda xp: xp.eye, dtype, device, int(N), None if M is None else int(M))
 
 
 def arange(start=0, stop=None, step=1, dtype="float32", device=None) -> Tensor:

@@ -549,3 +549,131 @@ def copy(x, device=None) -> Tensor:
     x = _t(x)
     dev = as_device(device) if device is not None else x._device
     return Copy()(x, dev)
+
+
+# -------------------------------------------------------------------------------------------------
+# more math (MegEngine's elemwise set): inverse trigonometric and hyperbolic functions, atan2,
+# logaddexp, logsigmoid and the integer shifts
+
+
+class _UnaryMath(Function):
+    """``y = fn(x)`` with ``dy/dx = deriv(x)``; ``deriv`` is written with Tensor ops, so the
+    backward is itself recorded (these ops are twice differentiable) and each op is one line."""
+
+    def forward(self, x, fn, deriv):
+        self.x, self.deriv = x, deriv
+        return fn(x.xp, x._data)
+
+    def backward(self, dy):
+        return dy * self.deriv(self.x), None, None
+
+
+def asin(x) -> Tensor:
+    """Inverse sine, defined on [-1, 1]."""
+    return _UnaryMath()(_f(x), lambda xp, d: xp.arcsin(d), lambda t: 1.0 / sqrt(1.0 - t * t))
+
+
+def acos(x) -> Tensor:
+    """Inverse cosine, defined on [-1, 1]."""
+    return _UnaryMath()(_f(x), lambda xp, d: xp.arccos(d), lambda t: -1.0 / sqrt(1.0 - t * t))
+
+
+def atan(x) -> Tensor:
+    """Inverse tangent."""
+    return _UnaryMath()(_f(x), lambda xp, d: xp.arctan(d), lambda t: 1.0 / (1.0 + t * t))
+
+
+def sinh(x) -> Tensor:
+    """Hyperbolic sine."""
+    return _UnaryMath()(_f(x), lambda xp, d: xp.sinh(d), cosh)
+
+
+def cosh(x) -> Tensor:
+    """Hyperbolic cosine."""
+    return _UnaryMath()(_f(x), lambda xp, d: xp.cosh(d), sinh)
+
+
+def asinh(x) -> Tensor:
+    """Inverse hyperbolic sine (accurate for negative ``x`` too, unlike ``log(x + sqrt(x²+1))``)."""
+    return _UnaryMath()(_f(x), lambda xp, d: xp.arcsinh(d), lambda t: 1.0 / sqrt(t * t + 1.0))
+
+
+def acosh(x) -> Tensor:
+    """Inverse hyperbolic cosine, defined for ``x >= 1``."""
+    return _UnaryMath()(_f(x), lambda xp, d: xp.arccosh(d), lambda t: 1.0 / sqrt(t * t - 1.0))
+
+
+def atanh(x) -> Tensor:
+    """Inverse hyperbolic tangent, defined on (-1, 1)."""
+    return _UnaryMath()(_f(x), lambda xp, d: xp.arctanh(d), lambda t: 1.0 / (1.0 - t * t))
+
+
+class Atan2(Function):
+    def forward(self, y, x):
+        self.y, self.x = y, x
+        return _xp(y, x).arctan2(data(y), data(x))
+
+    def backward(self, dz):
+        y, x = self.y, self.x
+        r2 = x * x + y * y
+        return dz * x / r2, -dz * y / r2
+
+
+def atan2(y, x) -> Tensor:
+    """The angle of the point ``(x, y)``: ``arctan(y / x)`` in the right quadrant, in [-pi, pi]."""
+    return Atan2()(*_float_args(y, x, "atan2"))
+
+
+class LogAddExp(Function):
+    """``log(exp(x) + exp(y))`` without overflow; the gradients are the softmax weights
+    ``sigmoid(x - y)`` and ``sigmoid(y - x)`` (even at ties, where a ``maximum``-based composition
+    would send the whole gradient to one side)."""
+
+    def forward(self, x, y):
+        self.x, self.y = x, y
+        return _xp(x, y).logaddexp(data(x), data(y))
+
+    def backward(self, dz):
+        d = self.x - self.y
+        return dz * sigmoid(d), dz * sigmoid(-d)
+
+
+def logaddexp(x, y) -> Tensor:
+    """``log(exp(x) + exp(y))``, stable for large arguments."""
+    return LogAddExp()(*_float_args(x, y, "logaddexp"))
+
+
+class LogSigmoid(Function):
+    def forward(self, x):
+        self.x = x
+        return -x.xp.logaddexp(0, -x._data).astype(x.dtype, copy=False)
+
+    def backward(self, dy):
+        return dy * sigmoid(-self.x)
+
+
+def logsigmoid(inp) -> Tensor:
+    """``log(sigmoid(x)) = -softplus(-x)``, computed without overflow for any ``x``."""
+    return LogSigmoid()(_f(inp))
+
+
+def left_shift(x, y) -> Tensor:
+    """Bitwise ``x << y`` on integer tensors (not differentiable)."""
+    return _raw(lambda xp, a, b: xp.left_shift(a, b), x, y, op="left_shift")
+
+
+def right_shift(x, y) -> Tensor:
+    """Bitwise (arithmetic) ``x >> y`` on integer tensors (not differentiable)."""
+    return _raw(lambda xp, a, b: xp.right_shift(a, b), x, y, op="right_shift")
+
+
+def _float_args(a, b, op: str):
+    """Coerce a binary float op's operands: integer tensors become float32 (MegEngine's rule for
+    float math), Python numbers stay numbers."""
+    a, b = binary_args(a, b, op)
+    return tuple(_f(t) if isinstance(t, Tensor) else t for t in (a, b))
+
+
+def _xp(a, b):
+    """The array module of whichever operand is a Tensor."""
+    return a.xp if isinstance(a, Tensor) else b.xp

@@ -7,8 +7,18 @@ import re
 import numpy as np
 
 from minigrad.autodiff.function import Function
-from minigrad.functional._util import binary_args, check_compatible
-from minigrad.functional.shape import broadcast_to, expand_dims, reshape, swapaxes
+from minigrad.functional._util import binary_args, check_compatible, recording_backward
+from minigrad.functional.creation import zeros_like
+from minigrad.functional.shape import (
+    broadcast_to,
+    concat,
+    expand_dims,
+    getitem,
+    reshape,
+    stack,
+    swapaxes,
+    transpose,
+)
 from minigrad.tensor import Tensor
 
 
@@ -97,11 +107,14 @@ class Einsum(Function):
 
 
 def einsum(spec: str, *operands) -> Tensor:
-    """Einstein summation with an explicit ``->`` output (e.g. ``"bij,bjk->bik"``); no repeated
-    subscripts within one operand."""
+    """Einstein summation (e.g. ``"bij,bjk->bik"``); no repeated subscripts within one operand.
+    Without ``->`` the output follows NumPy's implicit rule: the letters used exactly once, in
+    alphabetical order (``"ij,jk"`` is ``"ij,jk->ik"``, ``"ij"`` is a no-op, ``"ji"`` transposes).
+    """
     spec = spec.replace(" ", "")
     if "->" not in spec:
-        raise ValueError(f"einsum: spec {spec!r} needs an explicit '->' output")
+        letters = spec.replace(",", "")
+        spec += "->" + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
     ins, out = spec.split("->")
     terms = ins.split(",")
     if len(terms) != len(operands):
@@ -118,3 +131,80 @@ def einsum(spec: str, *operands) -> Tensor:
             if sizes.setdefault(c, n) != n:
                 raise ValueError(f"einsum: subscript {c!r} has sizes {sizes[c]} and {n}")
     return Einsum()(spec, *xs)
+
+
+# --------------------------------------------------------------------------------------------------
+# MegEngine's other linear algebra: cross and matinv
+
+
+def cross(a, b, axisa: int = -1, axisb: int = -1, axisc: int = -1, axis: int | None = None):
+    """Cross product of (batches of) 3-vectors along ``axisa``/``axisb``, written along ``axisc``
+    (``axis`` sets all three). A 2-vector is read as ``(x, y, 0)``, so the result always has 3
+    components. Batch axes broadcast. Differentiable.
+
+    Example::
+
+        F.cross(mg.tensor([1.0, 2.0, 3.0]), mg.tensor([4.0, 5.0, 6.0]))  # [-3., 6., -3.]
+    """
+    if axis is not None:
+        axisa = axisb = axisc = axis
+    a, b = binary_args(a, b, "cross", broadcast=False)
+    u, v = (_as_3vectors(t, ax, name) for t, ax, name in ((a, axisa, "a"), (b, axisb, "b")))
+    check_compatible("cross", u, v)
+    comp = [[getitem(t, (Ellipsis, i)) for i in range(3)] for t in (u, v)]
+    (u0, u1, u2), (v0, v1, v2) = comp
+    c = stack([u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0], axis=-1)
+    if not -c.ndim <= axisc < c.ndim:
+        raise ValueError(f"cross: axisc {axisc} is out of range for a result of rank {c.ndim}")
+    return _move_last_to(c, axisc % c.ndim)
+
+
+def _as_3vectors(t: Tensor, axis: int, name: str) -> Tensor:
+    if not -t.ndim <= axis < t.ndim:
+        raise ValueError(f"cross: axis {axis} is out of range for {name} of shape {t.shape}")
+    t = _move_last_to(t, axis % t.ndim, to_last=True)
+    if t.shape[-1] == 2:
+        return concat([t, zeros_like(getitem(t, (Ellipsis, slice(0, 1))))], axis=-1)
+    if t.shape[-1] != 3:
+        raise ValueError(f"cross: {name} has {t.shape[-1]} components along its vector axis "
+                         f"(shape {t.shape}), expected 2 or 3")
+    return t
+
+
+def _move_last_to(t: Tensor, axis: int, to_last: bool = False) -> Tensor:
+    """Move the last axis to ``axis`` (or ``axis`` to the end with ``to_last``)."""
+    order = list(range(t.ndim))
+    if to_last:
+        order.append(order.pop(axis))
+    else:
+        order.insert(axis, order.pop())
+    return transpose(t, order) if order != list(range(t.ndim)) else t
+
+
+class MatInv(Function):
+    """Batched matrix inverse; ``d(A^-1) = -A^-1 dA A^-1``, so ``dA = -Y^T dY Y^T``."""
+
+    def forward(self, x):
+        self.x = x
+        self.y = x.xp.linalg.inv(x._data)
+        return self.y
+
+    def backward(self, dy):
+        y = matinv(self.x) if recording_backward() else Tensor._wrap(self.y, dy._device)
+        yt = swapaxes(y, -1, -2)
+        return -matmul(matmul(yt, dy), yt)
+
+
+def matinv(inp) -> Tensor:
+    """Inverse of each square matrix in ``inp`` (..., n, n). Integer input becomes float32.
+
+    Example::
+
+        F.matinv(mg.tensor([[1.0, 0.0], [1.0, 1.0]]))  # [[1., 0.], [-1., 1.]]
+    """
+    x = inp if isinstance(inp, Tensor) else Tensor(inp)
+    if x.dtype.kind != "f":
+        x = x.astype("float32")
+    if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"matinv: expected square matrices (..., n, n), got shape {x.shape}")
+    return MatInv()(x)

@@ -325,15 +325,31 @@ from minigrad.functional.conv import (  # noqa: E402
     conv_transpose2d,
     max_pool2d,
 )
+from minigrad.functional.elementwise import logsigmoid  # noqa: E402
 from minigrad.functional.loss import (  # noqa: E402
     binary_cross_entropy,
     cross_entropy,
+    ctc_loss,
+    hinge_loss,
     l1_loss,
     mse_loss,
     square_loss,
     topk_accuracy,
 )
-from minigrad.functional.normalization import batch_norm, group_norm, layer_norm  # noqa: E402
+from minigrad.functional.normalization import (  # noqa: E402
+    batch_norm,
+    group_norm,
+    instance_norm,
+    layer_norm,
+)
+from minigrad.functional.shape import pad, pixel_shuffle  # noqa: E402
+from minigrad.functional.sliding_window import (  # noqa: E402
+    conv3d,
+    local_conv2d,
+    sliding_window,
+    sliding_window_transpose,
+)
+from minigrad.functional.vision import remap, warp_affine, warp_perspective  # noqa: E402
 
 __all__ = [
     "adaptive_avg_pool2d",
@@ -342,31 +358,44 @@ __all__ = [
     "binary_cross_entropy",
     "conv1d",
     "conv2d",
+    "conv3d",
     "conv_transpose2d",
     "cross_entropy",
+    "ctc_loss",
     "dropout",
     "embedding",
     "gelu",
     "group_norm",
+    "hinge_loss",
     "hsigmoid",
     "hswish",
+    "instance_norm",
     "l1_loss",
     "layer_norm",
     "leaky_relu",
     "linear",
+    "local_conv2d",
     "log_softmax",
+    "logsigmoid",
     "logsoftmax",
     "max_pool2d",
     "mse_loss",
     "multi_head_attention",
     "one_hot",
+    "pad",
+    "pixel_shuffle",
     "relu",
     "relu6",
+    "remap",
     "scaled_dot_product_attention",
     "sigmoid",
     "silu",
+    "sliding_window",
+    "sliding_window_transpose",
     "softmax",
     "softplus",
     "square_loss",
     "topk_accuracy",
+    "warp_affine",
+    "warp_perspective",
 ]

@@ -15,7 +15,7 @@ from minigrad.functional.reduction import mean
 from minigrad.functional.shape import reshape
 from minigrad.tensor import Tensor
 
-__all__ = ["batch_norm", "group_norm", "layer_norm"]
+__all__ = ["batch_norm", "group_norm", "instance_norm", "layer_norm"]
 
 
 class Normalize(Function):
@@ -167,4 +167,27 @@ def group_norm(inp, num_groups: int, affine: bool = True, weight=None, bias=None
             out = out * w
         if b is not None:
             out = out + b
+    return out
+
+
+def instance_norm(inp, affine: bool = True, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+    """Normalise each channel of each sample over its spatial axes (``group_norm`` with one group
+    per channel); with ``affine`` scale and shift by the per-channel ``weight``/``bias`` ((C,) or
+    (1, C, 1, ...)), which MegEngine then requires.
+
+    Example::
+
+        y = F.nn.instance_norm(x, affine=False)  # x (N, C, H, W): every y[n, c] has mean 0, var 1
+    """
+    op = "instance_norm"
+    inp = _f(inp)
+    if inp.ndim < 3:
+        raise ValueError(f"{op}: expected an input (N, C, spatial...), got shape {inp.shape}")
+    if affine and (weight is None or bias is None):
+        raise ValueError(f"{op}: affine=True needs both weight and bias")
+    out, _, _ = _normalize(inp, tuple(range(2, inp.ndim)), eps)
+    if affine:
+        c = inp.shape[1]
+        out = out * _channel_param(op, "weight", weight, c, inp.ndim, inp)
+        out = out + _channel_param(op, "bias", bias, c, inp.ndim, inp)
     return out

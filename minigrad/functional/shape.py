@@ -287,17 +287,13 @@ class Split(Function):
 
 
 def split(x, nsplits_or_sections, axis: int = 0) -> list:
-    """Split into ``n`` equal parts (int) or at the given indices (list), MegEngine style."""
+    """Split into ``n`` parts (int) or at the given indices (list), MegEngine style: ``n`` parts
+    of sizes ``ceil`` then ``floor`` of ``size / n`` (20 rows in 3 parts: 7, 7, 6)."""
     x = _t(x)
     (axis,) = normalize_axis(axis, x.ndim, "split")
     size = x.shape[axis]
     if isinstance(nsplits_or_sections, int):
-        n = nsplits_or_sections
-        if n <= 0 or size % n:
-            raise ValueError(
-                f"split: axis {axis} of size {size} cannot be split into {n} equal parts"
-            )
-        points = [size // n * i for i in range(1, n)]
+        points = _split_points(size, nsplits_or_sections, axis)
     else:
         points = list(nsplits_or_sections)
     bounds = [0] + points + [size]
@@ -316,13 +312,17 @@ class Pad(Function):
 
 
 def pad(x, pad_width, mode: str = "constant", constant_value: float = 0.0) -> Tensor:
-    """Constant padding; ``pad_width`` is ((before, after), ...) per axis."""
+    """Pad the leading axes by ``pad_width`` = ((before, after), ...) (axes it does not list are
+    left alone). ``mode`` is ``"constant"`` (fill
+    with ``constant_value``), ``"reflect"`` (mirror without repeating the edge: ``3 2 | 1 2 3``) or
+    ``"replicate"``/``"edge"`` (repeat the edge value)."""
     x = _t(x)
-    if mode != "constant":
-        raise NotImplementedError(f"pad: mode {mode!r} is not supported (only 'constant')")
     pw = tuple((int(a), int(b)) for a, b in pad_width)
-    if len(pw) != x.ndim:
+    if len(pw) > x.ndim:
         raise ValueError(f"pad: pad_width has {len(pw)} entries for a tensor of rank {x.ndim}")
+    pw += ((0, 0),) * (x.ndim - len(pw))  # MegEngine: unlisted trailing axes are not padded
+    if mode.lower() != "constant":
+        return _pad_by_index(x, pw, mode)
     return Pad()(x, pw, constant_value)
 
 
@@ -472,3 +472,130 @@ def topk(x, k: int, descending: bool = False, kth_only: bool = False, no_sort: b
     if kth_only:
         return squeeze(vals, -1), squeeze(idx, -1)
     return vals, idx
+
+
+# -------------------------------------------------------------------------------------------------
+# MegEngine's other tensor ops: roll, cond_take, non_zero, diag, pixel_shuffle, and the helpers of
+# split's and pad's MegEngine semantics
+
+
+def _split_points(size: int, n: int, axis: int) -> list:
+    """Cut points of ``n`` parts whose sizes are ``ceil((size - i) / n)`` (array_split's rule)."""
+    if not 0 < n <= max(size, 1):
+        raise ValueError(f"split: axis {axis} of size {size} cannot be split into {n} parts")
+    points, start = [], 0
+    for i in range(n - 1):
+        start += (size + n - i - 1) // n
+        points.append(start)
+    return points
+
+
+def _pad_by_index(x: Tensor, pad_width: tuple, mode: str) -> Tensor:
+    """Reflect/replicate padding as one gather per padded axis: the source index of every output
+    position is NumPy's padding of ``arange(n)``, so the gradient (getitem's scatter-add) sums the
+    mirrored copies back onto the input."""
+    np_mode = {"reflect": "reflect", "replicate": "edge", "edge": "edge"}.get(mode.lower())
+    if np_mode is None:
+        raise ValueError(
+            f"pad: mode must be 'constant', 'reflect', 'replicate' or 'edge', got {mode!r}"
+        )
+    for axis, (lo, hi) in enumerate(pad_width):
+        if lo == hi == 0:
+            continue
+        n = x.shape[axis]
+        if n == 0 or (np_mode == "reflect" and n == 1):
+            raise ValueError(f"pad: cannot {mode}-pad axis {axis} of size {n}")
+        src = x.xp.pad(x.xp.arange(n), (lo, hi), mode=np_mode)
+        x = getitem(x, (slice(None),) * axis + (src,))
+    return x
+
+
+def roll(inp, shift, axis=None) -> Tensor:
+    """Shift elements along ``axis`` (ints or tuples of equal length), wrapping around; with
+    ``axis=None`` the flattened tensor is rolled and reshaped back. Differentiable.
+
+    Example::
+
+        F.roll(mg.tensor([[1, 2], [3, 4], [5, 6]]), 1, 0)  # [[5, 6], [1, 2], [3, 4]]
+    """
+    x = _t(inp)
+    shape = x.shape
+    if axis is None:
+        x, axis = flatten(x), 0
+    shifts = (shift,) if isinstance(shift, int) else tuple(shift)
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    if len(shifts) != len(axes):
+        raise ValueError(f"roll: {len(shifts)} shifts given for {len(axes)} axes")
+    for s, a in zip(shifts, normalize_axis(axes, x.ndim, "roll")):
+        n = x.shape[a]
+        s = int(s) % n if n else 0
+        if s:
+            lead = (slice(None),) * a
+            x = concat([getitem(x, lead + (slice(n - s, n),)),  # the last s move to the front
+                        getitem(x, lead + (slice(0, n - s),))], a)
+    return reshape(x, shape)
+
+
+def cond_take(mask, x):
+    """``(values, indices)``: the elements of ``x`` where the bool ``mask`` (same shape) is true,
+    and their int32 positions in the flattened tensor. ``values`` is differentiable.
+
+    Example::
+
+        v, i = F.cond_take(x > 0, x)  # both 1-D
+    """
+    x, mask = _t(x), _t(mask)
+    if mask.dtype.kind != "b":
+        raise TypeError(f"cond_take: mask must be a bool tensor, got dtype {mask.dtype}")
+    if mask.shape != x.shape:
+        raise ValueError(f"cond_take: mask shape {mask.shape} differs from input shape {x.shape}")
+    check_compatible("cond_take", x, mask, broadcast=False)
+    index = x.xp.flatnonzero(mask._data).astype("int32")
+    return getitem(flatten(x), index), Tensor._wrap(index, x._device)
+
+
+def non_zero(condition, as_tuple: bool = False):
+    """int32 indices of the non-zero elements of ``condition`` in C order: a ``(count, ndim)``
+    tensor, or with ``as_tuple=True`` one 1-D tensor per axis (``numpy.nonzero``'s form)."""
+    c = _t(condition)
+    per_axis = [Tensor._wrap(i.astype("int32"), c._device) for i in c.xp.nonzero(c._data)]
+    if as_tuple:
+        return tuple(per_axis)
+    return Tensor._wrap(c.xp.stack([t._data for t in per_axis], axis=1), c._device)
+
+
+def diag(inp, k: int = 0) -> Tensor:
+    """A 1-D tensor becomes the ``k``-th diagonal of a square matrix (zeros elsewhere); a 2-D
+    tensor gives its ``k``-th diagonal (``k > 0`` above the main one). Differentiable."""
+    x = _t(inp)
+    k = int(k)
+    xp = x.xp
+    if x.ndim == 1:
+        n = x.shape[0]
+        m = n + abs(k)
+        rows = xp.arange(n) + max(-k, 0)
+        return IndexAdd()(x, (m, m), (rows, rows + k))
+    if x.ndim != 2:
+        raise ValueError(f"diag: expected a 1-D or 2-D tensor, got shape {x.shape}")
+    rows, cols = x.shape
+    length = max(0, min(rows + min(k, 0), cols - max(k, 0)))
+    start = xp.arange(length)
+    return getitem(x, (start + max(-k, 0), start + max(k, 0)))
+
+
+def pixel_shuffle(inp, upscale_factor: int) -> Tensor:
+    """Rearrange ``(..., C*r*r, H, W)`` into ``(..., C, H*r, W*r)`` (sub-pixel convolution's
+    upsampling): output pixel ``(h*r + i, w*r + j)`` of channel ``c`` is input channel
+    ``c*r*r + i*r + j`` at ``(h, w)``."""
+    x = _t(inp)
+    r = int(upscale_factor)
+    if x.ndim < 3 or r < 1 or x.shape[-3] % (r * r):
+        raise ValueError(
+            f"pixel_shuffle: expected (..., C*{r}*{r}, H, W) with upscale_factor >= 1, "
+            f"got shape {x.shape}"
+        )
+    *lead, c, h, w = x.shape
+    c //= r * r
+    y = reshape(x, (-1, c, r, r, h, w))
+    y = transpose(y, (0, 1, 4, 2, 5, 3))
+    return reshape(y, (*lead, c, h * r, w * r))

@@ -3,13 +3,20 @@
 from minigrad.module import init
 from minigrad.module.activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Softmax, Tanh
 from minigrad.module.attention import MultiHeadAttention
-from minigrad.module.conv import Conv1d, Conv2d, ConvTranspose2d
+from minigrad.module.conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d
 from minigrad.module.dropout import Dropout
+from minigrad.module.elemwise import Elemwise
 from minigrad.module.embedding import Embedding
 from minigrad.module.identity import Flatten, Identity
 from minigrad.module.linear import Linear
 from minigrad.module.module import HookHandler, Module
-from minigrad.module.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from minigrad.module.normalization import (
+    BatchNorm1d,
+    BatchNorm2d,
+    GroupNorm,
+    InstanceNorm,
+    LayerNorm,
+)
 from minigrad.module.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from minigrad.module.sequential import Sequential
 
@@ -21,13 +28,16 @@ __all__ = [
     "BatchNorm2d",
     "Conv1d",
     "Conv2d",
+    "Conv3d",
     "ConvTranspose2d",
     "Dropout",
+    "Elemwise",
     "Embedding",
     "Flatten",
     "GroupNorm",
     "HookHandler",
     "Identity",
+    "InstanceNorm",
     "LayerNorm",
     "LeakyReLU",
     "Linear",

@@ -1,8 +1,11 @@
-"""Convolution layers (NCHW): ``Conv1d``, ``Conv2d`` and ``ConvTranspose2d``.
+"""Convolution layers (NCHW): ``Conv1d``, ``Conv2d``, ``Conv3d`` and ``ConvTranspose2d``.
 
-Weights are stored ``(out, in // groups, *kernel)`` for convolutions and
-``(in, out // groups, *kernel)`` for the transposed one; biases have MegEngine's broadcastable
-shape ``(1, out, 1, 1)`` (``(1, out, 1)`` for Conv1d). Initialisation is PyTorch's default.
+Weights use MegEngine's layout, so MegEngine state_dicts load as they are: ``(out, in, *kernel)``
+for convolutions and ``(in, out, *kernel)`` for the transposed one, and with ``groups > 1`` a
+leading groups axis, ``(groups, out // groups, in // groups, *kernel)`` (transposed:
+``(groups, in // groups, out // groups, *kernel)``). Biases have MegEngine's broadcastable shape
+``(1, out, 1, 1)`` (``(1, out, 1)`` for Conv1d). Initialisation is PyTorch's default (Kaiming
+uniform with ``a = sqrt(5)`` over ``fan_in = in // groups * prod(kernel)``).
 """
 
 from __future__ import annotations
@@ -46,19 +49,26 @@ class _ConvNd(Module):
                 f"{layer}: in_channels ({self.in_channels}) and out_channels ({self.out_channels}) "
                 f"must both be divisible by groups ({self.groups})"
             )
+        g = self.groups
         if self._transposed:
-            wshape = (self.in_channels, self.out_channels // self.groups, *self.kernel_size)
+            per_group = (self.in_channels // g, self.out_channels // g)
         else:
-            wshape = (self.out_channels, self.in_channels // self.groups, *self.kernel_size)
+            per_group = (self.out_channels // g, self.in_channels // g)
+        wshape = ((g,) if g > 1 else ()) + per_group + self.kernel_size
         self.weight = Parameter(np.zeros(wshape, np.float32))
         bshape = (1, self.out_channels) + (1,) * n
         self.bias = Parameter(np.zeros(bshape, np.float32)) if bias else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.msra_uniform_(self.weight, a=math.sqrt(5))
+        # the fan is computed here rather than from the weight's shape, which a grouped layout
+        # and a dense 3-D kernel would make ambiguous
+        fan_in = self.in_channels // self.groups * math.prod(self.kernel_size)
+        if self._transposed:
+            fan_in = self.out_channels // self.groups * math.prod(self.kernel_size)
+        bound = init.calculate_gain("leaky_relu", math.sqrt(5)) * math.sqrt(3.0 / fan_in)
+        init.uniform_(self.weight, -bound, bound)
         if self.bias is not None:
-            fan_in, _ = init.calculate_fan_in_and_fan_out(self.weight)
             bound = 1.0 / math.sqrt(fan_in) if fan_in else 0.0
             init.uniform_(self.bias, -bound, bound)
 
@@ -107,13 +117,44 @@ class Conv2d(_ConvNd):
                         dilation=self.dilation, groups=self.groups)
 
 
+class Conv3d(_ConvNd):
+    """3-d convolution over ``(N, C, D, H, W)`` inputs."""
+
+    _nd = 3
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        return F.conv3d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                        dilation=self.dilation, groups=self.groups)
+
+
 class ConvTranspose2d(_ConvNd):
-    """Transposed 2-d convolution (the adjoint of ``Conv2d``; upsampling in decoders)."""
+    """Transposed 2-d convolution (the adjoint of ``Conv2d``; upsampling in decoders).
+
+    ``output_padding`` adds rows/columns at the bottom/right of the output, to pick among the
+    output sizes that a strided ``Conv2d`` maps onto the same input size: the output is
+    ``(H - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1``.
+
+    Example::
+
+        up = M.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1)
+        up(x).shape  # x (N, 16, 7, 7) -> (N, 8, 14, 14)
+    """
 
     _transposed = True
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 output_padding=0, dilation=1, groups: int = 1, bias: bool = True, **kwargs):
+        self.output_padding = _tuple(output_padding, 2, "output_padding", "ConvTranspose2d")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, **kwargs)
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x)
         return F.conv_transpose2d(x, self.weight, self.bias, stride=self.stride,
-                                  padding=self.padding, dilation=self.dilation,
-                                  groups=self.groups)
+                                  padding=self.padding, output_padding=self.output_padding,
+                                  dilation=self.dilation, groups=self.groups)
+
+    def extra_repr(self) -> str:
+        extra = f", output_padding={self.output_padding}" if any(self.output_padding) else ""
+        return super().extra_repr() + extra

@@ -43,12 +43,20 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
 
 
 def calculate_fan_in_and_fan_out(tensor: Tensor) -> tuple[int, int]:
-    """``(fan_in, fan_out)`` of a weight stored ``(out, in, *kernel)``."""
+    """``(fan_in, fan_out)`` of a weight stored ``(out, in, *kernel)``.
+
+    As in MegEngine, a weight of 5 or more dimensions is read as a grouped convolution
+    ``(groups, out/groups, in/groups, *kernel)`` and its fans are per group (PyTorch's fan_out
+    would count all groups). A dense 3-D convolution weight has 5 dimensions too; MegEngine's
+    rule misreads it the same way, which is why the conv layers compute their own fan.
+    """
     shape = tensor.shape
     if len(shape) < 2:
         raise ValueError(
             f"init: fan in/out need a weight with at least 2 dimensions, got shape {shape}"
         )
+    if len(shape) >= 5:
+        shape = shape[1:]
     receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
     return shape[1] * receptive, shape[0] * receptive
 

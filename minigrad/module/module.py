@@ -206,8 +206,10 @@ class Module:
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> "Module":
         """Copy values (NumPy arrays or Tensors) into the parameters and buffers by name.
 
-        With ``strict`` every name must match both ways; shape mismatches are always an error. All
-        problems are reported in one message, and nothing is modified unless everything checks out.
+        With ``strict`` every name must match both ways; shape mismatches are always an error,
+        except that a 1-D ``(C,)`` value fills a tensor whose other axes have size 1 (MegEngine
+        stores the ``(1, C, 1, 1)`` tensors of norm layers as ``(C,)``). All problems are reported
+        in one message, and nothing is modified unless everything checks out.
         """
         if not isinstance(state_dict, dict):
             raise TypeError(
@@ -228,6 +230,11 @@ class Module:
                 continue
             value = state_dict[name]
             shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
+            if shape != t.shape and len(shape) == 1 and _squeezed(shape) == _squeezed(t.shape):
+                # MegEngine's state_dict flattens norm layers' (1, C, 1, 1) tensors to (C,)
+                value = value.reshape(t.shape) if isinstance(value, Tensor) else np.reshape(
+                    value, t.shape)
+                shape = t.shape
             if shape != t.shape:
                 problems.append(f"shape mismatch for {name!r}: expected {t.shape}, got {shape}")
                 continue
@@ -255,6 +262,10 @@ class Module:
             body = repr(child).replace("\n", "\n  ")
             lines.append(f"  ({name}): {body}")
         return "\n".join(lines) + "\n)"
+
+
+def _squeezed(shape) -> tuple:
+    return tuple(n for n in shape if n != 1)
 
 
 def _is_buffer(obj) -> bool:

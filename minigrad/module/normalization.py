@@ -1,8 +1,10 @@
-"""Normalisation layers: ``BatchNorm1d/2d``, ``LayerNorm``, ``GroupNorm``.
+"""Normalisation layers: ``BatchNorm1d/2d``, ``LayerNorm``, ``GroupNorm``, ``InstanceNorm``.
 
 BatchNorm follows MegEngine: parameters and running statistics have shape ``(1, C, 1, 1)``, and in
 training ``running = momentum * running + (1 - momentum) * batch`` with ``momentum=0.9`` and the
-*unbiased* batch variance for ``running_var``.
+*unbiased* batch variance for ``running_var``. ``freeze=True`` (MegEngine's option for fine-tuning,
+e.g. detection backbones) always normalises with the running statistics, never updates them and
+sends no gradient to ``weight``/``bias``, in training too.
 """
 
 from __future__ import annotations
@@ -19,8 +21,15 @@ class _BatchNorm(Module):
     _expect = "(N, C, H, W)"
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.9,
-                 affine: bool = True, track_running_stats: bool = True, **kwargs):
+                 affine: bool = True, track_running_stats: bool = True, freeze: bool = False,
+                 **kwargs):
         super().__init__(**kwargs)
+        if freeze and not track_running_stats:
+            raise ValueError(
+                f"{type(self).__name__}: freeze=True needs track_running_stats=True (frozen "
+                "statistics are the running ones)"
+            )
+        self.freeze = bool(freeze)
         self.num_features = int(num_features)
         self.eps = float(eps)
         self.momentum = float(momentum)
@@ -52,9 +61,12 @@ class _BatchNorm(Module):
         shape = x.shape
         if x.ndim != 4:  # BatchNorm1d: (N, C) or (N, C, L) -> (N, C, L, 1)
             x = x.reshape(shape[0], shape[1], -1, 1)
-        use_batch_stats = self.training or not self.track_running_stats
+        use_batch_stats = (self.training or not self.track_running_stats) and not self.freeze
+        weight, bias = self.weight, self.bias
+        if self.freeze and self.affine:  # MegEngine: statistics and affine parameters are fixed
+            weight, bias = weight.detach(), bias.detach()
         y = F.batch_norm(
-            x, self.running_mean, self.running_var, self.weight, self.bias,
+            x, self.running_mean, self.running_var, weight, bias,
             training=use_batch_stats, momentum=self.momentum, eps=self.eps, inplace=True,
         )
         return y.reshape(shape) if len(shape) != 4 else y
@@ -137,3 +149,28 @@ class GroupNorm(Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class InstanceNorm(GroupNorm):
+    """Normalise each channel of each sample over its spatial axes, then scale and shift per
+    channel: ``GroupNorm`` with one group per channel (no running statistics).
+
+    Example::
+
+        norm = M.InstanceNorm(3)
+        norm(x)  # x (N, 3, H, W): every (n, c) plane gets mean 0 and variance 1
+    """
+
+    def __init__(self, num_channels: int, eps: float = 1e-5, affine: bool = True, **kwargs):
+        super().__init__(num_channels, num_channels, eps, affine, **kwargs)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim < 3 or x.shape[1] != self.num_channels:
+            raise ValueError(
+                f"InstanceNorm({self.num_channels}): expected input of shape "
+                f"(N, {self.num_channels}, H, W), got {tuple(x.shape)}"
+            )
+        return F.nn.instance_norm(x, self.affine, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_channels}, eps={self.eps}, affine={self.affine}"

@@ -14,7 +14,7 @@ FACTORIES = [
     ("zeros_empty", lambda **kw: F.zeros((0, 2), **kw), lambda dt: np.zeros((0, 2), dt)),
     ("ones", lambda **kw: F.ones((3,), **kw), lambda dt: np.ones(3, dt)),
     ("ones_scalar", lambda **kw: mg.ones((), **kw), lambda dt: np.ones((), dt)),
-    ("full", lambda **kw: F.full((2, 2), 7, **kw), lambda dt: np.full((2, 2), 7, dt)),
+    ("full", lambda **kw: F.full((2, 2), 7.0, **kw), lambda dt: np.full((2, 2), 7, dt)),
     ("eye", lambda **kw: F.eye(3, **kw), lambda dt: np.eye(3, dtype=dt)),
     ("eye_rect", lambda **kw: mg.eye(2, 4, **kw), lambda dt: np.eye(2, 4, dtype=dt)),
     ("arange", lambda **kw: F.arange(5, **kw), lambda dt: np.arange(5, dtype=dt)),

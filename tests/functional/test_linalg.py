@@ -150,9 +150,9 @@ LINALG_ERRORS = [
         (4, 5),
     ),
     (
-        lambda a, b: F.einsum("ij,jk", a, b),
-        r"einsum: spec 'ij,jk' needs an explicit '->'",
-        (2, 3),
+        lambda a, b: F.einsum("ii,jk", a, b),  # implicit output is fine, a repeat is not
+        r"einsum: operand subscripts 'ii' must be distinct letters",
+        (3, 3),
         (3, 4),
     ),
     (

@@ -291,9 +291,9 @@ SHAPE_ERRORS = [
     (lambda x: x[5], IndexError, r"getitem: index 5 is invalid for shape \(3, 4\)"),
     (lambda x: x[np.ones(3, bool)[:2]], IndexError, r"getitem: .* for shape \(3, 4\)"),
     (
-        lambda x: F.pad(x, ((1, 1),)),
+        lambda x: F.pad(x, ((1, 1), (0, 0), (1, 1))),  # fewer entries pad the leading axes
         ValueError,
-        r"pad: pad_width has 1 entries for a tensor of rank 2",
+        r"pad: pad_width has 3 entries for a tensor of rank 2",
     ),
     (lambda x: F.topk(x, 5), ValueError, r"topk: k=5 out of range for last axis of size 4"),
     (lambda x: F.cumsum(x, 2), ValueError, r"cumsum: axis 2 is out of range"),

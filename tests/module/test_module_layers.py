@@ -53,11 +53,13 @@ def test_linear_bad_input_names_layer_and_shapes():
 def test_conv2d_matches_loops_and_gradcheck(kw):
     mg.random.seed(0)
     conv = M.Conv2d(4, 6, 3, **kw)
-    assert conv.weight.shape == (6, 4 // conv.groups, 3, 3) and conv.bias.shape == (1, 6, 1, 1)
+    g = conv.groups  # MegEngine's layout: (groups, out/groups, in/groups, kh, kw) when grouped
+    assert conv.weight.shape == ((6, 4, 3, 3) if g == 1 else (g, 6 // g, 4 // g, 3, 3))
+    assert conv.bias.shape == (1, 6, 1, 1)
     to_float64(conv)
     x = _x(2, 4, 7, 6)
-    expect = ref_conv2d(x, conv.weight.numpy(), conv.bias.numpy(), conv.stride, conv.padding,
-                        conv.dilation, conv.groups)
+    expect = ref_conv2d(x, conv.weight.numpy().reshape(6, 4 // g, 3, 3), conv.bias.numpy(),
+                        conv.stride, conv.padding, conv.dilation, conv.groups)
     np.testing.assert_allclose(_run(conv, x), expect, rtol=1e-10, atol=1e-12)
     layer_check_grad(conv, x, params=["weight", "bias"])
 

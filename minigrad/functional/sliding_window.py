@@ -1,0 +1,226 @@
+"""Sliding-window ops: ``sliding_window`` (unfold), ``sliding_window_transpose`` (fold), and the
+two convolutions MegEngine builds on them, ``local_conv2d`` (untied weights) and ``conv3d``.
+
+Two primitives do all the work and are each other's adjoint:
+
+* ``Unfold`` copies every window of a zero-padded ``(N, C, *spatial)`` input into a
+  ``(N, C, *out, *kernel)`` array through one strided view (``as_strided``);
+* ``Fold`` sums such windows back onto the image, one strided ``+=`` per kernel offset.
+
+Unfold's backward is Fold and Fold's backward is Unfold, so gradients of any order come for free,
+and the convolutions are an ``einsum`` of the windows with the weight. That is the readable
+"im2col + GEMM" form: it keeps a ``prod(kernel)``-times larger copy of the input, so it suits small
+volumes (conv2d, the hot path, has its own kernels in ``conv.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from minigrad.autodiff.function import Function
+from minigrad.functional._util import ntuple
+from minigrad.functional.conv import _add_bias, _check_mode
+from minigrad.functional.elementwise import _f
+from minigrad.functional.linalg import einsum
+from minigrad.functional.shape import reshape
+from minigrad.tensor import Tensor
+
+__all__ = ["conv3d", "local_conv2d", "sliding_window", "sliding_window_transpose"]
+
+
+def _window_args(op, x: Tensor, kernel, stride, padding, dilation):
+    """Check an unfold's arguments against the (N, C, *spatial) input; return them with the output
+    size per spatial axis."""
+    n = x.ndim - 2
+    if n < 1:
+        raise ValueError(f"{op}: expected an input (N, C, *spatial), got shape {x.shape}")
+    kernel, stride = ntuple(kernel, n, "kernel_size", op), ntuple(stride, n, "stride", op)
+    padding, dilation = ntuple(padding, n, "padding", op), ntuple(dilation, n, "dilation", op)
+    if min(kernel) < 1 or min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
+        raise ValueError(
+            f"{op}: need kernel_size, stride, dilation >= 1 and padding >= 0; got kernel_size="
+            f"{kernel}, stride={stride}, padding={padding}, dilation={dilation}"
+        )
+    out = tuple(
+        (size + 2 * p - d * (k - 1) - 1) // s + 1
+        for size, k, s, p, d in zip(x.shape[2:], kernel, stride, padding, dilation)
+    )
+    if min(out) < 1:
+        raise ValueError(
+            f"{op}: input {x.shape} is too small for kernel {kernel} with padding {padding} and "
+            f"dilation {dilation} (output would be {out})"
+        )
+    return kernel, stride, padding, dilation, out
+
+
+def _offset_index(k: tuple, out: tuple, stride: tuple, dilation: tuple) -> tuple:
+    """The slices of a padded image that kernel offset ``k`` sees over all output positions."""
+    return (slice(None), slice(None)) + tuple(
+        slice(ki * d, ki * d + s * (o - 1) + 1, s)
+        for ki, o, s, d in zip(k, out, stride, dilation)
+    )
+
+
+class Unfold(Function):
+    """(N, C, *spatial) -> (N, C, *out, *kernel): every window, through one strided view."""
+
+    def forward(self, x, kernel, stride, padding, dilation, out):
+        xp, d = x.xp, x._data
+        self.args = (d.shape[2:], kernel, stride, padding, dilation)
+        if any(padding):
+            d = xp.pad(d, ((0, 0), (0, 0)) + tuple((p, p) for p in padding))
+        strides = d.strides
+        view = xp.lib.stride_tricks.as_strided(
+            d,
+            shape=d.shape[:2] + out + kernel,
+            strides=strides[:2]
+            + tuple(st * s for st, s in zip(strides[2:], stride))
+            + tuple(st * dl for st, dl in zip(strides[2:], dilation)),
+        )
+        return xp.ascontiguousarray(view)
+
+    def backward(self, dy):
+        size, kernel, stride, padding, dilation = self.args
+        return Fold()(dy, size, kernel, stride, padding, dilation), None, None, None, None, None
+
+
+class Fold(Function):
+    """(N, C, *out, *kernel) -> (N, C, *spatial): sum every window back onto the image (Unfold's
+    adjoint: overlapping windows add up)."""
+
+    def forward(self, y, size, kernel, stride, padding, dilation):
+        xp, d = y.xp, y._data
+        n = len(kernel)
+        out = d.shape[2 : 2 + n]
+        self.args = (kernel, stride, padding, dilation, out)
+        padded = xp.zeros(d.shape[:2] + tuple(s + 2 * p for s, p in zip(size, padding)), d.dtype)
+        for k in itertools.product(*(range(kk) for kk in kernel)):
+            padded[_offset_index(k, out, stride, dilation)] += d[(Ellipsis,) + k]
+        crop = (slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(padding, size))
+        return xp.ascontiguousarray(padded[crop])
+
+    def backward(self, dx):
+        kernel, stride, padding, dilation, out = self.args
+        return Unfold()(dx, kernel, stride, padding, dilation, out), None, None, None, None, None
+
+
+def sliding_window(inp, kernel_size, padding=0, stride=1, dilation=1) -> Tensor:
+    """Every ``kernel_size`` window of a zero-padded (N, C, H, W) input: output
+    ``(N, C, OH, OW, kh, kw)`` with ``OH = (H + 2p - d*(kh-1) - 1) // s + 1``. Differentiable (the
+    gradient sums overlapping windows). Works for any number of spatial axes.
+
+    Example::
+
+        F.sliding_window(x, 3, padding=1).shape  # x (2, 4, 8, 8) -> (2, 4, 8, 8, 3, 3)
+    """
+    x = _f(inp)
+    kernel, stride, padding, dilation, out = _window_args(
+        "sliding_window", x, kernel_size, stride, padding, dilation
+    )
+    return Unfold()(x, kernel, stride, padding, dilation, out)
+
+
+def sliding_window_transpose(inp, output_size, kernel_size, padding=0, stride=1,
+                             dilation=1) -> Tensor:
+    """The adjoint of ``sliding_window``: sum (N, C, OH, OW, kh, kw) windows into an
+    ``output_size`` image, overlaps adding up."""
+    op = "sliding_window_transpose"
+    y = _f(inp)
+    n = (y.ndim - 2) // 2
+    if n < 1 or y.ndim != 2 + 2 * n:
+        raise ValueError(f"{op}: expected (N, C, *out, *kernel) windows, got shape {y.shape}")
+    size = ntuple(output_size, n, "output_size", op)
+    probe = Tensor._wrap(y.xp.empty((1, 1) + size, y.dtype), y._device)
+    kernel, stride, padding, dilation, out = _window_args(
+        op, probe, kernel_size, stride, padding, dilation
+    )
+    if y.shape[2:] != out + kernel:
+        raise ValueError(
+            f"{op}: windows of shape {y.shape[2:]} do not match output_size {size} with kernel "
+            f"{kernel} (expected {out + kernel})"
+        )
+    return Fold()(y, size, kernel, stride, padding, dilation)
+
+
+def _conv_inputs(op: str, inp, weight, conv_mode: str, layout: str):
+    """Float input and weight of a convolution; the input must have ``layout``'s rank."""
+    _check_mode(op, conv_mode)
+    x, w = _f(inp), _f(weight)
+    ndim = layout.count(",") + 1
+    if x.ndim != ndim:
+        raise ValueError(f"{op}: expected a {ndim}-D input {layout}, got shape {x.shape}")
+    return x, w
+
+
+def _grouped_windows(op, x: Tensor, weight, groups: int, per_group: int, kernel, stride, padding,
+                     dilation, expect_out=None):
+    """The windows of ``x`` as (N, groups, in/groups, *out, *kernel) for a convolution whose
+    ``weight`` reads ``per_group`` input channels per group, and the output size; every mismatch
+    is an error naming ``op``."""
+    if per_group * groups != x.shape[1]:
+        raise ValueError(
+            f"{op}: input has {x.shape[1]} channels (shape {x.shape}) but weight "
+            f"{tuple(weight.shape)} expects {per_group * groups} (= {per_group} per group x "
+            f"{groups} groups)"
+        )
+    kernel, stride, padding, dilation, out = _window_args(op, x, kernel, stride, padding, dilation)
+    if expect_out is not None and out != expect_out:
+        raise ValueError(
+            f"{op}: weight is for a {expect_out} output but input {x.shape} with kernel {kernel}, "
+            f"stride {stride}, padding {padding} gives {out}"
+        )
+    windows = Unfold()(x, kernel, stride, padding, dilation, out)
+    return reshape(windows, (x.shape[0], groups, per_group) + out + kernel), out
+
+
+def local_conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1,
+                 conv_mode: str = "cross_correlation") -> Tensor:
+    """Locally connected layer: a 2-D convolution whose kernel differs at every output position.
+
+    ``weight`` is MegEngine's ``(OH, OW, IC, kh, kw, OC)``, or with groups
+    ``(G, OH, OW, IC/G, kh, kw, OC/G)``; ``bias`` is (OC,) or (1, OC, 1, 1).
+    ``out[n, o, y, x] = sum_{i, h, w} window[n, i, y, x, h, w] * weight[y, x, i, h, w, o]``.
+    """
+    op = "local_conv2d"
+    x, w = _conv_inputs(op, inp, weight, conv_mode, "(N, C, H, W)")
+    if w.ndim == 6:
+        w = reshape(w, (1,) + w.shape)
+    if w.ndim != 7:
+        raise ValueError(
+            f"{op}: weight must be (OH, OW, IC, kh, kw, OC) or grouped "
+            f"(G, OH, OW, IC/G, kh, kw, OC/G), got shape {tuple(weight.shape)}"
+        )
+    g, oh, ow, icg, kh, kw, ocg = w.shape
+    windows, out = _grouped_windows(op, x, weight, g, icg, (kh, kw), stride, padding, dilation,
+                                    expect_out=(oh, ow))
+    y = einsum("ngiyxhw,gyxihwo->ngoyx", windows, w)
+    return _add_bias(op, reshape(y, (x.shape[0], g * ocg) + out), bias)
+
+
+def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
+           conv_mode: str = "cross_correlation") -> Tensor:
+    """3-D cross-correlation over an (N, C, D, H, W) input.
+
+    ``weight`` is (out, in/groups, kd, kh, kw) or MegEngine's grouped
+    (groups, out/groups, in/groups, kd, kh, kw); ``bias`` (out,) or (1, out, 1, 1, 1).
+
+    Example::
+
+        y = F.conv3d(x, w, padding=1)  # x (2, 3, 8, 8, 8), w (4, 3, 3, 3, 3) -> (2, 4, 8, 8, 8)
+    """
+    op = "conv3d"
+    x, w = _conv_inputs(op, inp, weight, conv_mode, "(N, C, D, H, W)")
+    if w.ndim == 5:
+        if groups < 1 or w.shape[0] % groups:
+            raise ValueError(f"{op}: groups={groups} must divide the {w.shape[0]} output channels")
+        w = reshape(w, (groups, w.shape[0] // groups) + w.shape[1:])
+    if w.ndim != 6 or w.shape[0] != groups:
+        raise ValueError(
+            f"{op}: weight must be (out, in/groups, kd, kh, kw) or grouped (groups={groups}, "
+            f"out/groups, in/groups, kd, kh, kw), got shape {tuple(weight.shape)}"
+        )
+    g, ocg, icg = w.shape[:3]
+    windows, out = _grouped_windows(op, x, weight, g, icg, w.shape[3:], stride, padding, dilation)
+    y = einsum("ngidhwxyz,goixyz->ngodhw", windows, w)
+    return _add_bias(op, reshape(y, (x.shape[0], g * ocg) + out), bias)
+

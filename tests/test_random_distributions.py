@@ -1,0 +1,68 @@
+"""MegEngine's ``random.gamma``, ``random.beta`` and ``random.poisson``: the distributions (KS tests
+and moments on a fixed seed), MegEngine's shape rule (``size`` prepended to the broadcast parameter
+shape), tensor parameters, reproducibility and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import minigrad as mg
+
+
+def test_gamma_and_beta_follow_their_distributions(device):
+    """gamma(k, theta) has density x^(k-1) e^(-x/theta) / (theta^k Gamma(k)); beta(a, b) is Beta."""
+    mg.random.seed(0)
+    g = mg.random.gamma(3.0, 2.0, size=4000).numpy()
+    assert g.dtype == np.float32 and g.shape == (4000,)
+    assert stats.kstest(g, stats.gamma(a=3.0, scale=2.0).cdf).pvalue > 1e-3
+    b = mg.random.beta(2.0, 5.0, size=(40, 100)).numpy()
+    assert b.shape == (40, 100) and 0 < b.min() and b.max() < 1
+    assert stats.kstest(b.ravel(), stats.beta(2.0, 5.0).cdf).pvalue > 1e-3
+
+
+def test_poisson_counts():
+    """poisson(lam): non-negative integer counts (returned as float32 like MegEngine) with mean
+    and variance lam."""
+    mg.random.seed(1)
+    p = mg.random.poisson(4.0, size=20000).numpy()
+    assert p.dtype == np.float32 and np.all(p == np.round(p)) and p.min() >= 0
+    assert abs(p.mean() - 4.0) < 0.1 and abs(p.var() - 4.0) < 0.3
+
+
+def test_tensor_parameters_broadcast_with_size_in_front():
+    """MegEngine: shape (2, 1) and scale (2,) broadcast to (2, 2); size=3 gives (3, 2, 2); each
+    element follows its own parameters."""
+    shape = mg.tensor([[1.0], [10.0]])
+    scale = mg.tensor([1.0, 5.0])
+    assert mg.random.gamma(shape, scale).shape == (2, 2)
+    mg.random.seed(2)
+    draws = mg.random.gamma(shape, scale, size=3000).numpy()
+    assert draws.shape == (3000, 2, 2)
+    np.testing.assert_allclose(draws.mean(0), [[1.0, 5.0], [10.0, 50.0]], rtol=0.08)
+    lam = mg.tensor(np.array([0.5, 50.0], np.float64))
+    counts = mg.random.poisson(lam, size=(2000,))
+    assert counts.dtype == np.float64 and counts.shape == (2000, 2)
+    np.testing.assert_allclose(counts.numpy().mean(0), [0.5, 50.0], rtol=0.08)
+    assert mg.random.beta(mg.tensor([1.0, 2.0, 3.0]), 2.0, size=(4, 5)).shape == (4, 5, 3)
+
+
+def test_seed_reproduces_new_distributions():
+    for draw in (lambda: mg.random.gamma(2.0, size=5), lambda: mg.random.beta(1.0, 2.0, size=5),
+                 lambda: mg.random.poisson(3.0, size=5)):
+        mg.random.seed(7)
+        first = draw().numpy()
+        mg.random.seed(7)
+        np.testing.assert_array_equal(draw().numpy(), first)
+
+
+@pytest.mark.parametrize("call,msg", [
+    (lambda: mg.random.gamma(0.0), r"random.gamma: shape must be positive"),
+    (lambda: mg.random.gamma(1.0, mg.tensor([1.0, -1.0])), r"random.gamma: scale must be positive"),
+    (lambda: mg.random.beta(1.0, 0), r"random.beta: beta must be positive"),
+    (lambda: mg.random.poisson(-2), r"random.poisson: lam must be positive"),
+])
+def test_invalid_parameters(call, msg):
+    with pytest.raises(ValueError, match=msg):
+        call()
