@@ -14,10 +14,12 @@ import numpy as np
 
 from minigrad.autodiff.function import Function
 from minigrad.functional._util import recording_backward
+from minigrad.functional.dropout import dropout
 from minigrad.functional.elementwise import _f
-from minigrad.functional.linalg import matmul
+from minigrad.functional.linalg import linear, matmul
 from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import reshape, split, transpose
+from minigrad.functional.softmax import softmax
 from minigrad.tensor import Tensor
 
 __all__ = ["multi_head_attention", "scaled_dot_product_attention"]
@@ -47,8 +49,6 @@ def _mask_bias(op: str, attn_mask, is_causal: bool, like: Tensor, length: int, s
 
 def _weights(q, k, bias, scale):
     """softmax(q k^T * scale + bias) over the last axis, as recorded Tensor ops."""
-    from minigrad.functional.nn import softmax  # noqa: PLC0415  (nn re-exports us)
-
     scores = matmul(q * scale, k, transpose_b=True)
     return softmax(scores if bias is None else scores + bias, -1)
 
@@ -108,8 +108,6 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
 
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, L, D)
     """
-    from minigrad.functional.nn import dropout  # noqa: PLC0415  (nn re-exports us)
-
     op = "scaled_dot_product_attention"
     q, k, v = _f(q), _f(k), _f(v)
     if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
@@ -146,8 +144,6 @@ def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_p
 
         y = F.multi_head_attention(x, x, x, 4, w_in, b_in, w_out, b_out, is_causal=True)
     """
-    from minigrad.functional.nn import linear  # noqa: PLC0415  (nn re-exports us)
-
     op = "multi_head_attention"
     query, in_proj_weight = _f(query), _f(in_proj_weight)
     if query.ndim != 3:

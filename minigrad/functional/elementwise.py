@@ -12,6 +12,8 @@ import math
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.backend.device import as_device
+from minigrad.backend.xp import erf as erf_kernel
 from minigrad.functional._util import (
     FLOAT32,
     binary_args,
@@ -19,7 +21,7 @@ from minigrad.functional._util import (
     data,
     recording_backward,
 )
-from minigrad.tensor import Tensor
+from minigrad.tensor import Tensor, as_dtype
 
 # -------------------------------------------------------------------------------------------------
 # binary arithmetic
@@ -290,20 +292,10 @@ class Sigmoid(Function):
 class Erf(Function):
     def forward(self, x):
         self.x = x
-        return _erf_kernel(x.xp)(x._data).astype(x.dtype, copy=False)
+        return erf_kernel(x.xp)(x._data).astype(x.dtype, copy=False)
 
     def backward(self, dy):
         return dy * (2.0 / math.sqrt(math.pi)) * exp(-self.x * self.x)
-
-
-def _erf_kernel(xp):
-    if xp is np:
-        from scipy.special import erf as _erf  # noqa: PLC0415
-
-        return _erf
-    from cupyx.scipy.special import erf as _cerf  # noqa: PLC0415
-
-    return _cerf
 
 
 class Abs(Function):
@@ -533,8 +525,6 @@ class Copy(Function):
 
 
 def astype(x, dtype) -> Tensor:
-    from minigrad.tensor import as_dtype  # noqa: PLC0415
-
     dtype = as_dtype(dtype)
     x = _t(x)
     if x._data.dtype == dtype:
@@ -544,8 +534,6 @@ def astype(x, dtype) -> Tensor:
 
 def copy(x, device=None) -> Tensor:
     """A copy of ``x`` on ``device`` (default: the same device); differentiable."""
-    from minigrad.backend.device import as_device  # noqa: PLC0415
-
     x = _t(x)
     dev = as_device(device) if device is not None else x._device
     return Copy()(x, dev)

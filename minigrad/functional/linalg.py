@@ -1,4 +1,5 @@
-"""Linear algebra: batched/broadcast ``matmul`` and ``einsum`` are primitives; ``dot`` composes."""
+"""Linear algebra: batched/broadcast ``matmul``, ``einsum`` and the fused ``linear`` layer op are
+primitives; ``dot`` composes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import re
 import numpy as np
 
 from minigrad.autodiff.function import Function
-from minigrad.functional._util import binary_args, check_compatible
+from minigrad.functional._util import binary_args, check_compatible, recording_backward
+from minigrad.functional.elementwise import _f
+from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import broadcast_to, expand_dims, reshape, swapaxes
 from minigrad.tensor import Tensor
 
@@ -118,3 +121,53 @@ def einsum(spec: str, *operands) -> Tensor:
             if sizes.setdefault(c, n) != n:
                 raise ValueError(f"einsum: subscript {c!r} has sizes {sizes[c]} and {n}")
     return Einsum()(spec, *xs)
+
+
+class Linear(Function):
+    """``x @ w.T + b`` for a 2-D ``x``: the hottest op of most models, so it is one node with the
+    bias added in place, and its backward skips the products nobody needs (e.g. the input gradient
+    of the first layer). The backward uses Tensor ops, so it is itself differentiable."""
+
+    def forward(self, x, w, b):
+        self.x, self.w, self.has_bias = x, w, b is not None
+        out = x.xp.matmul(x._data, w._data.T)
+        if b is not None:
+            out += b._data
+        return out
+
+    def backward(self, dy):
+        need_x, need_w = self.needs_input_grad(0), self.needs_input_grad(1)
+        need_b = self.has_bias and self.needs_input_grad(2)
+        if recording_backward():  # Tensor ops, so that a second-order gradient flows through
+            dx = matmul(dy, self.w) if need_x else None
+            dw = matmul(dy, self.x, transpose_a=True) if need_w else None
+            return dx, dw, _sum(dy, 0) if need_b else None
+        g = dy._data
+        dx = g @ self.w._data if need_x else None
+        dw = g.T @ self.x._data if need_w else None
+        return dx, dw, g.sum(axis=0) if need_b else None
+
+
+def linear(inp, weight, bias=None) -> Tensor:
+    """``inp @ weight.T + bias`` with ``weight`` stored (out_features, in_features) as MegEngine;
+    ``inp`` is (..., in_features), leading axes are flattened into one big matrix product."""
+    inp, weight = _f(inp), _f(weight)
+    if weight.ndim != 2 or inp.ndim == 0 or inp.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"linear: input has {inp.shape[-1] if inp.ndim else 0} features (shape {inp.shape}) "
+            f"but weight {weight.shape} expects {weight.shape[-1]} (weight is (out, in))"
+        )
+    if bias is not None and not isinstance(bias, Tensor):
+        bias = Tensor(bias, dtype=weight.dtype, device=weight._device)
+    lead = inp.shape[:-1]
+    if inp.ndim == 1:
+        inp = reshape(inp, (1, -1))
+    elif inp.ndim > 2:
+        inp = reshape(inp, (-1, inp.shape[-1]))
+    fused = bias is None or (
+        bias.shape == (weight.shape[0],) and bias.dtype == weight.dtype == inp.dtype
+    )
+    out = Linear()(inp, weight, bias if fused else None)
+    if not fused:
+        out = out + bias
+    return reshape(out, lead + (weight.shape[0],)) if len(lead) != 1 else out

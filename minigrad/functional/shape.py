@@ -3,7 +3,10 @@ adjoint index_add), concat, pad, gather, scatter, cumsum. Everything else is a c
 
 from __future__ import annotations
 
+import numpy as np
+
 from minigrad.autodiff.function import Function
+from minigrad.backend.xp import scatter_add
 from minigrad.functional._util import accumulate_dtype, check_compatible, normalize_axis
 from minigrad.tensor import Tensor
 
@@ -180,16 +183,6 @@ def _is_basic(index) -> bool:
     return all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items)
 
 
-def scatter_add_(xp, target, index, values) -> None:
-    """``target[index] += values`` with repeated indices accumulating (np.add.at semantics)."""
-    if xp.__name__ == "numpy":
-        xp.add.at(target, index, values)
-    else:
-        import cupyx  # noqa: PLC0415  (only reached with CuPy arrays)
-
-        cupyx.scatter_add(target, index, values)
-
-
 class GetItem(Function):
     def forward(self, x, index):
         self.shape, self.dtype, self.index = x.shape, x.dtype, index
@@ -209,7 +202,7 @@ class IndexAdd(Function):
         if _is_basic(index):
             out[index] = v._data
         else:
-            scatter_add_(xp, out, index, v._data)
+            scatter_add(xp, out, index, v._data)
         return out
 
     def backward(self, dz):
@@ -472,3 +465,23 @@ def topk(x, k: int, descending: bool = False, kth_only: bool = False, no_sort: b
     if kth_only:
         return squeeze(vals, -1), squeeze(idx, -1)
     return vals, idx
+
+
+def _int_index(op: str, idx, device) -> Tensor:
+    idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx), device=device)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"{op}: indices must be an integer tensor, got dtype {idx.dtype}")
+    return idx
+
+
+def one_hot(inp, num_classes: int) -> Tensor:
+    """``int32`` one-hot encoding of an integer tensor: shape ``inp.shape + (num_classes,)``."""
+    idx = _int_index("one_hot", inp, None)
+    if idx.size and (int(idx._data.min()) < 0 or int(idx._data.max()) >= num_classes):
+        raise ValueError(
+            f"one_hot: values must be in [0, {num_classes}), got min {int(idx._data.min())} "
+            f"max {int(idx._data.max())}"
+        )
+    xp = idx.xp
+    out = (idx._data[..., None] == xp.arange(num_classes)).astype(np.int32)
+    return Tensor._wrap(out, idx._device)
