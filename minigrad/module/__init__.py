@@ -9,7 +9,14 @@ from minigrad.module.embedding import Embedding
 from minigrad.module.identity import Flatten, Identity
 from minigrad.module.linear import Linear
 from minigrad.module.module import HookHandler, Module
-from minigrad.module.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from minigrad.module.normalization import (
+    BatchNorm1d,
+    BatchNorm2d,
+    BatchNormBase,
+    GroupNorm,
+    LayerNorm,
+    SyncBatchNorm,
+)
 from minigrad.module.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from minigrad.module.sequential import Sequential
 
@@ -19,6 +26,7 @@ __all__ = [
     "AvgPool2d",
     "BatchNorm1d",
     "BatchNorm2d",
+    "BatchNormBase",
     "Conv1d",
     "Conv2d",
     "ConvTranspose2d",
@@ -37,18 +45,10 @@ __all__ = [
     "ReLU",
     "Sequential",
     "SiLU",
+    "SyncBatchNorm",
     "Sigmoid",
     "Softmax",
     "Tanh",
     "init",
 ]
 
-
-def __getattr__(name: str):
-    """``M.SyncBatchNorm`` lives in ``minigrad.distributed`` (it needs collectives); resolve it
-    lazily so importing ``minigrad.module`` never imports the distributed runtime."""
-    if name == "SyncBatchNorm":
-        from minigrad.distributed.sync_batch_norm import SyncBatchNorm  # noqa: PLC0415
-
-        return SyncBatchNorm
-    raise AttributeError(f"module 'minigrad.module' has no attribute {name!r}")
