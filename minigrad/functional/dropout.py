@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minigrad.backend.rng import get_rng
 from minigrad.functional.elementwise import _f
-from minigrad.random import get_rng
 from minigrad.tensor import Tensor
 
 __all__ = ["dropout"]

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from minigrad import random as _random
+from minigrad.backend.rng import get_rng
 from minigrad.tensor import Tensor
 
 
@@ -34,12 +34,12 @@ def ones_(tensor: Tensor) -> Tensor:
 
 def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
     """Fill with draws from U(a, b)."""
-    return _fill(tensor, _random.get_rng("cpu0").uniform(a, b, size=tensor.shape))
+    return _fill(tensor, get_rng("cpu0").uniform(a, b, size=tensor.shape))
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
     """Fill with draws from N(mean, std^2)."""
-    return _fill(tensor, _random.get_rng("cpu0").normal(mean, std, size=tensor.shape))
+    return _fill(tensor, get_rng("cpu0").normal(mean, std, size=tensor.shape))
 
 
 def calculate_fan_in_and_fan_out(tensor: Tensor) -> tuple[int, int]:
