@@ -8,17 +8,7 @@ from minigrad.functional import (
     nn,
     shape,
 )
-from minigrad.functional.creation import (
-    arange,
-    eye,
-    full,
-    full_like,
-    linspace,
-    ones,
-    ones_like,
-    zeros,
-    zeros_like,
-)
+from minigrad.functional.creation import *  # the names in creation.__all__
 from minigrad.functional.elementwise import (
     abs,
     add,
@@ -112,6 +102,7 @@ __all__ = [
     "abs",
     "adaptive_avg_pool2d",
     "add",
+    "attention_bias",
     "arange",
     "argmax",
     "argmin",

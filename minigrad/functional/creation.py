@@ -7,6 +7,18 @@ import numpy as np
 from minigrad.backend.device import as_device
 from minigrad.tensor import Tensor, as_dtype
 
+__all__ = [
+    "arange",
+    "eye",
+    "full",
+    "full_like",
+    "linspace",
+    "ones",
+    "ones_like",
+    "zeros",
+    "zeros_like",
+]
+
 
 def _make(fn, dtype, device, *args) -> Tensor:
     dev = as_device(device)

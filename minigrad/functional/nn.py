@@ -18,7 +18,11 @@ import numpy as np
 from minigrad.autodiff.function import Function
 from minigrad.backend.xp import erf as erf_kernel
 from minigrad.functional._util import recording_backward
-from minigrad.functional.attention import multi_head_attention, scaled_dot_product_attention
+from minigrad.functional.attention import (
+    attention_bias,
+    multi_head_attention,
+    scaled_dot_product_attention,
+)
 from minigrad.functional.conv import (
     adaptive_avg_pool2d,
     avg_pool2d,
@@ -187,6 +191,7 @@ def embedding(inp, weight, padding_idx: int | None = None, max_norm=None,
 
 __all__ = [
     "adaptive_avg_pool2d",
+    "attention_bias",
     "avg_pool2d",
     "batch_norm",
     "binary_cross_entropy",
