@@ -189,10 +189,15 @@ class Module:
         return self.train(False)
 
     def zero_grad(self) -> None:
-        """Zero the accumulated gradients (MegEngine semantics; params without grad keep None)."""
+        """Set every parameter's existing gradient to zeros (parameters without one keep None).
+
+        *zero* fills with zeros, here and in ``Optimizer.zero_grad`` (MegEngine's meaning for
+        both); to drop gradients instead, use ``Optimizer.clear_grad``. The zeros are a new
+        array, so a tensor that shares the old gradient's memory is left alone.
+        """
         for p in self.parameters():
             if p.grad is not None:
-                p.grad = Tensor._wrap(p.grad.xp.zeros_like(p.grad._data), p.grad._device)
+                p.grad = Tensor._wrap(p.grad.xp.zeros(p.grad.shape, p.grad.dtype), p.grad.device)
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":

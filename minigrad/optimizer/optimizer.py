@@ -119,13 +119,24 @@ class Optimizer:
         raise NotImplementedError(f"{self._name}._update is not implemented")
 
     def clear_grad(self) -> "Optimizer":
-        """Drop every parameter's gradient (``.grad = None``) before the next backward."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                p.grad = None
+        """Drop every parameter's gradient (``.grad = None``) before the next backward: the usual
+        call, which frees the gradients' memory until backward writes new ones."""
+        for p in self._params():
+            p.grad = None
         return self
 
-    zero_grad = clear_grad
+    def zero_grad(self) -> "Optimizer":
+        """Set every existing gradient to zeros (parameters without one keep None).
+
+        Same meaning as ``Module.zero_grad`` and as both in MegEngine: *zero* fills with zeros,
+        *clear* (``clear_grad``) drops. Unlike ``clear_grad``, a parameter that receives no
+        gradient in the next backward still gets a step (with a zero gradient: momentum and
+        weight decay act), as with PyTorch's ``zero_grad(set_to_none=False)``.
+        """
+        for p in self._params():
+            if p.grad is not None:
+                p.grad = Tensor._wrap(p.grad.xp.zeros(p.grad.shape, p.grad.dtype), p.grad.device)
+        return self
 
     # -- state ------------------------------------------------------------------------------------
     def _params(self) -> list[Parameter]:

@@ -207,3 +207,28 @@ def test_in_place_updates_never_write_into_callers_arrays(cls, kw):
     for p in net.parameters():
         np.testing.assert_array_equal(p.grad.numpy(), grads[id(p)])
         assert not np.array_equal(p.numpy(), frozen["weight" if p.ndim == 2 else "bias"])
+
+
+def test_zero_grad_fills_zeros_and_clear_grad_drops_everywhere():
+    lin = M.Linear(3, 2)
+    unused = Parameter(np.ones(2, np.float32))
+    opt = optim.SGD([*lin.parameters(), unused], lr=0.1, weight_decay=0.5)
+    gm = ad.GradManager().attach(lin.parameters())
+    with gm:
+        gm.backward(lin(mg.tensor(np.ones((4, 3), np.float32))).sum())
+    grad_before = lin.weight.grad
+    opt.zero_grad()
+    np.testing.assert_array_equal(lin.weight.grad.numpy(), 0.0)
+    assert lin.weight.grad is not grad_before and grad_before.numpy().any()  # a new zero array
+    assert unused.grad is None  # no gradient stays no gradient
+    w = lin.weight.numpy()
+    opt.step()  # a zero gradient still steps: weight decay acts
+    np.testing.assert_allclose(lin.weight.numpy(), w * (1 - 0.1 * 0.5), rtol=1e-6)
+    lin.weight.grad = mg.tensor(np.ones((2, 3), np.float32))
+    lin.zero_grad()  # the module's zero_grad means the same
+    np.testing.assert_array_equal(lin.weight.grad.numpy(), 0.0)
+    opt.clear_grad()
+    assert all(p.grad is None for p in lin.parameters())
+    w = lin.weight.numpy()
+    opt.step()  # a cleared gradient skips the parameter
+    np.testing.assert_array_equal(lin.weight.numpy(), w)
