@@ -8,7 +8,12 @@ import re
 import numpy as np
 
 from minigrad.autodiff.function import Function
-from minigrad.functional._util import binary_args, check_compatible, recording_backward
+from minigrad.functional._util import (
+    binary_args,
+    check_compatible,
+    compute_mode_inputs,
+    recording_backward,
+)
 from minigrad.functional.elementwise import _f
 from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import broadcast_to, expand_dims, reshape, swapaxes
@@ -27,9 +32,19 @@ class MatMul(Function):
         return da, db
 
 
-def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
-    """Matrix product with NumPy's rules: batch dimensions broadcast, 1-D operands are promoted."""
-    a, b = binary_args(a, b, "matmul", broadcast=False)
+def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
+           compute_mode: str = "default") -> Tensor:
+    """Matrix product with NumPy's rules: batch dimensions broadcast, 1-D operands are promoted.
+
+    ``transpose_a``/``transpose_b`` swap the last two axes of an operand first (without a copy
+    in the product); ``compute_mode="float32"`` computes float16 operands in float32 and returns
+    float16 (MegEngine's modes, see ``compute_mode_inputs``).
+
+    Example::
+
+        y = F.matmul(x, w, transpose_b=True)   # x (N, K), w (M, K): (N, M)
+    """
+    a, b = binary_args(inp1, inp2, "matmul", broadcast=False)
     if not isinstance(a, Tensor) or not isinstance(b, Tensor) or a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: both operands must be tensors of rank >= 1")
     if transpose_a and a.ndim >= 2:
@@ -49,6 +64,7 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor
         raise ValueError(
             f"matmul: batch dimensions of shapes {a.shape} and {b.shape} cannot be broadcast"
         ) from None
+    (a, b), result_dtype = compute_mode_inputs("matmul", compute_mode, a, b)
     squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
     if squeeze_a:
         a = reshape(a, (1, a.shape[0]))
@@ -62,12 +78,17 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor
             + (() if squeeze_b else out.shape[-1:])
         )
         out = reshape(out, shape)
-    return out
+    return out if result_dtype is None else out.astype(result_dtype)
 
 
-def dot(a, b) -> Tensor:
-    """Inner product of two vectors (a scalar tensor)."""
-    a, b = binary_args(a, b, "dot", broadcast=False)
+def dot(inp1, inp2) -> Tensor:
+    """Inner product of two vectors (a scalar tensor).
+
+    Example::
+
+        F.dot(mg.tensor([1.0, 2.0]), mg.tensor([3.0, 4.0])).item()   # 11.0
+    """
+    a, b = binary_args(inp1, inp2, "dot", broadcast=False)
     if a.ndim != 1 or b.ndim != 1:
         raise ValueError(f"dot: expects two vectors, got shapes {a.shape} and {b.shape}")
     return matmul(a, b)
@@ -148,10 +169,16 @@ class Linear(Function):
         return dx, dw, g.sum(axis=0) if need_b else None
 
 
-def linear(inp, weight, bias=None) -> Tensor:
+def linear(inp, weight, bias=None, compute_mode: str = "default") -> Tensor:
     """``inp @ weight.T + bias`` with ``weight`` stored (out_features, in_features) as MegEngine;
-    ``inp`` is (..., in_features), leading axes are flattened into one big matrix product."""
-    inp, weight = _f(inp), _f(weight)
+    ``inp`` is (..., in_features), leading axes are flattened into one big matrix product.
+    ``compute_mode`` as in :func:`matmul`.
+
+    Example::
+
+        y = F.linear(x, w, b)   # x (N, 784), w (10, 784), b (10,): (N, 10)
+    """
+    (inp, weight), result_dtype = compute_mode_inputs("linear", compute_mode, _f(inp), _f(weight))
     if weight.ndim != 2 or inp.ndim == 0 or inp.shape[-1] != weight.shape[-1]:
         raise ValueError(
             f"linear: input has {inp.shape[-1] if inp.ndim else 0} features (shape {inp.shape}) "
@@ -170,4 +197,5 @@ def linear(inp, weight, bias=None) -> Tensor:
     out = Linear()(inp, weight, bias if fused else None)
     if not fused:
         out = out + bias
-    return reshape(out, lead + (weight.shape[0],)) if len(lead) != 1 else out
+    out = reshape(out, lead + (weight.shape[0],)) if len(lead) != 1 else out
+    return out if result_dtype is None else out.astype(result_dtype)

@@ -56,7 +56,7 @@ class _ConvNd(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.msra_uniform_(self.weight, a=math.sqrt(5))
+        init.msra_uniform_(self.weight, a=init.DEFAULT_LAYER_A)
         if self.bias is not None:
             fan_in, _ = init.calculate_fan_in_and_fan_out(self.weight)
             bound = 1.0 / math.sqrt(fan_in) if fan_in else 0.0

@@ -14,6 +14,11 @@ import numpy as np
 from minigrad.backend.rng import get_rng
 from minigrad.tensor import Tensor
 
+#: The ``a`` of the Kaiming-uniform initialisation Linear and Conv layers use (PyTorch's default,
+#: which MegEngine's layers match): the bound ``sqrt(6 / ((1 + a^2) fan_in))`` becomes
+#: ``1 / sqrt(fan_in)``, the same scale as the layers' default bias.
+DEFAULT_LAYER_A = math.sqrt(5)
+
 
 def _fill(tensor: Tensor, array: np.ndarray) -> Tensor:
     tensor.set_value(array.astype(tensor.dtype, copy=False))

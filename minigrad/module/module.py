@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+import minigrad.functional as F
 from minigrad.backend.xp import to_numpy
 from minigrad.tensor import Parameter, Tensor
 
@@ -197,15 +198,15 @@ class Module:
         """
         for p in self.parameters():
             if p.grad is not None:
-                p.grad = Tensor._wrap(p.grad.xp.zeros(p.grad.shape, p.grad.dtype), p.grad.device)
+                p.grad = F.zeros_like(p.grad)
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """Ordered ``name -> NumPy array`` copy of every parameter and buffer."""
         out: OrderedDict[str, np.ndarray] = OrderedDict()
         for name, t in self.named_tensors():
-            arr = to_numpy(t._data)
-            out[name] = arr.copy() if arr is t._data else arr
+            arr = to_numpy(t.data)
+            out[name] = arr.copy() if arr is t.data else arr
         return out
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> "Module":
@@ -242,7 +243,7 @@ class Module:
                 f"{type(self).__name__}.load_state_dict: " + "; ".join(problems)
             )
         for t, value in updates:
-            t.set_value(value._data if isinstance(value, Tensor) else value)
+            t.set_value(value.data if isinstance(value, Tensor) else value)
         return self
 
     # -- printing ---------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """``Optimizer``: parameter groups, per-parameter state and the ``step`` loop.
 
-Subclasses implement ``_update(param, grad, state, group)`` on raw backend arrays (NumPy or CuPy)
-and return the new parameter array; the base class skips parameters without a gradient, assigns
-the result and keeps state dicts that ``state_dict``/``load_state_dict`` save and restore.
+Subclasses implement ``_update(param, grad, state, group)`` on raw backend arrays (NumPy or CuPy):
+it updates ``param`` and the per-parameter ``state`` dict *in place* and returns nothing. The base
+class skips parameters without a gradient, makes read-only parameter arrays writable first, and
+keeps the state dicts that ``state_dict``/``load_state_dict`` save and restore.
 
 Example::
 
@@ -15,10 +16,11 @@ Example::
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
+import minigrad.functional as F
 from minigrad.backend.xp import to_numpy
 from minigrad.tensor import Parameter, Tensor
 
@@ -100,17 +102,16 @@ class Optimizer:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad = p.grad._data if isinstance(p.grad, Tensor) else p.grad
+                grad = p.grad.data if isinstance(p.grad, Tensor) else p.grad
                 if grad.shape != p.shape:
                     raise ValueError(
                         f"{self._name}.step: gradient shape {grad.shape} does not match parameter "
                         f"shape {p.shape}"
                     )
                 state = self._state.setdefault(id(p), {})
-                data = p._data
-                if not getattr(data.flags, "writeable", True):  # e.g. a loaded read-only array
-                    data = p._data = data.copy()
-                self._update(data, grad, state, group)
+                if not getattr(p.data.flags, "writeable", True):  # e.g. a loaded read-only array
+                    p.set_value(p.data)  # set_value keeps a writable copy
+                self._update(p.data, grad, state, group)
         return self
 
     def _update(self, param, grad, state: dict, group: dict) -> None:
@@ -135,7 +136,7 @@ class Optimizer:
         """
         for p in self._params():
             if p.grad is not None:
-                p.grad = Tensor._wrap(p.grad.xp.zeros(p.grad.shape, p.grad.dtype), p.grad.device)
+                p.grad = F.zeros_like(p.grad)
         return self
 
     # -- state ------------------------------------------------------------------------------------
@@ -189,13 +190,13 @@ class Optimizer:
             restored = {}
             for name, value in st.items():
                 if _is_array(value):
-                    arr = to_numpy(value._data if isinstance(value, Tensor) else value)
+                    arr = to_numpy(value.data if isinstance(value, Tensor) else value)
                     if arr.ndim and arr.shape != p.shape:
                         raise ValueError(
                             f"{self._name}.load_state_dict: state {name!r} of parameter {idx} "
                             f"has shape {arr.shape}, expected {p.shape}"
                         )
-                    value = p._device.put(arr)
+                    value = p.device.put(arr)
                     value = value.copy() if value is arr else value
                 restored[name] = value
             new_state[id(p)] = restored
@@ -216,10 +217,6 @@ def _is_array(value: Any) -> bool:
 def _export(value):
     """Optimizer state as host NumPy copies (safe to save; never aliases the live buffers)."""
     if _is_array(value) and not isinstance(value, (int, float)):
-        arr = to_numpy(value._data if isinstance(value, Tensor) else value)
+        arr = to_numpy(value.data if isinstance(value, Tensor) else value)
         return np.array(arr, copy=True)
     return copy.deepcopy(value)
-
-
-def _as_list(params: Iterable) -> list:
-    return [params] if isinstance(params, Tensor) else list(params)
