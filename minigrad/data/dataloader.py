@@ -123,6 +123,17 @@ class DataLoader:
             raise TypeError("DataLoader: a StreamDataset has no length")
         return len(self.sampler)
 
+    def __repr__(self) -> str:
+        parts = [f"dataset={self.dataset!r}", f"sampler={self.sampler!r}"]
+        if self.transform is not None:
+            parts.append(f"transform={self.transform!r}")
+        parts.append(f"collator={self.collator!r}")
+        parts.append(f"num_workers={self.num_workers}")
+        if self.num_workers:
+            parts.append(f"prefetch_factor={self.prefetch_factor}")
+        parts.append(f"timeout={self.timeout:g}")
+        return "DataLoader(\n" + "".join(f"  {p},\n" for p in parts) + ")"
+
     def _tasks(self) -> Iterator[tuple[str, list[Any]]]:
         """("indices", [...]) per batch for map-style, ("samples", [...]) read from a stream."""
         if self.stream:

@@ -313,17 +313,10 @@ class ReplacementSampler(MapSampler):
         sampler = ReplacementSampler(ds, batch_size=32, num_samples=10_000, weights=w, seed=0)
     """
 
-    def __init__(
-        self,
-        dataset: Any,
-        batch_size: int = 1,
-        drop_last: bool = False,
-        num_samples: int | None = None,
-        weights: Sequence[float] | None = None,
-        world_size: int | None = None,
-        rank: int | None = None,
-        seed: int | None = None,
-    ) -> None:
+    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False,
+                 num_samples: int | None = None, weights: Sequence[float] | None = None,
+                 world_size: int | None = None, rank: int | None = None,
+                 seed: int | None = None) -> None:
         super().__init__(dataset, batch_size, drop_last, num_samples, world_size, rank, seed)
         self.weights = None
         if weights is not None:

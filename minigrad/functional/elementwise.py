@@ -82,32 +82,29 @@ class Pow(Function):
         return da, db
 
 
-class Maximum(Function):
+class _Extremum(Function):
+    """``maximum``/``minimum`` (``name``): the gradient goes to the operand that was picked, to
+    the first one at a tie."""
+
+    name = ""
+
     def forward(self, a, b):
-        self.mask = data(a) >= data(b)
-        return (
-            a.xp.maximum(data(a), data(b))
-            if isinstance(a, Tensor)
-            else b.xp.maximum(data(a), data(b))
-        )
+        da, db = data(a), data(b)
+        self.mask = da >= db if self.name == "maximum" else da <= db
+        xp = a.xp if isinstance(a, Tensor) else b.xp
+        return getattr(xp, self.name)(da, db)
 
     def backward(self, dy):
         m = Tensor._wrap(self.mask, dy._device)
         return where(m, dy, 0.0), where(m, 0.0, dy)
 
 
-class Minimum(Function):
-    def forward(self, a, b):
-        self.mask = data(a) <= data(b)
-        return (
-            a.xp.minimum(data(a), data(b))
-            if isinstance(a, Tensor)
-            else b.xp.minimum(data(a), data(b))
-        )
+class Maximum(_Extremum):
+    name = "maximum"
 
-    def backward(self, dy):
-        m = Tensor._wrap(self.mask, dy._device)
-        return where(m, dy, 0.0), where(m, 0.0, dy)
+
+class Minimum(_Extremum):
+    name = "minimum"
 
 
 class Where(Function):
@@ -121,41 +118,57 @@ class Where(Function):
         return None, where(self.cond, dy, zero), where(self.cond, zero, dy)
 
 
-def add(x, y) -> Tensor:
-    """``x + y`` with broadcasting."""
-    return Add()(*binary_args(x, y, "add"))
+def _public(fn, name: str, doc: str):
+    """Name and document a generated public op (families of ops share one definition below)."""
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
 
 
-def sub(x, y) -> Tensor:
-    return Sub()(*binary_args(x, y, "sub"))
+def _binary(function_class: type[Function], name: str, doc: str):
+    """The public op ``name(x, y)``: operands coerced by ``binary_args``, then one node."""
+
+    def op(x, y) -> Tensor:
+        return function_class()(*binary_args(x, y, name))
+
+    return _public(op, name, doc)
 
 
-def mul(x, y) -> Tensor:
-    return Mul()(*binary_args(x, y, "mul"))
+add = _binary(Add, "add", """``x + y`` elementwise with broadcasting; either may be a Python number
+    (which keeps the tensor's dtype). Differentiable in both.
+
+    Example::
+
+        F.add(mg.tensor([1.0, 2.0]), 1.0)   # Tensor([2., 3.])
+    """)
+sub = _binary(Sub, "sub", "``x - y`` elementwise with broadcasting; differentiable in both.")
+mul = _binary(Mul, "mul", "``x * y`` elementwise with broadcasting; differentiable in both.")
 
 
 def div(x, y) -> Tensor:
-    """True division; integer operands are promoted to float32 first (as in MegEngine)."""
+    """``x / y``, true division with broadcasting: integer operands are promoted to float32
+    first (as in MegEngine). Differentiable in both."""
     x, y = binary_args(x, y, "div")
     if not any(isinstance(t, Tensor) and t.dtype.kind == "f" for t in (x, y)):
         x, y = (t.astype(FLOAT32) if isinstance(t, Tensor) else t for t in (x, y))
     return Div()(x, y)
 
 
-def pow(x, y) -> Tensor:  # noqa: A001  (MegEngine's name)
-    return Pow()(*binary_args(x, y, "pow"))
-
-
-def maximum(x, y) -> Tensor:
-    return Maximum()(*binary_args(x, y, "maximum"))
-
-
-def minimum(x, y) -> Tensor:
-    return Minimum()(*binary_args(x, y, "minimum"))
+pow = _binary(Pow, "pow", """``x ** y`` elementwise with broadcasting; differentiable in both
+    (the exponent's gradient is ``x**y * log(x)``, so it needs ``x > 0``).""")
+maximum = _binary(Maximum, "maximum", """The larger of ``x`` and ``y`` elementwise; at a tie the
+    whole gradient goes to ``x``.""")
+minimum = _binary(Minimum, "minimum", """The smaller of ``x`` and ``y`` elementwise; at a tie the
+    whole gradient goes to ``x``.""")
 
 
 def where(mask, x, y) -> Tensor:
-    """``x`` where ``mask`` is true, else ``y`` (differentiable in x and y)."""
+    """``x`` where ``mask`` is true, else ``y``, with broadcasting (differentiable in x and y).
+
+    Example::
+
+        F.where(x > 0, x, 0.0)   # relu written by hand
+    """
     ref = x if isinstance(x, Tensor) else y if isinstance(y, Tensor) else None
     if not isinstance(mask, Tensor):
         mask = Tensor(mask, device=ref._device if ref is not None else None)
@@ -169,12 +182,13 @@ def where(mask, x, y) -> Tensor:
 
 
 def floor_div(x, y) -> Tensor:
-    """``x // y`` (piecewise constant: not recorded)."""
+    """``x // y`` elementwise (piecewise constant, so it is not recorded for gradients)."""
     return _raw(lambda xp, a, b: xp.floor_divide(a, b), x, y, op="floor_div")
 
 
 def mod(x, y) -> Tensor:
-    """``x % y`` with Python's sign convention (not recorded)."""
+    """``x % y`` elementwise with Python's sign convention (the result has ``y``'s sign); not
+    recorded for gradients."""
     return _raw(lambda xp, a, b: xp.mod(a, b), x, y, op="mod")
 
 
@@ -341,90 +355,8 @@ class _Rounding(Function):
         return dy * 0.0, None
 
 
-def neg(x) -> Tensor:
-    return Neg()(x)
-
-
-def exp(x) -> Tensor:
-    return Exp()(_f(x))
-
-
-def log(x) -> Tensor:
-    return Log()(_f(x))
-
-
-def log1p(x) -> Tensor:
-    return Log1p()(_f(x))
-
-
-def expm1(x) -> Tensor:
-    return Expm1()(_f(x))
-
-
-def sqrt(x) -> Tensor:
-    return Sqrt()(_f(x))
-
-
-def square(x) -> Tensor:
-    x = _t(x)
-    return x * x
-
-
-def sin(x) -> Tensor:
-    return Sin()(_f(x))
-
-
-def cos(x) -> Tensor:
-    return Cos()(_f(x))
-
-
-def tan(x) -> Tensor:
-    return sin(x) / cos(x)
-
-
-def tanh(x) -> Tensor:
-    return Tanh()(_f(x))
-
-
-def sigmoid(x) -> Tensor:
-    return Sigmoid()(_f(x))
-
-
-def erf(x) -> Tensor:
-    return Erf()(_f(x))
-
-
-def abs(x) -> Tensor:  # noqa: A001  (MegEngine's name)
-    return Abs()(_t(x))
-
-
-def relu(x) -> Tensor:
-    return Relu()(_t(x))
-
-
-def clip(x, lower=None, upper=None) -> Tensor:
-    """Clamp to ``[lower, upper]`` (either may be None); the gradient flows inside the range."""
-    return Clip()(_t(x), lower, upper)
-
-
-def floor(x) -> Tensor:
-    return _Rounding()(_t(x), lambda xp, d: xp.floor(d))
-
-
-def ceil(x) -> Tensor:
-    return _Rounding()(_t(x), lambda xp, d: xp.ceil(d))
-
-
-def round(x) -> Tensor:  # noqa: A001  (MegEngine's name)
-    """Round half away from zero (MegEngine/C semantics, unlike NumPy's half-to-even)."""
-    return _Rounding()(_t(x), lambda xp, d: xp.sign(d) * xp.floor(xp.abs(d) + 0.5))
-
-
-def sign(x) -> Tensor:
-    return _Rounding()(_t(x), lambda xp, d: xp.sign(d))
-
-
 def _t(x) -> Tensor:
+    """``x`` as a Tensor (Python numbers and arrays get the usual default dtypes)."""
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
@@ -434,11 +366,91 @@ def _f(x) -> Tensor:
     return x if x._data.dtype.kind == "f" else x.astype(FLOAT32)
 
 
+def neg(x) -> Tensor:
+    """``-x`` elementwise."""
+    return Neg()(_t(x))
+
+
+def _unary(function_class: type[Function], name: str, doc: str, float_input: bool = True):
+    """The public op ``name(x)``: ``x`` made a tensor (a float one when ``float_input``: integer
+    input becomes float32, as in MegEngine), then one node."""
+    coerce = _f if float_input else _t
+
+    def op(x) -> Tensor:
+        return function_class()(coerce(x))
+
+    return _public(op, name, doc)
+
+
+exp = _unary(Exp, "exp", """``e ** x`` elementwise.
+
+    Example::
+
+        F.exp(mg.tensor([0.0, 1.0]))   # Tensor([1., 2.7182817])
+    """)
+log = _unary(Log, "log", "The natural logarithm elementwise (``-inf`` at 0, NaN below).")
+log1p = _unary(Log1p, "log1p", "``log(1 + x)``, accurate for tiny ``x``.")
+expm1 = _unary(Expm1, "expm1", "``e ** x - 1``, accurate for tiny ``x``.")
+sqrt = _unary(Sqrt, "sqrt", "The square root elementwise.")
+sin = _unary(Sin, "sin", "The sine elementwise (radians).")
+cos = _unary(Cos, "cos", "The cosine elementwise (radians).")
+tanh = _unary(Tanh, "tanh", "The hyperbolic tangent elementwise.")
+sigmoid = _unary(Sigmoid, "sigmoid", """``1 / (1 + e**-x)``, computed without overflow for large
+    ``|x|``.""")
+erf = _unary(Erf, "erf", "The error function elementwise.")
+abs = _unary(Abs, "abs", "``|x|`` elementwise (keeps integer dtypes).", float_input=False)
+relu = _unary(Relu, "relu", """``max(x, 0)`` elementwise (keeps the dtype); the gradient is 0 at
+    and below 0.
+
+    Example::
+
+        F.relu(mg.tensor([-1.0, 2.0]))   # Tensor([0., 2.])
+    """, float_input=False)
+
+
+def square(x) -> Tensor:
+    """``x * x`` elementwise."""
+    x = _t(x)
+    return x * x
+
+
+def tan(x) -> Tensor:
+    """The tangent elementwise (radians), as ``sin(x) / cos(x)``."""
+    return sin(x) / cos(x)
+
+
+def clip(x, lower=None, upper=None) -> Tensor:
+    """Clamp to ``[lower, upper]`` (either may be None); the gradient flows inside the range.
+
+    Example::
+
+        F.clip(x, -1.0, 1.0)
+    """
+    return Clip()(_t(x), lower, upper)
+
+
+def _rounding(name: str, kernel, doc: str):
+    """A public piecewise-constant op ``name(x)`` running ``kernel(xp, array)``."""
+
+    def op(x) -> Tensor:
+        return _Rounding()(_t(x), kernel)
+
+    return _public(op, name, doc)
+
+
+floor = _rounding("floor", lambda xp, d: xp.floor(d), "The largest integer ``<= x``, elementwise.")
+ceil = _rounding("ceil", lambda xp, d: xp.ceil(d), "The smallest integer ``>= x``, elementwise.")
+round = _rounding("round", lambda xp, d: xp.sign(d) * xp.floor(xp.abs(d) + 0.5), """Round half
+    away from zero (MegEngine/C semantics, unlike NumPy's half-to-even).""")
+sign = _rounding("sign", lambda xp, d: xp.sign(d), "-1, 0 or 1 by the sign of ``x``, elementwise.")
+
+
 # -------------------------------------------------------------------------------------------------
 # comparisons and logic (no gradient: results are bool)
 
 
 def _raw(fn, a, b=None, op="compare"):
+    """``fn(xp, a[, b])`` on the operands' arrays, wrapped as a Tensor that is not recorded."""
     if b is None:
         a = _t(a)
         return Tensor._wrap(fn(a.xp, a._data), a._device)
@@ -447,52 +459,40 @@ def _raw(fn, a, b=None, op="compare"):
     return Tensor._wrap(fn(ref.xp, data(a), data(b)), ref._device)
 
 
-def equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.equal(a, b), x, y, op="equal")
+def _comparison(name: str, what: str):
+    """The public op ``name(x, y)``: a bool tensor saying ``what`` elementwise (broadcasting)."""
+
+    def op(x, y) -> Tensor:
+        return _raw(lambda xp, a, b: getattr(xp, name)(a, b), x, y, op=name)
+
+    return _public(op, name, f"``{what}`` elementwise with broadcasting: a bool tensor "
+                             "(comparisons and logic are not differentiable).")
 
 
-def not_equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.not_equal(a, b), x, y, op="not_equal")
-
-
-def less(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.less(a, b), x, y, op="less")
-
-
-def less_equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.less_equal(a, b), x, y, op="less_equal")
-
-
-def greater(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.greater(a, b), x, y, op="greater")
-
-
-def greater_equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.greater_equal(a, b), x, y, op="greater_equal")
-
-
-def logical_and(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.logical_and(a, b), x, y, op="logical_and")
-
-
-def logical_or(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.logical_or(a, b), x, y, op="logical_or")
-
-
-def logical_xor(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.logical_xor(a, b), x, y, op="logical_xor")
+equal = _comparison("equal", "x == y")
+not_equal = _comparison("not_equal", "x != y")
+less = _comparison("less", "x < y")
+less_equal = _comparison("less_equal", "x <= y")
+greater = _comparison("greater", "x > y")
+greater_equal = _comparison("greater_equal", "x >= y")
+logical_and = _comparison("logical_and", "x and y")
+logical_or = _comparison("logical_or", "x or y")
+logical_xor = _comparison("logical_xor", "x xor y")
 
 
 def logical_not(x) -> Tensor:
+    """``not x`` elementwise: a bool tensor."""
     return _raw(lambda xp, a: xp.logical_not(a), x)
 
 
-def isnan(x) -> Tensor:
-    return _raw(lambda xp, a: xp.isnan(a), x)
+def isnan(inp) -> Tensor:
+    """Where ``inp`` is NaN: a bool tensor (MegEngine's name and keyword)."""
+    return _raw(lambda xp, a: xp.isnan(a), inp)
 
 
-def isinf(x) -> Tensor:
-    return _raw(lambda xp, a: xp.isinf(a), x)
+def isinf(inp) -> Tensor:
+    """Where ``inp`` is ``+inf`` or ``-inf``: a bool tensor."""
+    return _raw(lambda xp, a: xp.isinf(a), inp)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -525,6 +525,8 @@ class Copy(Function):
 
 
 def astype(x, dtype) -> Tensor:
+    """``x`` converted to ``dtype`` (``"float32"``, ``np.float16``, ``mg.int32``...); ``x`` itself
+    when it already has it. Differentiable between float dtypes (the gradient is cast back)."""
     dtype = as_dtype(dtype)
     x = _t(x)
     if x._data.dtype == dtype:
@@ -532,8 +534,14 @@ def astype(x, dtype) -> Tensor:
     return AsType()(x, dtype)
 
 
-def copy(x, device=None) -> Tensor:
-    """A copy of ``x`` on ``device`` (default: the same device); differentiable."""
-    x = _t(x)
+def copy(inp, device=None) -> Tensor:
+    """A copy of ``inp`` on ``device`` (default: the same device); differentiable, the gradient is
+    copied back.
+
+    Example::
+
+        y = F.copy(x, "gpu0")
+    """
+    x = _t(inp)
     dev = as_device(device) if device is not None else x._device
     return Copy()(x, dev)

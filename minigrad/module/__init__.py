@@ -1,7 +1,15 @@
 """``minigrad.module`` (imported as ``M``): the ``Module`` base class and the standard layers."""
 
 from minigrad.module import init
-from minigrad.module.activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Softmax, Tanh
+from minigrad.module.activation import (
+    GELU,
+    LeakyReLU,
+    ReLU,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Tanh,
+)
 from minigrad.module.attention import MultiHeadAttention
 from minigrad.module.conv import Conv1d, Conv2d, ConvTranspose2d
 from minigrad.module.dropout import Dropout

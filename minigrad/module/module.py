@@ -120,45 +120,46 @@ class Module:
                 seen_tensors.add(id(obj))
                 yield name, obj
 
-    def named_parameters(
-        self, prefix: str = "", recursive: bool = True
-    ) -> Iterator[tuple[str, Parameter]]:
+    def named_parameters(self, prefix: str = "",
+                         recursive: bool = True) -> Iterator[tuple[str, Parameter]]:
         """``(dotted name, Parameter)`` pairs in definition order (shared ones once)."""
         return self._named(lambda o: isinstance(o, Parameter), _dot(prefix), recursive)
 
     def parameters(self, recursive: bool = True) -> Iterator[Parameter]:
-        for _, p in self.named_parameters(recursive=recursive):
-            yield p
+        """The Parameters, what optimizers update, in definition order (shared ones once).
 
-    def named_buffers(
-        self, prefix: str = "", recursive: bool = True
-    ) -> Iterator[tuple[str, Tensor]]:
-        """Tensors that are state but not trained (BatchNorm running statistics)."""
+        Example::
+
+            opt = optim.SGD(model.parameters(), lr=0.1)
+        """
+        return _values(self.named_parameters(recursive=recursive))
+
+    def named_buffers(self, prefix: str = "",
+                      recursive: bool = True) -> Iterator[tuple[str, Tensor]]:
+        """Tensors that are state but not trained (BatchNorm running statistics), with names."""
         return self._named(_is_buffer, _dot(prefix), recursive)
 
     def buffers(self, recursive: bool = True) -> Iterator[Tensor]:
-        for _, b in self.named_buffers(recursive=recursive):
-            yield b
+        """The buffers of :meth:`named_buffers` without their names."""
+        return _values(self.named_buffers(recursive=recursive))
 
-    def named_tensors(
-        self, prefix: str = "", recursive: bool = True
-    ) -> Iterator[tuple[str, Tensor]]:
+    def named_tensors(self, prefix: str = "",
+                      recursive: bool = True) -> Iterator[tuple[str, Tensor]]:
         """Parameters and buffers together: everything a replica must share (``bcast_list_``)."""
         return self._named(lambda o: isinstance(o, Tensor), _dot(prefix), recursive)
 
     def tensors(self, recursive: bool = True) -> Iterator[Tensor]:
-        for _, t in self.named_tensors(recursive=recursive):
-            yield t
+        """Parameters and buffers without their names (``dist.bcast_list_(model.tensors())``)."""
+        return _values(self.named_tensors(recursive=recursive))
 
     def named_children(self) -> Iterator[tuple[str, "Module"]]:
-        """Direct sub-modules (one level)."""
-        for name, obj in self._walk("", False, {id(self)}):
-            if isinstance(obj, Module):
-                yield name, obj
+        """Direct sub-modules (one level), with their attribute names."""
+        return ((name, obj) for name, obj in self._walk("", False, {id(self)})
+                if isinstance(obj, Module))
 
     def children(self) -> Iterator["Module"]:
-        for _, m in self.named_children():
-            yield m
+        """Direct sub-modules (one level)."""
+        return _values(self.named_children())
 
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
         """This module (named ``prefix``) and every sub-module, depth first."""
@@ -168,8 +169,8 @@ class Module:
                 yield name, obj
 
     def modules(self) -> Iterator["Module"]:
-        for _, m in self.named_modules():
-            yield m
+        """This module and every sub-module, depth first."""
+        return _values(self.named_modules())
 
     def apply(self, fn: Callable[["Module"], Any]) -> "Module":
         """Call ``fn`` on every module (self included), e.g. a custom initialiser."""
@@ -261,6 +262,10 @@ class Module:
             body = repr(child).replace("\n", "\n  ")
             lines.append(f"  ({name}): {body}")
         return "\n".join(lines) + "\n)"
+
+
+def _values(named: Iterator[tuple[str, Any]]) -> Iterator[Any]:
+    return (obj for _, obj in named)
 
 
 def _is_buffer(obj) -> bool:

@@ -25,6 +25,14 @@ from minigrad.module.module import Module
 from minigrad.tensor import Parameter, Tensor
 
 
+def affine_parameters(affine: bool, shape) -> tuple[Parameter | None, Parameter | None]:
+    """The ``(weight, bias)`` of a normalisation layer: ones and zeros of ``shape``, or
+    ``(None, None)`` without ``affine``."""
+    if not affine:
+        return None, None
+    return Parameter(np.ones(shape, np.float32)), Parameter(np.zeros(shape, np.float32))
+
+
 class BatchNormBase(Module):
     """What every batch normalisation shares: the affine parameters and running statistics (all
     ``(1, C, 1, 1)``), the input check, and :meth:`update_running_stats`. Subclasses say which
@@ -43,11 +51,7 @@ class BatchNormBase(Module):
         self.affine = bool(affine)
         self.track_running_stats = bool(track_running_stats)
         shape = (1, self.num_features, 1, 1)
-        if self.affine:
-            self.weight = Parameter(np.ones(shape, np.float32))
-            self.bias = Parameter(np.zeros(shape, np.float32))
-        else:
-            self.weight = self.bias = None
+        self.weight, self.bias = affine_parameters(self.affine, shape)
         if self.track_running_stats:
             self.running_mean = Tensor(np.zeros(shape, np.float32))
             self.running_var = Tensor(np.ones(shape, np.float32))
@@ -217,11 +221,7 @@ class LayerNorm(Module):
         self.normalized_shape = tuple(int(s) for s in normalized_shape)
         self.eps = float(eps)
         self.affine = bool(affine)
-        if self.affine:
-            self.weight = Parameter(np.ones(self.normalized_shape, np.float32))
-            self.bias = Parameter(np.zeros(self.normalized_shape, np.float32))
-        else:
-            self.weight = self.bias = None
+        self.weight, self.bias = affine_parameters(self.affine, self.normalized_shape)
 
     def forward(self, x: Tensor) -> Tensor:
         n = len(self.normalized_shape)
@@ -252,11 +252,7 @@ class GroupNorm(Module):
             )
         self.eps = float(eps)
         self.affine = bool(affine)
-        if self.affine:
-            self.weight = Parameter(np.ones(self.num_channels, np.float32))
-            self.bias = Parameter(np.zeros(self.num_channels, np.float32))
-        else:
-            self.weight = self.bias = None
+        self.weight, self.bias = affine_parameters(self.affine, self.num_channels)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim < 2 or x.shape[1] != self.num_channels:

@@ -139,6 +139,21 @@ class Optimizer:
                 p.grad = F.zeros_like(p.grad)
         return self
 
+    # -- printing ---------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        """Hyper-parameters and parameter count per group, e.g.
+        ``SGD(lr=0.1, momentum=0.9, nesterov=False, weight_decay=0.0, params=4)``; one line per
+        group when there are several."""
+
+        def describe(group: dict) -> str:
+            hyper = ", ".join(f"{k}={v!r}" for k, v in group.items() if k != "params")
+            return f"{hyper}, params={len(group['params'])}"
+
+        if len(self.param_groups) == 1:
+            return f"{self._name}({describe(self.param_groups[0])})"
+        lines = [f"  ({i}): {describe(g)}" for i, g in enumerate(self.param_groups)]
+        return "\n".join([f"{self._name}({len(self.param_groups)} param groups", *lines, ")"])
+
     # -- state ------------------------------------------------------------------------------------
     def _params(self) -> list[Parameter]:
         return [p for g in self.param_groups for p in g["params"]]

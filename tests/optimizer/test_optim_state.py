@@ -232,3 +232,24 @@ def test_zero_grad_fills_zeros_and_clear_grad_drops_everywhere():
     w = lin.weight.numpy()
     opt.step()  # a cleared gradient skips the parameter
     np.testing.assert_array_equal(lin.weight.numpy(), w)
+
+
+def test_optimizer_and_scheduler_reprs_show_hyper_parameters():
+    a, b = Parameter(np.zeros(3, np.float32)), Parameter(np.zeros(2, np.float32))
+    sgd = optim.SGD([a, b], lr=0.1, momentum=0.9)
+    assert repr(sgd) == "SGD(lr=0.1, momentum=0.9, nesterov=False, weight_decay=0.0, params=2)"
+    adam = optim.Adam([{"params": [a]}, {"params": [b], "weight_decay": 0.01}], lr=1e-3)
+    assert repr(adam) == (
+        "Adam(2 param groups\n"
+        "  (0): lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0, params=1\n"
+        "  (1): weight_decay=0.01, lr=0.001, betas=(0.9, 0.999), eps=1e-08, params=1\n)")
+    sched = optim.MultiStepLR(sgd, milestones=[2, 4], gamma=0.5)
+    assert repr(sched) == "MultiStepLR(milestones=[2, 4], gamma=0.5, current_epoch=0, lr=[0.1])"
+    sched.step(), sched.step()
+    assert repr(sched).endswith("current_epoch=2, lr=[0.05])")
+    assert repr(optim.StepLR(sgd, step_size=3)).startswith("StepLR(step_size=3, gamma=0.1, ")
+    cos = optim.CosineAnnealingLR(optim.SGD([a], lr=1.0), T_max=4)
+    warm = optim.LinearWarmup(cos.optimizer, warmup_steps=2, scheduler=cos)
+    assert repr(warm) == (
+        "LinearWarmup(warmup_steps=2, start_factor=0.0, scheduler=CosineAnnealingLR(T_max=4, "
+        "eta_min=0.0, current_epoch=-2, lr=[0]), current_epoch=0, lr=[0])")
