@@ -25,6 +25,12 @@ from minigrad.module.module import Module
 from minigrad.tensor import Parameter, Tensor
 
 
+def _expect(ok: bool, layer: str, expected: str, x: Tensor) -> None:
+    """Raise the layer's shape error: ``Layer(args): expected input of shape ..., got (...)``."""
+    if not ok:
+        raise ValueError(f"{layer}: expected input of shape {expected}, got {tuple(x.shape)}")
+
+
 def affine_parameters(affine: bool, shape) -> tuple[Parameter | None, Parameter | None]:
     """The ``(weight, bias)`` of a normalisation layer: ones and zeros of ``shape``, or
     ``(None, None)`` without ``affine``."""
@@ -83,11 +89,9 @@ class BatchNormBase(Module):
 
     def check_input(self, x: Tensor) -> None:
         """Raise a ValueError naming the layer unless ``x`` has an accepted rank and C channels."""
-        if x.ndim not in self.input_ndims or x.shape[1] != self.num_features:
-            raise ValueError(
-                f"{type(self).__name__}({self.num_features}): expected input of shape "
-                f"{self.input_layout} with C={self.num_features}, got {tuple(x.shape)}"
-            )
+        ok = x.ndim in self.input_ndims and x.shape[1] == self.num_features
+        _expect(ok, f"{type(self).__name__}({self.num_features})",
+                f"{self.input_layout} with C={self.num_features}", x)
 
     def forward(self, x: Tensor) -> Tensor:
         self.check_input(x)
@@ -225,11 +229,9 @@ class LayerNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         n = len(self.normalized_shape)
-        if tuple(x.shape[x.ndim - n:]) != self.normalized_shape or x.ndim < n:
-            raise ValueError(
-                f"LayerNorm({self.normalized_shape}): expected input of shape "
-                f"(..., {', '.join(map(str, self.normalized_shape))}), got {tuple(x.shape)}"
-            )
+        ok = x.ndim >= n and tuple(x.shape[x.ndim - n:]) == self.normalized_shape
+        _expect(ok, f"LayerNorm({self.normalized_shape})",
+                f"(..., {', '.join(map(str, self.normalized_shape))})", x)
         return F.layer_norm(x, self.normalized_shape, affine=self.affine, weight=self.weight,
                             bias=self.bias, eps=self.eps)
 
@@ -255,11 +257,9 @@ class GroupNorm(Module):
         self.weight, self.bias = affine_parameters(self.affine, self.num_channels)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.ndim < 2 or x.shape[1] != self.num_channels:
-            raise ValueError(
-                f"GroupNorm({self.num_groups}, {self.num_channels}): expected input of shape "
-                f"(N, {self.num_channels}, ...), got {tuple(x.shape)}"
-            )
+        _expect(x.ndim >= 2 and x.shape[1] == self.num_channels,
+                f"GroupNorm({self.num_groups}, {self.num_channels})",
+                f"(N, {self.num_channels}, ...)", x)
         return F.group_norm(x, self.num_groups, affine=self.affine, weight=self.weight,
                             bias=self.bias, eps=self.eps)
 
