@@ -16,12 +16,12 @@ import numpy as np
 
 from minigrad.autodiff.function import Function
 from minigrad.functional._util import recording_backward
-from minigrad.functional.dropout import dropout
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import linear, matmul
 from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import reshape, split, transpose
-from minigrad.functional.softmax import softmax
+from minigrad.functional.softmax_family import softmax
+from minigrad.functional.stochastic import dropout
 from minigrad.tensor import Tensor
 
 __all__ = ["attention_bias", "multi_head_attention", "scaled_dot_product_attention"]

@@ -13,7 +13,7 @@ from minigrad.functional.elementwise import _f, exp, log, log1p, relu
 from minigrad.functional.elementwise import abs as _abs
 from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import indexing_one_hot, one_hot
-from minigrad.functional.softmax import logsoftmax, softmax
+from minigrad.functional.softmax_family import logsoftmax, softmax
 from minigrad.tensor import Tensor
 
 __all__ = [

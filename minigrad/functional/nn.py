@@ -1,10 +1,10 @@
 """Neural-network ops (``F.nn``, also re-exported as ``F.<name>``), MegEngine names and signatures.
 
 This module holds the activations and ``embedding``, and gathers the other families under the
-``F.nn`` name MegEngine code uses: ``linear`` (``linalg``), the softmax family (``softmax``),
-``dropout``, ``one_hot`` (``shape``), convolution and pooling (``conv``), normalisation
-(``normalization``), losses and metrics (``loss``) and attention (``attention``). Those modules
-never import this one, so the imports only go one way. Activations are compositions of elementwise
+``F.nn`` name MegEngine code uses: ``linear`` (``linalg``), the softmax family
+(``softmax_family``), ``dropout`` (``stochastic``), ``one_hot`` (``shape``), convolution and
+pooling (``conv``), normalisation (``normalization``), losses and metrics (``loss``) and attention
+(``attention``). Those modules never import this one, so the imports only go one way. Activations are compositions of elementwise
 primitives and get gradients for free, except GELU, one fused node because it sits in every
 Transformer MLP.
 """
@@ -31,7 +31,6 @@ from minigrad.functional.conv import (
     conv_transpose2d,
     max_pool2d,
 )
-from minigrad.functional.dropout import dropout
 from minigrad.functional.elementwise import (
     _f,
     clip,
@@ -54,7 +53,8 @@ from minigrad.functional.loss import (
 )
 from minigrad.functional.normalization import batch_norm, group_norm, layer_norm
 from minigrad.functional.shape import _int_index, getitem, one_hot
-from minigrad.functional.softmax import log_softmax, logsoftmax, softmax
+from minigrad.functional.softmax_family import log_softmax, logsoftmax, softmax
+from minigrad.functional.stochastic import dropout
 from minigrad.tensor import Tensor
 
 # --------------------------------------------------------------------------------------------------

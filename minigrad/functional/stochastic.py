@@ -1,4 +1,5 @@
-"""``dropout``: inverted dropout drawn from minigrad's seeded generator."""
+"""Ops that draw random numbers (``dropout``), from minigrad's seeded generators
+(``minigrad.backend.rng``), so they are reproducible under ``mg.random.seed``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ __all__ = ["dropout"]
 def dropout(inp, drop_prob: float, training: bool = True) -> Tensor:
     """Inverted dropout: zero each element with probability ``drop_prob`` and scale the survivors
     by ``1 / (1 - drop_prob)``, so evaluation (``training=False``) is the identity. Draws from
-    ``mg.random.get_rng`` and is therefore reproducible under ``mg.random.seed``."""
+    ``mg.random.get_rng`` and is therefore reproducible under ``mg.random.seed``.
+
+    Example::
+
+        h = F.dropout(h, 0.1, training=model.training)
+    """
     inp = _f(inp)
     if not 0.0 <= drop_prob <= 1.0:
         raise ValueError(f"dropout: drop_prob must be in [0, 1], got {drop_prob}")
