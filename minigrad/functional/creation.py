@@ -1,4 +1,8 @@
-"""Tensor factories: zeros, ones, full, arange, linspace, eye and the ``*_like`` variants."""
+"""Tensor factories: zeros, ones, full, arange, linspace, eye and the ``*_like`` variants.
+
+Float32 by default, as in MegEngine (NumPy would give float64), on the default device unless
+``device`` says otherwise.
+"""
 
 from __future__ import annotations
 
@@ -34,29 +38,41 @@ def _shape(shape) -> tuple:
 
 
 def zeros(shape, dtype="float32", device=None) -> Tensor:
+    """A tensor of zeros of ``shape`` (an int or a tuple) on ``device`` (default: the default
+    device).
+
+    Example::
+
+        F.zeros((2, 3))   # float32 zeros, like MegEngine
+    """
     return _make(lambda xp: xp.zeros, dtype, device, _shape(shape))
 
 
 def ones(shape, dtype="float32", device=None) -> Tensor:
+    """A tensor of ones of ``shape`` on ``device``."""
     return _make(lambda xp: xp.ones, dtype, device, _shape(shape))
 
 
 def full(shape, value, dtype="float32", device=None) -> Tensor:
+    """A tensor of ``shape`` filled with ``value``."""
     return _make(lambda xp: xp.full, dtype, device, _shape(shape), value)
 
 
-def eye(n: int, m: int | None = None, dtype="float32", device=None) -> Tensor:
-    return _make(lambda xp: xp.eye, dtype, device, int(n), None if m is None else int(m))
+def eye(N: int, M: int | None = None, dtype="float32", device=None) -> Tensor:  # noqa: N803
+    """The ``N x M`` identity matrix (``M`` defaults to ``N``): ones on the diagonal."""
+    return _make(lambda xp: xp.eye, dtype, device, int(N), None if M is None else int(M))
 
 
 def arange(start=0, stop=None, step=1, dtype="float32", device=None) -> Tensor:
-    """Like ``np.arange``; float32 by default as in MegEngine."""
+    """``start, start + step, ...`` up to ``stop`` (excluded), like ``np.arange``; float32 by
+    default as in MegEngine (``arange(n)`` counts from 0)."""
     if stop is None:
         start, stop = 0, start
     return _make(lambda xp: xp.arange, dtype, device, start, stop, step)
 
 
 def linspace(start, stop, num: int, dtype="float32", device=None) -> Tensor:
+    """``num`` evenly spaced values from ``start`` to ``stop``, both included."""
     dev = as_device(device)
     return Tensor._wrap(dev.xp.linspace(start, stop, int(num)).astype(as_dtype(dtype)), dev)
 
@@ -65,14 +81,17 @@ def _like(x: Tensor, dtype):
     return (x.dtype if dtype is None else dtype), x.device
 
 
-def zeros_like(x: Tensor, dtype=None) -> Tensor:
-    return zeros(x.shape, *_like(x, dtype))
+def zeros_like(inp: Tensor, dtype=None) -> Tensor:
+    """Zeros with the shape, device and (unless ``dtype`` is given) dtype of ``inp``."""
+    return zeros(inp.shape, *_like(inp, dtype))
 
 
-def ones_like(x: Tensor, dtype=None) -> Tensor:
-    return ones(x.shape, *_like(x, dtype))
+def ones_like(inp: Tensor, dtype=None) -> Tensor:
+    """Ones with the shape, device and (unless ``dtype`` is given) dtype of ``inp``."""
+    return ones(inp.shape, *_like(inp, dtype))
 
 
-def full_like(x: Tensor, value, dtype=None) -> Tensor:
-    dtype, device = _like(x, dtype)
-    return full(x.shape, value, dtype, device)
+def full_like(inp: Tensor, value, dtype=None) -> Tensor:
+    """``value`` everywhere, with the shape, device and (unless given) dtype of ``inp``."""
+    dtype, device = _like(inp, dtype)
+    return full(inp.shape, value, dtype, device)

@@ -120,10 +120,15 @@ class Einsum(Function):
         return tuple(grads)
 
 
-def einsum(spec: str, *operands) -> Tensor:
+def einsum(equation: str, *args) -> Tensor:
     """Einstein summation with an explicit ``->`` output (e.g. ``"bij,bjk->bik"``); no repeated
-    subscripts within one operand."""
-    spec = spec.replace(" ", "")
+    subscripts within one operand. Differentiable in every operand.
+
+    Example::
+
+        F.einsum("bij,bjk->bik", a, b)   # a batched matmul
+    """
+    spec, operands = equation.replace(" ", ""), args
     if "->" not in spec:
         raise ValueError(f"einsum: spec {spec!r} needs an explicit '->' output")
     ins, out = spec.split("->")

@@ -4,9 +4,9 @@ This module holds the activations and ``embedding``, and gathers the other famil
 ``F.nn`` name MegEngine code uses: ``linear`` (``linalg``), the softmax family
 (``softmax_family``), ``dropout`` (``stochastic``), ``one_hot`` (``shape``), convolution and
 pooling (``conv``), normalisation (``normalization``), losses and metrics (``loss``) and attention
-(``attention``). Those modules never import this one, so the imports only go one way. Activations are compositions of elementwise
-primitives and get gradients for free, except GELU, one fused node because it sits in every
-Transformer MLP.
+(``attention``). Those modules never import this one, so the imports only go one way.
+Activations are compositions of elementwise primitives and get gradients for free, except GELU,
+one fused node because it sits in every Transformer MLP.
 """
 
 from __future__ import annotations
@@ -62,14 +62,14 @@ from minigrad.tensor import Tensor
 
 
 def leaky_relu(inp, negative_slope: float = 0.01) -> Tensor:
-    """``x`` for ``x > 0``, else ``negative_slope * x``."""
+    """``x`` for ``x > 0``, else ``negative_slope * x`` (a small gradient where relu has none)."""
     inp = _f(inp)
     return where(inp > 0, inp, inp * negative_slope)
 
 
-def relu6(inp) -> Tensor:
-    """``min(max(x, 0), 6)``."""
-    return clip(_f(inp), 0.0, 6.0)
+def relu6(x) -> Tensor:
+    """``min(max(x, 0), 6)`` (MobileNet's bounded relu)."""
+    return clip(_f(x), 0.0, 6.0)
 
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -132,15 +132,20 @@ class Gelu(Function):
         return g
 
 
-def gelu(inp) -> Tensor:
-    """Exact GELU, ``x * Phi(x)`` with the normal CDF of ``erf`` (not the tanh approximation)."""
-    return Gelu()(_f(inp))
+def gelu(x) -> Tensor:
+    """Exact GELU, ``x * Phi(x)`` with the normal CDF of ``erf`` (not the tanh approximation).
+
+    Example::
+
+        h = F.gelu(F.linear(x, w1, b1))   # a Transformer MLP's activation
+    """
+    return Gelu()(_f(x))
 
 
-def silu(inp) -> Tensor:
+def silu(x) -> Tensor:
     """``x * sigmoid(x)`` (a.k.a. swish)."""
-    inp = _f(inp)
-    return inp * sigmoid(inp)
+    x = _f(x)
+    return x * sigmoid(x)
 
 
 def softplus(inp) -> Tensor:
@@ -149,15 +154,15 @@ def softplus(inp) -> Tensor:
     return relu(inp) + log1p(exp(-_abs(inp)))
 
 
-def hsigmoid(inp) -> Tensor:
-    """Hard sigmoid ``relu6(x + 3) / 6``."""
-    return relu6(_f(inp) + 3.0) * (1.0 / 6.0)
+def hsigmoid(x) -> Tensor:
+    """Hard sigmoid ``relu6(x + 3) / 6`` (a piecewise-linear sigmoid)."""
+    return relu6(_f(x) + 3.0) * (1.0 / 6.0)
 
 
-def hswish(inp) -> Tensor:
+def hswish(x) -> Tensor:
     """Hard swish ``x * relu6(x + 3) / 6``."""
-    inp = _f(inp)
-    return inp * hsigmoid(inp)
+    x = _f(x)
+    return x * hsigmoid(x)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Shape and indexing ops. Primitives: reshape, transpose, broadcast_to, sum_to, getitem (and its
-adjoint index_add), concat, pad, gather, scatter, cumsum. Everything else is a composition."""
+adjoint index_add), concat, split, pad, gather, scatter, cumsum. Everything else is a composition.
+Keyword names are MegEngine's (``inp``, ``target_shape``, ``pattern``, ``inps``, ``src``...)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def _t(x) -> Tensor:
 
 
 def _shape_arg(shape) -> tuple:
+    """A shape given as an int, a sequence or a Tensor, as a tuple of ints."""
     if isinstance(shape, Tensor):
         shape = shape.numpy().tolist()
     if isinstance(shape, int):
@@ -72,10 +74,16 @@ class SumTo(Function):
         return broadcast_to(dy, self.shape), None
 
 
-def reshape(x, shape) -> Tensor:
-    """Reshape (one dimension may be -1); the element count must match."""
-    x = _t(x)
-    shape = _shape_arg(shape)
+def reshape(inp, target_shape) -> Tensor:
+    """``inp`` with shape ``target_shape`` (one entry may be -1: inferred); the element count
+    must match. A view when it can be.
+
+    Example::
+
+        F.reshape(x, (x.shape[0], -1))   # flatten all but the batch axis
+    """
+    x = _t(inp)
+    shape = _shape_arg(target_shape)
     known = 1
     for s in shape:
         if s != -1:
@@ -89,9 +97,10 @@ def reshape(x, shape) -> Tensor:
     return Reshape()(x, shape)
 
 
-def transpose(x, pattern=None) -> Tensor:
-    """Permute axes (reverse them when ``pattern`` is None)."""
-    x = _t(x)
+def transpose(inp, pattern=None) -> Tensor:
+    """Permute the axes: output axis ``i`` is input axis ``pattern[i]`` (reversed order when
+    ``pattern`` is None)."""
+    x = _t(inp)
     axes = tuple(range(x.ndim))[::-1] if pattern is None else tuple(int(a) for a in pattern)
     if sorted(a % max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
         raise ValueError(f"transpose: pattern {pattern} is not a permutation of {x.ndim} axes")
@@ -99,16 +108,19 @@ def transpose(x, pattern=None) -> Tensor:
     return Transpose()(x, axes)
 
 
-def swapaxes(x, axis1: int, axis2: int) -> Tensor:
-    x = _t(x)
+def swapaxes(inp, axis1: int, axis2: int) -> Tensor:
+    """``inp`` with axes ``axis1`` and ``axis2`` exchanged."""
+    x = _t(inp)
     axis1, axis2 = normalize_axis((axis1, axis2), x.ndim, "swapaxes")
     axes = list(range(x.ndim))
     axes[axis1], axes[axis2] = axes[axis2], axes[axis1]
     return transpose(x, axes)
 
 
-def broadcast_to(x, shape) -> Tensor:
-    x = _t(x)
+def broadcast_to(inp, shape) -> Tensor:
+    """``inp`` repeated along new leading axes and size-1 axes to ``shape`` (NumPy's rule); the
+    gradient sums back."""
+    x = _t(inp)
     shape = _shape_arg(shape)
     if x.shape == shape:
         return x
@@ -121,15 +133,17 @@ def broadcast_to(x, shape) -> Tensor:
 
 
 def sum_to(x, shape) -> Tensor:
-    """Sum a broadcast tensor back down to ``shape`` (the adjoint of broadcast_to)."""
+    """Sum a broadcast tensor back down to ``shape`` (the adjoint of broadcast_to): how the
+    engine reduces a broadcast operand's gradient."""
     shape = tuple(shape)
     if x.shape == shape:
         return x
     return SumTo()(x, shape)
 
 
-def expand_dims(x, axis) -> Tensor:
-    x = _t(x)
+def expand_dims(inp, axis) -> Tensor:
+    """``inp`` with new size-1 axes at ``axis`` (an int or a sequence, positions in the result)."""
+    x = _t(inp)
     axes = [axis] if isinstance(axis, int) else list(axis)
     axes = sorted(normalize_axis(axes, x.ndim + len(axes), "expand_dims"))
     shape = list(x.shape)
@@ -138,8 +152,9 @@ def expand_dims(x, axis) -> Tensor:
     return reshape(x, shape)
 
 
-def squeeze(x, axis=None) -> Tensor:
-    x = _t(x)
+def squeeze(inp, axis=None) -> Tensor:
+    """``inp`` without its size-1 axes (only those in ``axis`` when given; each must be 1)."""
+    x = _t(inp)
     if axis is None:
         axes = [i for i, s in enumerate(x.shape) if s == 1]
     else:
@@ -152,8 +167,9 @@ def squeeze(x, axis=None) -> Tensor:
     return reshape(x, [s for i, s in enumerate(x.shape) if i not in axes])
 
 
-def flatten(x, start_axis: int = 0, end_axis: int = -1) -> Tensor:
-    x = _t(x)
+def flatten(inp, start_axis: int = 0, end_axis: int = -1) -> Tensor:
+    """Merge axes ``start_axis..end_axis`` (inclusive) into one."""
+    x = _t(inp)
     if x.ndim == 0:
         return reshape(x, (1,))
     start, end = start_axis % x.ndim, end_axis % x.ndim
@@ -179,6 +195,7 @@ def _raw_index(index):
 
 
 def _is_basic(index) -> bool:
+    """Whether ``index`` has no arrays (so it selects each element at most once)."""
     items = index if isinstance(index, tuple) else (index,)
     return all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items)
 
@@ -209,9 +226,10 @@ class IndexAdd(Function):
         return getitem(dz, self.index), None, None
 
 
-def getitem(x, index) -> Tensor:
-    """``x[index]`` for basic, integer-array and boolean indices, differentiable."""
-    x = _t(x)
+def getitem(inp, index) -> Tensor:
+    """``inp[index]`` for basic, integer-array and boolean indices, differentiable (what
+    ``Tensor.__getitem__`` runs)."""
+    x = _t(inp)
     raw = _raw_index(index)
     try:
         return GetItem()(x, raw)
@@ -236,7 +254,14 @@ class Concat(Function):
         return tuple(grads)
 
 
-def concat(inps, axis: int = 0) -> Tensor:
+def concat(inps, axis: int = 0, device=None) -> Tensor:
+    """Join tensors along an existing ``axis``; the other axes must match. ``device`` moves the
+    result (MegEngine's argument; default: where the inputs are).
+
+    Example::
+
+        F.concat([a, b], axis=1)   # (N, 3) and (N, 5) -> (N, 8)
+    """
     inps = [_t(x) for x in inps]
     if not inps:
         raise ValueError("concat: needs at least one tensor")
@@ -251,18 +276,18 @@ def concat(inps, axis: int = 0) -> Tensor:
                 f"concat: tensor {i} has shape {x.shape}, incompatible with {ref.shape} "
                 f"along axis {axis}"
             )
-    if len(inps) == 1:
-        return inps[0]
-    return Concat()(axis, *inps)
+    out = inps[0] if len(inps) == 1 else Concat()(axis, *inps)
+    return out if device is None else out.to(device)
 
 
-def stack(inps, axis: int = 0) -> Tensor:
+def stack(inps, axis: int = 0, device=None) -> Tensor:
+    """Join same-shaped tensors along a new ``axis``; ``device`` as in :func:`concat`."""
     inps = [_t(x) for x in inps]
     shapes = {x.shape for x in inps}
     if len(shapes) != 1:
         raise ValueError(f"stack: all tensors must have the same shape, got {sorted(shapes)}")
     check_compatible("stack", *inps, broadcast=False)
-    return concat([expand_dims(x, axis) for x in inps], axis=axis)
+    return concat([expand_dims(x, axis) for x in inps], axis=axis, device=device)
 
 
 class Split(Function):
@@ -279,9 +304,9 @@ class Split(Function):
         return concat(list(dys), self.axis), None, None
 
 
-def split(x, nsplits_or_sections, axis: int = 0) -> list:
+def split(inp, nsplits_or_sections, axis: int = 0) -> list:
     """Split into ``n`` equal parts (int) or at the given indices (list), MegEngine style."""
-    x = _t(x)
+    x = _t(inp)
     (axis,) = normalize_axis(axis, x.ndim, "split")
     size = x.shape[axis]
     if isinstance(nsplits_or_sections, int):
@@ -308,9 +333,9 @@ class Pad(Function):
         return getitem(dy, self.index), None, None
 
 
-def pad(x, pad_width, mode: str = "constant", constant_value: float = 0.0) -> Tensor:
+def pad(src, pad_width, mode: str = "constant", constant_value: float = 0.0) -> Tensor:
     """Constant padding; ``pad_width`` is ((before, after), ...) per axis."""
-    x = _t(x)
+    x = _t(src)
     if mode != "constant":
         raise NotImplementedError(f"pad: mode {mode!r} is not supported (only 'constant')")
     pw = tuple((int(a), int(b)) for a, b in pad_width)
@@ -319,9 +344,9 @@ def pad(x, pad_width, mode: str = "constant", constant_value: float = 0.0) -> Te
     return Pad()(x, pw, constant_value)
 
 
-def repeat(x, repeats: int, axis=None) -> Tensor:
+def repeat(inp, repeats: int, axis=None) -> Tensor:
     """Repeat each element ``repeats`` times along ``axis`` (flattened when None)."""
-    x = _t(x)
+    x = _t(inp)
     if axis is None:
         x, axis = flatten(x), 0
     (axis,) = normalize_axis(axis, x.ndim, "repeat")
@@ -333,8 +358,10 @@ def repeat(x, repeats: int, axis=None) -> Tensor:
     return reshape(broadcast_to(e, shape), out_shape)
 
 
-def tile(x, reps) -> Tensor:
-    x = _t(x)
+def tile(inp, reps) -> Tensor:
+    """``inp`` repeated ``reps[i]`` times along axis ``i`` (``reps`` is padded with leading 1s,
+    or ``inp`` with leading axes, to the same length)."""
+    x = _t(inp)
     reps = (reps,) if isinstance(reps, int) else tuple(reps)
     nd = max(x.ndim, len(reps))
     reps = (1,) * (nd - len(reps)) + reps
@@ -431,30 +458,33 @@ class Cumsum(Function):
         return getitem(cumsum(getitem(dy, flip), self.axis), flip), None
 
 
-def cumsum(x, axis: int) -> Tensor:
-    x = _t(x)
+def cumsum(inp, axis: int) -> Tensor:
+    """Running sums along ``axis`` (small integer dtypes accumulate in int32)."""
+    x = _t(inp)
     (axis,) = normalize_axis(axis, x.ndim, "cumsum")
     return Cumsum()(x, axis)
 
 
-def argsort(x, descending: bool = False) -> Tensor:
-    """Indices that sort the last axis (int32)."""
-    x = _t(x)
+def argsort(inp, descending: bool = False) -> Tensor:
+    """Indices that sort the last axis (int32, stable)."""
+    x = _t(inp)
     d = -x._data if descending else x._data
     return Tensor._wrap(x.xp.argsort(d, axis=-1, kind="stable").astype("int32"), x._device)
 
 
-def sort(x, descending: bool = False):
+def sort(inp, descending: bool = False):
     """(sorted values, indices) along the last axis; values are differentiable."""
-    x = _t(x)
+    x = _t(inp)
     idx = argsort(x, descending)
     return gather(x, x.ndim - 1, idx), idx
 
 
-def topk(x, k: int, descending: bool = False, kth_only: bool = False, no_sort: bool = False):
+def topk(inp, k: int, descending: bool = False, kth_only: bool = False,
+         no_sort: bool = False):
     """The ``k`` smallest (or largest with ``descending=True``) entries of the last axis, MegEngine
-    style: returns (values, indices), or just the k-th value/index pair with ``kth_only``."""
-    x = _t(x)
+    style: returns (values, indices), or just the k-th value/index pair with ``kth_only``.
+    ``no_sort`` is accepted for MegEngine's signature; the entries come sorted either way."""
+    x = _t(inp)
     n = x.shape[-1]
     if not 1 <= k <= n:
         raise ValueError(f"topk: k={k} out of range for last axis of size {n}")
@@ -468,6 +498,7 @@ def topk(x, k: int, descending: bool = False, kth_only: bool = False, no_sort: b
 
 
 def _int_index(op: str, idx, device) -> Tensor:
+    """``idx`` as an integer Tensor on ``device``; a TypeError naming ``op`` otherwise."""
     idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx), device=device)
     if idx.dtype.kind not in "iu":
         raise TypeError(f"{op}: indices must be an integer tensor, got dtype {idx.dtype}")
