@@ -132,6 +132,7 @@ class Device:
 
     @property
     def is_gpu(self) -> bool:
+        """Whether this is a CUDA device."""
         return self.kind == "gpu"
 
     def put(self, array, dtype=None):

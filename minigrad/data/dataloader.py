@@ -73,6 +73,12 @@ class DataLoader:
         timeout: seconds to wait for one batch from the workers before raising (0: no limit).
         prefetch_factor: batches in flight per worker.
         worker_init_fn: called with the worker id at the start of each worker process.
+
+    Example::
+
+        loader = DataLoader(train_set, RandomSampler(train_set, batch_size=64, seed=0))
+        for images, labels in loader:   # NumPy batches
+            ...
     """
 
     def __init__(

@@ -28,6 +28,8 @@ from minigrad.tensor import Tensor, as_dtype
 
 
 class Add(Function):
+    """``a + b``; both gradients are ``dy`` (broadcast operands are summed back by the engine)."""
+
     def forward(self, a, b):
         return data(a) + data(b)
 
@@ -36,6 +38,8 @@ class Add(Function):
 
 
 class Sub(Function):
+    """``a - b``; gradients ``dy`` and ``-dy``."""
+
     def forward(self, a, b):
         return data(a) - data(b)
 
@@ -44,6 +48,8 @@ class Sub(Function):
 
 
 class Mul(Function):
+    """``a * b``; gradients ``dy * b`` and ``dy * a`` (each only when needed)."""
+
     def forward(self, a, b):
         self.a, self.b = a, b
         return data(a) * data(b)
@@ -56,6 +62,8 @@ class Mul(Function):
 
 
 class Div(Function):
+    """``a / b``; gradients ``dy / b`` and ``-dy * a / b**2``."""
+
     def forward(self, a, b):
         self.a, self.b = a, b
         return data(a) / data(b)
@@ -68,6 +76,8 @@ class Div(Function):
 
 
 class Pow(Function):
+    """``a ** b``; gradients ``dy * b * a**(b-1)`` and ``dy * a**b * log(a)``."""
+
     def forward(self, a, b):
         self.a, self.b = a, b
         return data(a) ** data(b)
@@ -100,14 +110,20 @@ class _Extremum(Function):
 
 
 class Maximum(_Extremum):
+    """``maximum(a, b)``."""
+
     name = "maximum"
 
 
 class Minimum(_Extremum):
+    """``minimum(a, b)``."""
+
     name = "minimum"
 
 
 class Where(Function):
+    """``where(cond, a, b)``; ``dy`` flows to ``a`` where ``cond`` holds, to ``b`` elsewhere."""
+
     def forward(self, cond, a, b):
         self.cond = cond
         xp = cond.xp
@@ -205,6 +221,8 @@ def _saved_out(node, array, recompute):
 
 
 class Neg(Function):
+    """``-x``; gradient ``-dy``."""
+
     def forward(self, x):
         return -x._data
 
@@ -213,6 +231,8 @@ class Neg(Function):
 
 
 class Exp(Function):
+    """``e**x``; gradient ``dy * y`` with the saved output ``y``."""
+
     def forward(self, x):
         self.x = x
         self.y = x.xp.exp(x._data)
@@ -223,6 +243,8 @@ class Exp(Function):
 
 
 class Log(Function):
+    """``log(x)``; gradient ``dy / x``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.log(x._data)
@@ -232,6 +254,8 @@ class Log(Function):
 
 
 class Log1p(Function):
+    """``log(1 + x)``; gradient ``dy / (1 + x)``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.log1p(x._data)
@@ -241,6 +265,8 @@ class Log1p(Function):
 
 
 class Expm1(Function):
+    """``e**x - 1``; gradient ``dy * e**x``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.expm1(x._data)
@@ -250,6 +276,8 @@ class Expm1(Function):
 
 
 class Sqrt(Function):
+    """``sqrt(x)``; gradient ``dy / (2 y)`` with the saved output ``y``."""
+
     def forward(self, x):
         self.x = x
         self.y = x.xp.sqrt(x._data)
@@ -260,6 +288,8 @@ class Sqrt(Function):
 
 
 class Sin(Function):
+    """``sin(x)``; gradient ``dy * cos(x)``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.sin(x._data)
@@ -269,6 +299,8 @@ class Sin(Function):
 
 
 class Cos(Function):
+    """``cos(x)``; gradient ``-dy * sin(x)``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.cos(x._data)
@@ -278,6 +310,8 @@ class Cos(Function):
 
 
 class Tanh(Function):
+    """``tanh(x)``; gradient ``dy * (1 - y**2)`` with the saved output ``y``."""
+
     def forward(self, x):
         self.x = x
         self.y = x.xp.tanh(x._data)
@@ -289,6 +323,8 @@ class Tanh(Function):
 
 
 class Sigmoid(Function):
+    """``1 / (1 + e**-x)``; gradient ``dy * y * (1 - y)`` with the saved output ``y``."""
+
     def forward(self, x):
         self.x = x
         xp = x.xp
@@ -304,6 +340,8 @@ class Sigmoid(Function):
 
 
 class Erf(Function):
+    """``erf(x)``; gradient ``dy * 2 / sqrt(pi) * e**(-x**2)``."""
+
     def forward(self, x):
         self.x = x
         return erf_kernel(x.xp)(x._data).astype(x.dtype, copy=False)
@@ -313,6 +351,8 @@ class Erf(Function):
 
 
 class Abs(Function):
+    """``|x|``; gradient ``dy * sign(x)``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.abs(x._data)
@@ -322,6 +362,8 @@ class Abs(Function):
 
 
 class Relu(Function):
+    """``max(x, 0)``; gradient ``dy`` where ``x > 0``, else 0 (a saved boolean mask)."""
+
     def forward(self, x):
         self.mask = x._data > 0
         return x._data * self.mask
@@ -333,6 +375,8 @@ class Relu(Function):
 
 
 class Clip(Function):
+    """``clip(x, lower, upper)``; gradient ``dy`` inside the range, 0 outside."""
+
     def forward(self, x, lower, upper):
         self.x = x
         d = x._data
@@ -500,6 +544,8 @@ def isinf(inp) -> Tensor:
 
 
 class AsType(Function):
+    """A dtype conversion; the gradient is cast back to the source dtype (floats only)."""
+
     def forward(self, x, dtype):
         self.src = x._data.dtype
         return x._data.astype(dtype)

@@ -21,6 +21,8 @@ from minigrad.tensor import Tensor
 
 
 class MatMul(Function):
+    """``a @ b`` (batched, broadcast); gradients ``dy @ b^T`` and ``a^T @ dy``."""
+
     def forward(self, a, b):
         self.a, self.b = a, b
         return a.xp.matmul(a._data, b._data)
@@ -98,6 +100,8 @@ _SUBSCRIPT = re.compile(r"^[a-zA-Z]*$")
 
 
 class Einsum(Function):
+    """``einsum(spec, *xs)``; each operand's gradient is another einsum of ``dy`` and the others."""
+
     def forward(self, spec, *xs):
         self.spec, self.xs = spec, xs
         return xs[0].xp.einsum(spec, *[x._data for x in xs], optimize=True)

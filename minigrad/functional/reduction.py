@@ -22,6 +22,8 @@ def _restore(dy, axes, keepdims, shape):
 
 
 class Sum(Function):
+    """Sum over ``axes``; the gradient is ``dy`` broadcast back to the input's shape."""
+
     def forward(self, x, axes, keepdims):
         self.shape, self.axes, self.keepdims = x.shape, axes, keepdims
         dtype = accumulate_dtype(x._data.dtype)
@@ -48,6 +50,8 @@ class _Extremum(Function):
 
 
 class Prod(Function):
+    """Product over ``axes``; the gradient is ``dy`` times the product of the *other* entries."""
+
     def forward(self, x, axes, keepdims):
         self.x, self.axes, self.keepdims = x, axes, keepdims
         dtype = accumulate_dtype(x._data.dtype)

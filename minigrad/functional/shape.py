@@ -30,6 +30,8 @@ def _shape_arg(shape) -> tuple:
 
 
 class Reshape(Function):
+    """A reshape; the gradient is reshaped back."""
+
     def forward(self, x, shape):
         self.shape = x.shape
         return x._data.reshape(shape)
@@ -39,6 +41,8 @@ class Reshape(Function):
 
 
 class Transpose(Function):
+    """An axis permutation; the gradient takes the inverse permutation."""
+
     def forward(self, x, axes):
         self.axes = axes
         return x._data.transpose(axes)
@@ -51,6 +55,8 @@ class Transpose(Function):
 
 
 class BroadcastTo(Function):
+    """A broadcast; the gradient is summed back (``sum_to``)."""
+
     def forward(self, x, shape):
         self.shape = x.shape
         return x.xp.broadcast_to(x._data, shape)
@@ -60,6 +66,8 @@ class BroadcastTo(Function):
 
 
 class SumTo(Function):
+    """A sum down to a smaller shape (broadcast's adjoint); the gradient is broadcast back."""
+
     def forward(self, x, shape):
         self.shape = x.shape
         d = x._data
@@ -201,6 +209,8 @@ def _is_basic(index) -> bool:
 
 
 class GetItem(Function):
+    """``x[index]``; the gradient is scattered back into zeros (``IndexAdd``)."""
+
     def forward(self, x, index):
         self.shape, self.dtype, self.index = x.shape, x.dtype, index
         return x._data[index]
@@ -240,6 +250,8 @@ def getitem(inp, index) -> Tensor:
 
 
 class Concat(Function):
+    """Concatenation along ``axis``; each input's gradient is its slice of ``dy``."""
+
     def forward(self, axis, *xs):
         self.axis = axis
         self.sizes = [x.shape[axis] for x in xs]
@@ -325,6 +337,8 @@ def split(inp, nsplits_or_sections, axis: int = 0) -> list:
 
 
 class Pad(Function):
+    """Constant padding; the gradient is the unpadded interior of ``dy``."""
+
     def forward(self, x, pad_width, value):
         self.index = tuple(slice(lo, lo + s) for (lo, _), s in zip(pad_width, x.shape, strict=True))
         return x.xp.pad(x._data, pad_width, mode="constant", constant_values=value)
@@ -416,6 +430,9 @@ def gather(inp, axis: int, index) -> Tensor:
 
 
 class Scatter(Function):
+    """``inp`` with ``source`` written at ``index``; ``dy`` flows to ``source`` there and to
+    ``inp`` elsewhere."""
+
     def forward(self, inp, source, index):
         self.index = index
         out = inp._data.copy()
@@ -449,6 +466,8 @@ def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False) -> Tenso
 
 
 class Cumsum(Function):
+    """Running sums along ``axis``; the gradient is the reversed running sum of ``dy``."""
+
     def forward(self, x, axis):
         self.axis = axis
         return x.xp.cumsum(x._data, axis=axis, dtype=accumulate_dtype(x._data.dtype))

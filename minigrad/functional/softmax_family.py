@@ -25,6 +25,8 @@ def _axis(inp: Tensor, axis, op: str) -> int:
 
 
 class Softmax(Function):
+    """``y = softmax(x)``; gradient ``y * (dy - sum(dy * y))`` along the axis."""
+
     def forward(self, x, axis):
         d = x._data
         y = x.xp.exp(d - d.max(axis=axis, keepdims=True))
@@ -38,6 +40,8 @@ class Softmax(Function):
 
 
 class LogSoftmax(Function):
+    """``y = logsoftmax(x)``; gradient ``dy - e**y * sum(dy)`` along the axis."""
+
     def forward(self, x, axis):
         xp, d = x.xp, x._data
         s = d - d.max(axis=axis, keepdims=True)
@@ -52,7 +56,12 @@ class LogSoftmax(Function):
 
 def softmax(inp, axis: int | None = None) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``axis`` (default: the last), shifted by the max for
-    stability."""
+    stability.
+
+    Example::
+
+        probs = F.softmax(logits, axis=1)   # each row sums to 1
+    """
     inp = _f(inp)
     return Softmax()(inp, _axis(inp, axis, "softmax"))
 

@@ -26,6 +26,8 @@ def _tuple(value, n: int, name: str, layer: str) -> tuple:
 
 
 class _ConvNd(Module):
+    """What the convolution layers share: argument checks, parameters, init and repr."""
+
     _nd = 2
     _transposed = False
 
@@ -56,6 +58,7 @@ class _ConvNd(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Draw fresh initial weights: Kaiming-uniform weight, ``U(+-1/sqrt(fan_in))`` bias."""
         init.msra_uniform_(self.weight, a=init.DEFAULT_LAYER_A)
         if self.bias is not None:
             fan_in, _ = init.calculate_fan_in_and_fan_out(self.weight)

@@ -44,11 +44,24 @@ class HookHandler:
         self._key = key
 
     def remove(self) -> None:
+        """Unregister the hook (a second call does nothing)."""
         self._hooks.pop(self._key, None)
 
 
 class Module:
-    """Base class for layers and models (MegEngine's ``Module``)."""
+    """Base class for layers and models (MegEngine's ``Module``): subclasses set parameters and
+    sub-modules as attributes in ``__init__`` and define ``forward``.
+
+    Example::
+
+        class MLP(M.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1, self.fc2 = M.Linear(784, 128), M.Linear(128, 10)
+
+            def forward(self, x):
+                return self.fc2(F.relu(self.fc1(x)))
+    """
 
     # Class-level defaults: what makes a subclass without super().__init__() work.
     training: bool = True
@@ -61,6 +74,7 @@ class Module:
         self._forward_hooks: dict[int, Callable] = OrderedDict()
 
     def forward(self, *args, **kwargs):
+        """The layer's computation; ``module(x)`` calls it (with the forward hooks around it)."""
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
 
     # -- calling and hooks ------------------------------------------------------------------------

@@ -43,6 +43,10 @@ class Adam(Optimizer):
         g = grad + weight_decay * p
         m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g^2 ;  t += 1
         p = p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+
+    Example::
+
+        opt = optim.Adam(model.parameters(), lr=1e-3)
     """
 
     _decoupled = False

@@ -35,7 +35,13 @@ required = _Required()
 
 class Optimizer:
     """Base class. ``params`` is an iterable of Parameters or of dicts (param groups) that each
-    hold ``"params"`` and optional per-group hyper-parameters overriding ``defaults``."""
+    hold ``"params"`` and optional per-group hyper-parameters overriding ``defaults``.
+
+    Example::
+
+        opt = optim.SGD([{"params": body.parameters()},
+                         {"params": head.parameters(), "lr": 0.01}], lr=0.1)
+    """
 
     def __init__(self, params, defaults: dict):
         self._defaults = dict(defaults)

@@ -25,6 +25,8 @@ def _loss(fn, arrays, args_kind, device, weights):
 
 
 def numeric_directional_derivative(fn, arrays, directions, args_kind, device, weights, eps):
+    """Central difference of ``sum(fn(arrays) * weights)`` along ``directions`` (one per array,
+    None for constants): ``(L(a + eps d) - L(a - eps d)) / (2 eps)``, in float64."""
     plus = [a + eps * d if d is not None else a for a, d in zip(arrays, directions)]
     minus = [a - eps * d if d is not None else a for a, d in zip(arrays, directions)]
     return (

@@ -146,6 +146,10 @@ class MNIST(Dataset):
     Attributes:
         images: uint8 array (N, 28, 28, 1), all samples in memory.
         labels: int32 array (N,).
+
+    Example::
+
+        train_set = MNIST(train=True)   # offline: the bundled 8000 images, with a warning
     """
 
     def __init__(
