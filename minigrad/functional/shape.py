@@ -491,9 +491,14 @@ def argsort(inp, descending: bool = False) -> Tensor:
     return Tensor._wrap(x.xp.argsort(d, axis=-1, kind="stable").astype("int32"), x._device)
 
 
-def sort(inp, descending: bool = False):
-    """(sorted values, indices) along the last axis; values are differentiable."""
+def sort(inp, descending: bool = False, dim: int = -1):
+    """(sorted values, int32 indices) along axis ``dim`` (default: the last); the values are
+    differentiable, and equal entries keep their order."""
     x = _t(inp)
+    (dim,) = normalize_axis(dim, x.ndim, "sort")
+    if dim != x.ndim - 1:
+        values, idx = sort(swapaxes(x, dim, -1), descending)
+        return swapaxes(values, dim, -1), swapaxes(idx, dim, -1)
     idx = argsort(x, descending)
     return gather(x, x.ndim - 1, idx), idx
 
