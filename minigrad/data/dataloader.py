@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import random
 import signal
 import sys
 import time
@@ -199,9 +200,7 @@ def _worker_loop(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is handled (and cleaned up) by the parent
     # Results are only abandoned when the parent no longer wants them, so never block exit on them.
     result_q.cancel_join_thread()
-    np.random.seed(seed % 2**32)
-    import random
-
+    np.random.seed(seed % 2**32)  # NumPy's legacy seeds are 32-bit
     random.seed(seed)
     _worker_info = WorkerInfo(worker_id, loader.num_workers, seed)
     parent = os.getppid()

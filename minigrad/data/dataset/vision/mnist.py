@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from minigrad.data.dataset.base import Dataset, _check_index
 from minigrad.data.dataset.vision.idx import read_idx
@@ -303,8 +304,6 @@ class _Fetched:
 
 def _fetch(url: str, target: Path, timeout: float, progress: bool) -> _Fetched:
     """Stream ``url`` into a temporary file next to ``target``; return it with its MD5."""
-    from tqdm import tqdm
-
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
     h = hashlib.md5()
     try:
