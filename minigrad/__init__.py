@@ -22,7 +22,7 @@ from minigrad.backend import (
     set_default_device,
 )
 from minigrad.backend.allocator import tune_malloc_unless_disabled
-from minigrad.functional import creation
+from minigrad.functional import creation as _creation
 from minigrad.functional.creation import *  # noqa: F403  (mg.zeros, mg.arange... as MegEngine)
 from minigrad.serialization import load, save
 from minigrad.tensor import Parameter, Tensor, tensor
@@ -51,5 +51,5 @@ __all__ = [
     "save",
     "set_default_device",
     "tensor",
-    *creation.__all__,
+    *_creation.__all__,
 ]
