@@ -177,9 +177,10 @@ class MNIST(Dataset):
             missing = [n for n in names if not (self.root / n).is_file()]
             if missing and not download:
                 raise FileNotFoundError(self._where_to_put(missing, "download=False"))
+            if missing:
+                self.root.mkdir(parents=True, exist_ok=True)
             try:
                 for name in missing:
-                    self.root.mkdir(parents=True, exist_ok=True)
                     self._download(name, timeout, progress)
             except DownloadError as exc:
                 if not fallback:
