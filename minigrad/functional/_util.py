@@ -86,6 +86,8 @@ def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
     to float32 and float16 as the dtype to cast the result back to; otherwise the inputs unchanged
     and None. Any other mode is an error naming the op (it used to be accepted and ignored).
     """
+    if compute_mode == "default":  # the common case, on every matmul: no work
+        return tensors, None
     mode = str(compute_mode).lower()
     if mode not in COMPUTE_MODES:
         raise ValueError(
