@@ -69,8 +69,13 @@ class MultiHeadAttention(Module):
 
     def _bias(self, attn_mask, key_padding_mask, is_causal, n, length, s, like: Tensor):
         """One additive float bias broadcastable to (N, H, L, S), or None (F.nn.attention_bias)."""
-        if attn_mask is not None and attn_mask.ndim == 3:  # (N * H, L, S) -> (N, H, L, S)
+        if getattr(attn_mask, "ndim", None) == 3:  # (N * H, L, S) -> (N, H, L, S)
             attn_mask = attn_mask.reshape(n, self.num_heads, length, s)
+        if key_padding_mask is not None and tuple(np.shape(key_padding_mask)) != (n, s):
+            raise ValueError(
+                f"MultiHeadAttention: key_padding_mask must have shape {(n, s)} (True = padding), "
+                f"got {tuple(np.shape(key_padding_mask))}"
+            )
         return F.nn.attention_bias(length, s, attn_mask, is_causal, key_padding_mask, like=like)
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
