@@ -7,9 +7,12 @@ A zero-initialised single-layer linear classifier on MNIST, trained on every ran
 computation in one process with the whole batch, for comparison.
 
     python examples/megengine_dp_mnist.py [--epochs 2] [--single]
+
+The checkpoint goes to ``runs/megengine_dp_mnist/checkpoint.mgc`` (``--save``), named on screen.
 """
 
 import argparse
+import os
 
 import numpy as np
 
@@ -24,6 +27,7 @@ from minigrad.data.dataset.vision import load_mnist
 
 BATCH_PER_RANK = 64
 N_RANKS = 2
+RUN_DIR = os.path.join("runs", "megengine_dp_mnist")
 
 
 class Linear(M.Module):
@@ -84,10 +88,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--save", default="megengine_dp_mnist.mgc")
+    p.add_argument("--save", default=os.path.join(RUN_DIR, "checkpoint.mgc"))
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--single", action="store_true", help="one process, batch of both ranks")
     args = p.parse_args(argv)
+    os.makedirs(os.path.dirname(args.save) or ".", exist_ok=True)
+    print(f"writing outputs to {os.path.dirname(args.save) or '.'}{os.sep}", flush=True)
     if args.single:
         return run(args.epochs, args.lr, args.save, args.max_steps)
     return dist.launcher(run, n_gpus=N_RANKS, device_type="cpu")(

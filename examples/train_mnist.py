@@ -2,21 +2,24 @@
 
 Two CPU processes by default, one per GPU when GPUs are present. Uses the full MNIST set when it is
 cached (or ``--download``), else the 8,000/2,000 split of the real MNIST test set bundled with
-minigrad.
+minigrad. Everything it writes goes into one folder, ``runs/train_mnist/`` (``--out-dir``), which
+it names on screen; a relative ``--save``/``--resume`` path is looked up there.
 
     python examples/train_mnist.py                       # MLP, 2 CPU ranks
     python examples/train_mnist.py --model cnn --epochs 4 --save cnn.mgc
-    python examples/train_mnist.py --resume cnn.mgc --epochs 6
+    python examples/train_mnist.py --resume cnn.mgc --epochs 6   # the model kind is in the file
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import OrderedDict
 
 import numpy as np
+from tqdm import tqdm
 
 import minigrad as mg
 import minigrad.autodiff as ad
@@ -29,6 +32,8 @@ from minigrad.data.dataset.vision import load_mnist
 
 MEAN, STD = 0.1307, 0.3081
 DEFAULT_EPOCHS = {"mlp": 10, "cnn": 10}
+DEFAULT_MODEL = "mlp"
+RUN_DIR = os.path.join("runs", "train_mnist")
 
 
 def build_model(kind: str) -> M.Module:
@@ -65,6 +70,24 @@ def build_model(kind: str) -> M.Module:
     raise ValueError(f"unknown model {kind!r}: choose mlp or cnn")
 
 
+def checkpoint_model_kind(ckpt: dict, path: str) -> str:
+    """The model a checkpoint holds: its ``"model"`` entry, or for files written before that
+    entry existed, what its parameter names say."""
+    kind = ckpt.get("model")
+    if kind is None:
+        kind = "cnn" if any(k.startswith("conv") for k in ckpt["net"]) else "mlp"
+    if kind not in DEFAULT_EPOCHS:
+        raise ValueError(f"{path}: unknown model kind {kind!r} (expected mlp or cnn)")
+    return kind
+
+
+def in_run_dir(path: str, out_dir: str) -> str:
+    """``path`` itself when absolute or already there, else the same name inside ``out_dir``."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    return os.path.join(out_dir, path)
+
+
 def to_input(images: np.ndarray) -> mg.Tensor:
     """uint8 NHWC batch -> normalised float32 NCHW tensor."""
     x = (images.astype(np.float32) / 255.0 - MEAN) / STD
@@ -99,17 +122,25 @@ def train(args) -> dict:
     )
     test_loader = DataLoader(test_set, SequentialSampler(test_set, batch_size=500))
 
-    model = build_model(args.model)
+    ckpt = mg.load(args.resume) if args.resume else None
+    kind = args.model or DEFAULT_MODEL
+    if ckpt is not None:
+        kind = checkpoint_model_kind(ckpt, args.resume)
+        if args.model and args.model != kind:
+            raise ValueError(
+                f"{args.resume} holds a {kind} model but --model {args.model} was given"
+            )
+    model = build_model(kind)
     opt = optim.Adam(model.parameters(), lr=args.lr)
     sched = optim.CosineAnnealingLR(opt, T_max=args.epochs)  # a pure function of the epoch
     start_epoch = 0
-    if args.resume:
-        ckpt = mg.load(args.resume)
+    if ckpt is not None:
         model.load_state_dict(ckpt["net"])
         opt.load_state_dict(ckpt["opt"])
         start_epoch = int(ckpt["epoch"]) + 1
         if rank == 0:
-            print(f"resumed from {args.resume} (epoch {ckpt['epoch']}, acc {ckpt['acc']:.4f})")
+            print(f"resumed the {kind} model from {args.resume} (epoch {ckpt['epoch']}, "
+                  f"acc {ckpt['acc']:.4f})")
     sched.step(start_epoch)
     dist.bcast_list_(model.tensors())
     gm = ad.GradManager().attach(
@@ -150,11 +181,11 @@ def train(args) -> dict:
                         "opt": opt.state_dict(),
                         "epoch": epoch,
                         "acc": acc,
-                        "model": args.model,
+                        "model": kind,
                     },
                     args.save,
                 )
-    return {"acc": acc, "history": history}
+    return {"acc": acc, "history": history, "model": kind}
 
 
 def _progress(total: int, desc: str, rank: int):
@@ -163,8 +194,6 @@ def _progress(total: int, desc: str, rank: int):
         return None
     if not sys.stderr.isatty():
         return _Plain(total, desc)
-    from tqdm import tqdm  # noqa: PLC0415
-
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 
 
@@ -190,7 +219,8 @@ class _Plain:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--model", choices=sorted(DEFAULT_EPOCHS), default=None,
+                   help=f"default: the checkpoint's with --resume, else {DEFAULT_MODEL}")
     p.add_argument("--epochs", type=int, default=None, help="default: 10")
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -198,17 +228,27 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     p.add_argument("--data", default=None, help="directory with the MNIST .gz files")
     p.add_argument("--download", action="store_true", help="download the full MNIST if missing")
-    p.add_argument("--save", default="mnist_checkpoint.mgc", help="checkpoint path ('' to skip)")
-    p.add_argument("--resume", default=None, help="checkpoint to resume from")
+    p.add_argument("--out-dir", default=RUN_DIR, help="folder for everything written")
+    p.add_argument("--save", default="checkpoint.mgc",
+                   help="checkpoint file, in --out-dir unless absolute ('' to skip)")
+    p.add_argument("--resume", default=None,
+                   help="checkpoint to resume from (as given, else in --out-dir)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.epochs is None:
-        args.epochs = DEFAULT_EPOCHS[args.model]
+        args.epochs = DEFAULT_EPOCHS[args.model or DEFAULT_MODEL]
+    if args.save:
+        args.save = in_run_dir(args.save, args.out_dir)
+    if args.resume:
+        args.resume = in_run_dir(args.resume, args.out_dir)
     return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.save:
+        os.makedirs(os.path.dirname(args.save) or ".", exist_ok=True)
+        print(f"writing outputs to {os.path.dirname(args.save) or '.'}{os.sep}", flush=True)
     use_gpu = args.device == "gpu" or (args.device == "auto" and mg.is_cuda_available())
     nproc = args.nproc or (mg.get_device_count("gpu") if use_gpu else 2)
     results = dist.launcher(train, n_gpus=nproc, device_type="gpu" if use_gpu else "cpu")(args)

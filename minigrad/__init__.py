@@ -5,33 +5,29 @@ changed::
     import minigrad as mg
     import minigrad.autodiff as ad
     import minigrad.functional as F
+
+    x = mg.tensor([[1.0, 2.0]])
+    (x * 2).sum().item()   # 6.0
+
+Importing minigrad also tunes glibc's allocator for NumPy temporaries
+(``minigrad.backend.allocator``; ``MINIGRAD_MALLOC=default`` turns that off).
 """
 
-from minigrad.backend.allocator import tune_malloc_unless_disabled
-
-tune_malloc_unless_disabled()
-
-from minigrad import autodiff, device, functional, random  # noqa: E402
-from minigrad.autodiff import Function, GradManager, enable_grad, no_grad  # noqa: E402
-from minigrad.backend import (  # noqa: E402
+from minigrad import autodiff, device, functional, random
+from minigrad.autodiff import Function, GradManager, enable_grad, no_grad
+from minigrad.backend import (
     get_default_device,
     get_device_count,
     is_cuda_available,
     set_default_device,
 )
-from minigrad.functional.creation import (  # noqa: E402
-    arange,
-    eye,
-    full,
-    full_like,
-    linspace,
-    ones,
-    ones_like,
-    zeros,
-    zeros_like,
-)
-from minigrad.serialization import load, save  # noqa: E402
-from minigrad.tensor import Parameter, Tensor, tensor  # noqa: E402, I001
+from minigrad.backend.allocator import tune_malloc_unless_disabled
+from minigrad.functional import creation as _creation
+from minigrad.functional.creation import *  # noqa: F403  (mg.zeros, mg.arange... as MegEngine)
+from minigrad.serialization import load, save
+from minigrad.tensor import Parameter, Tensor, tensor
+
+tune_malloc_unless_disabled()
 
 float16, float32, float64 = "float16", "float32", "float64"
 int8, int32, int64, uint8, bool_ = "int8", "int32", "int64", "uint8", "bool"
@@ -43,26 +39,18 @@ __all__ = [
     "GradManager",
     "Parameter",
     "Tensor",
-    "arange",
     "autodiff",
     "device",
     "enable_grad",
-    "eye",
-    "full",
-    "full_like",
     "functional",
     "get_default_device",
     "get_device_count",
     "is_cuda_available",
-    "linspace",
     "load",
     "no_grad",
-    "ones",
-    "ones_like",
     "random",
     "save",
     "set_default_device",
     "tensor",
-    "zeros",
-    "zeros_like",
+    *_creation.__all__,
 ]

@@ -1,7 +1,12 @@
 """Random tensors (``mg.random``), reproducible under ``seed``.
 
-One generator per backend, seeded together, so a seeded CPU run is identical on every machine and a
-seeded GPU run is identical across GPU runs.
+The generators themselves (one per backend, seeded together by ``seed``) are in
+``minigrad.backend.rng``; this module draws tensors from them.
+
+Example::
+
+    mg.random.seed(0)
+    x = mg.random.normal(0.0, 1.0, size=(2, 3))   # float32, on the default device
 """
 
 from __future__ import annotations
@@ -9,30 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.backend.device import as_device
+from minigrad.backend.rng import get_rng, seed
 from minigrad.tensor import Tensor, as_dtype
 
-_rng = np.random.default_rng()
-_gpu_rng = None
-_seed = None
-
-
-def seed(value: int) -> None:
-    """Seed every generator minigrad uses (parameter init, dropout, random tensors)."""
-    global _rng, _gpu_rng, _seed
-    _seed = int(value)
-    _rng = np.random.default_rng(_seed)
-    _gpu_rng = None
-
-
-def get_rng(device=None):
-    """The generator for ``device``: numpy's Generator on the CPU, cupy's on a GPU."""
-    global _gpu_rng
-    dev = as_device(device)
-    if dev.kind == "cpu":
-        return _rng
-    if _gpu_rng is None:
-        _gpu_rng = dev.xp.random.default_rng(_seed)
-    return _gpu_rng
+__all__ = ["beta", "gamma", "get_rng", "normal", "permutation", "poisson", "seed", "uniform"]
 
 
 def _cast(arr, dtype):
@@ -40,6 +25,8 @@ def _cast(arr, dtype):
 
 
 def normal(mean: float = 0.0, std: float = 1.0, size=None, dtype="float32", device=None) -> Tensor:
+    """Samples of the normal distribution ``N(mean, std**2)`` of shape ``size`` (a scalar when
+    None)."""
     dev = as_device(device)
     with dev.context():
         arr = get_rng(dev).standard_normal(size=() if size is None else size) * std + mean
@@ -47,6 +34,8 @@ def normal(mean: float = 0.0, std: float = 1.0, size=None, dtype="float32", devi
 
 
 def uniform(low: float = 0.0, high: float = 1.0, size=None, dtype="float32", device=None) -> Tensor:
+    """Samples of the uniform distribution on ``[low, high)`` of shape ``size`` (a scalar when
+    None)."""
     dev = as_device(device)
     with dev.context():
         arr = get_rng(dev).uniform(low, high, size=() if size is None else size)
@@ -54,8 +43,11 @@ def uniform(low: float = 0.0, high: float = 1.0, size=None, dtype="float32", dev
 
 
 def permutation(n: int, dtype="int32", device=None) -> Tensor:
+    """A random permutation of ``0..n-1`` (drawn on the CPU generator, so it is the same for a
+    given seed whatever the device)."""
     dev = as_device(device)
-    return Tensor._wrap(dev.xp.asarray(_rng.permutation(int(n))).astype(as_dtype(dtype)), dev)
+    order = get_rng("cpu0").permutation(int(n))
+    return Tensor._wrap(dev.xp.asarray(order).astype(as_dtype(dtype)), dev)
 
 
 # -- distributions with tensor parameters (MegEngine's gamma, beta, poisson) --------------------

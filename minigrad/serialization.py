@@ -51,7 +51,12 @@ VERSION = 1
 _PICKLE_MAGIC = (b"\x80", b"PK")  # pickle protocol >= 2, zip (legacy torch-style) files
 
 
-_ARRAY_KINDS = "biufc"  # what the container stores natively (bool, ints, floats, complex)
+_ARRAY_KINDS = "biufc"
+#: A safetensors file starts with its JSON header's length as a little-endian u64.
+HEADER_LENGTH_BYTES = 8
+#: Pickle protocol for opted-in objects: 4 reads on every supported Python (>= 3.4) and handles
+#: large objects (protocol 5 would need Python 3.8 on the reading side).
+PICKLE_PROTOCOL = 4  # what the container stores natively (bool, ints, floats, complex)
 
 
 def _native(arr: np.ndarray) -> np.ndarray:
@@ -102,8 +107,8 @@ class _Encoder:
         if isinstance(obj, float):
             return {"float": repr(obj)}  # repr round-trips exactly, including nan and inf
         if isinstance(obj, Tensor):
-            key = self._array(obj, to_numpy(obj._data))
-            node = {"tensor": key, "device": str(obj._device)}
+            key = self._array(obj, to_numpy(obj.data))
+            node = {"tensor": key, "device": str(obj.device)}
             if isinstance(obj, Parameter):
                 node["parameter"] = True
             return node
@@ -141,7 +146,7 @@ class _Encoder:
                 "tuples, numbers, strings, bytes and None are supported); pass pickle=True to "
                 "store it with pickle (loading it will then need allow_pickle=True)"
             )
-        data = np.frombuffer(_pickle.dumps(obj, protocol=4), dtype=np.uint8)
+        data = np.frombuffer(_pickle.dumps(obj, protocol=PICKLE_PROTOCOL), dtype=np.uint8)
         return {"pickle": self._array(data, data)}
 
 
@@ -387,10 +392,11 @@ def load(f, map_location=None, allow_pickle: bool = False, format: str | None = 
 
 def _read_metadata(payload: bytes) -> dict:
     """The ``__metadata__`` of a safetensors header (the NumPy API returns only the arrays)."""
-    if len(payload) < 8:
-        raise ValueError("file shorter than the 8-byte header length")
-    n = int.from_bytes(payload[:8], "little")
-    if n > len(payload) - 8:
+    head = HEADER_LENGTH_BYTES
+    if len(payload) < head:
+        raise ValueError(f"file shorter than the {head}-byte header length")
+    n = int.from_bytes(payload[:head], "little")
+    if n > len(payload) - head:
         raise ValueError(f"header length {n} exceeds the file size {len(payload)}")
-    header = json.loads(payload[8:8 + n])
+    header = json.loads(payload[head:head + n])
     return header.get("__metadata__") or {}

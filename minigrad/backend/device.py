@@ -7,8 +7,10 @@ and how to move arrays onto itself.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import warnings
 
 import numpy as np
 
@@ -17,8 +19,72 @@ from minigrad.backend.xp import cupy_import_error, cupy_or_none
 _NAME = re.compile(r"^(cpu|gpu|xpu|cuda)(\d+|x)?(?::\d+)?$")
 
 
+#: Where the NVIDIA driver lists one entry per GPU; reading it does not initialise CUDA.
+NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
+#: CUDA's answer when the machine simply has no GPU (not an error worth reporting).
+CUDA_ERROR_NO_DEVICE = 100
+
+
+class GpuProbe:
+    """How many CUDA devices this process can use, and why there are none when there are none
+    (``reason``; ``failed`` when that is an error rather than a machine without GPUs).
+
+    Counting goes through the operating system first (``CUDA_VISIBLE_DEVICES``, then the driver's
+    ``/proc`` entries), because asking CUDA itself (``cudaGetDeviceCount``) initialises the CUDA
+    driver, after which a forked child can no longer use the GPU: resolving ``xpux`` in a parent
+    that is about to launch GPU workers must not do that. Only where the operating system cannot
+    tell (no ``/proc`` entries, e.g. WSL) is CUDA asked. A CUDA error is kept as ``reason`` (and
+    shown by every GPU request) rather than read as "0 GPUs" without a word.
+    """
+
+    def __init__(self, count: int, reason: str | None = None, failed: bool = False):
+        self.count = count
+        self.reason = reason
+        self.failed = failed
+
+    def __repr__(self) -> str:
+        return f"GpuProbe(count={self.count}, reason={self.reason!r}, failed={self.failed})"
+
+
+_probe: GpuProbe | None = None
+
+
+def probe_gpus() -> GpuProbe:
+    """Count the usable CUDA devices once per process (see :class:`GpuProbe`)."""
+    global _probe
+    if _probe is None:
+        _probe = _count_gpus()
+    return _probe
+
+
+def _count_gpus() -> GpuProbe:
+    cp = cupy_or_none()
+    if cp is None:
+        error = cupy_import_error() or ""
+        # not installed is a CPU-only machine; installed but failing to load is a problem
+        return GpuProbe(0, f"CuPy could not be imported ({error})",
+                        failed=not error.startswith("ModuleNotFoundError: No module named 'cupy'"))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        # CUDA stops at the first invalid entry such as "-1": only the ones before it count
+        n = next((i for i, v in enumerate(ids) if v.startswith("-")), len(ids))
+        return GpuProbe(n, None if n else f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU")
+    if os.path.isdir(NVIDIA_GPUS_DIR):
+        n = len(os.listdir(NVIDIA_GPUS_DIR))
+        return GpuProbe(n, None if n else f"the NVIDIA driver lists no GPU in {NVIDIA_GPUS_DIR}")
+    try:
+        n = int(cp.cuda.runtime.getDeviceCount())
+    except cp.cuda.runtime.CUDARuntimeError as exc:
+        if getattr(exc, "status", None) == CUDA_ERROR_NO_DEVICE:
+            return GpuProbe(0, "CUDA reports no device")
+        return GpuProbe(0, f"CUDA failed while counting devices: {exc}", failed=True)
+    return GpuProbe(n, None if n else "CUDA reports no device")
+
+
 def is_cuda_available() -> bool:
-    """True when CuPy is installed and sees at least one CUDA device."""
+    """True when CuPy is installed and at least one CUDA device is visible (without initialising
+    CUDA where the operating system can tell; see :class:`GpuProbe`)."""
     return get_device_count("gpu") > 0
 
 
@@ -26,7 +92,12 @@ def get_device_count(device_type: str = "gpu") -> int:
     """Number of devices of a kind: ``"gpu"`` counts CUDA devices, ``"cpu"`` is always 1 (one
     NumPy device using every core), ``"xpu"`` counts what ``xpux`` resolves to (the GPUs, else
     the CPU); MegEngine's other accelerators (``"rocm"``, ``"cambricon"``, ``"atlas"``) have no
-    backend here and count 0."""
+    backend here and count 0.
+
+    Example::
+
+        mg.get_device_count("gpu")   # 0 on a CPU-only machine; probe_gpus().reason says why
+    """
     if device_type == "cpu":
         return 1
     if device_type == "xpu":
@@ -38,13 +109,7 @@ def get_device_count(device_type: str = "gpu") -> int:
             f"get_device_count: unknown device type {device_type!r}, expected 'gpu', 'cpu' or "
             "'xpu'"
         )
-    cp = cupy_or_none()
-    if cp is None:
-        return 0
-    try:
-        return int(cp.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
+    return probe_gpus().count
 
 
 class Device:
@@ -62,7 +127,7 @@ class Device:
             self._xp = np
         else:
             self._xp = _require_cupy(f"gpu{index}")
-            n = get_device_count("gpu")
+            n = probe_gpus().count
             if index >= n:
                 raise RuntimeError(
                     f"device gpu{index} requested but only {n} CUDA device(s) are visible"
@@ -75,6 +140,7 @@ class Device:
 
     @property
     def is_gpu(self) -> bool:
+        """Whether this is a CUDA device."""
         return self.kind == "gpu"
 
     def put(self, array, dtype=None):
@@ -129,10 +195,9 @@ def _require_cupy(what: str):
             f"{what} needs CuPy, which could not be imported ({cupy_import_error()}); "
             'install it with pip install -e ".[cuda12]" or ".[cuda13]"'
         )
-    if get_device_count("gpu") == 0:
-        raise RuntimeError(
-            f"{what} requested but CuPy sees no CUDA device (is a driver installed?)"
-        )
+    probe = probe_gpus()
+    if probe.count == 0:
+        raise RuntimeError(f"{what} requested but CuPy sees no CUDA device: {probe.reason}")
     return cp
 
 
@@ -160,7 +225,11 @@ def as_device(device) -> Device:
         kind = "gpu"
         idx = name.split(":")[1] if ":" in name else (idx or "0")
     if kind == "xpu":
-        kind = "gpu" if is_cuda_available() else "cpu"
+        probe = probe_gpus()
+        kind = "gpu" if probe.count else "cpu"
+        if probe.failed:
+            warnings.warn(f"{name}: using cpu0 because {probe.reason}", RuntimeWarning,
+                          stacklevel=2)
     if idx is None or idx == "x":
         idx = _current_gpu() if kind == "gpu" else 0
     dev = Device(kind, int(idx))
@@ -169,8 +238,29 @@ def as_device(device) -> Device:
 
 
 def _current_gpu() -> int:
+    """CUDA's current device: asked from CUDA only once CUDA is initialised in this process;
+    before that it is device 0 by CUDA's definition (and asking would initialise CUDA)."""
     cp = _require_cupy("gpux")
-    return int(cp.cuda.runtime.getDevice())
+    return int(cp.cuda.runtime.getDevice()) if cuda_initialized() else 0
+
+
+#: ``cuCtxGetCurrent``'s status until ``cuInit`` ran in this process.
+CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def cuda_initialized() -> bool:
+    """Whether this process has initialised the CUDA driver (after which a forked child cannot use
+    the GPU). Answered without initialising it: the driver library must already be loaded, and
+    then ``cuCtxGetCurrent`` says "not initialised" until ``cuInit`` ran."""
+    try:
+        with open("/proc/self/maps") as maps:
+            if "libcuda.so" not in maps.read():
+                return False
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    context = ctypes.c_void_p()
+    return driver.cuCtxGetCurrent(ctypes.byref(context)) != CUDA_ERROR_NOT_INITIALIZED
 
 
 def set_default_device(device: str = "xpux") -> None:

@@ -1,24 +1,39 @@
-"""The array-module switch (``xp``) and the guarded CuPy import."""
+"""The array-module switch (``xp``), the guarded CuPy import, and the few kernels whose NumPy and
+CuPy spellings differ.
+
+CuPy is optional: it is imported on first use (``cupy_or_none``), never at ``import minigrad``, so a
+CPU-only install never loads CUDA libraries, and the reason an import failed is kept for the error
+message of whoever asks for a GPU.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
+import scipy.special
 
 _cupy = None
+_cupyx = None
 _cupy_error: str | None = None
 _cupy_checked = False
 
 
 def cupy_or_none():
-    """Return the ``cupy`` module, or None when it is not installed or cannot load CUDA."""
-    global _cupy, _cupy_error, _cupy_checked
+    """Return the ``cupy`` module, or None when it is not installed or cannot load CUDA.
+
+    Importing CuPy loads its CUDA libraries but does not initialise a CUDA context, so calling this
+    is safe in a process that will fork GPU workers later.
+    """
+    global _cupy, _cupyx, _cupy_error, _cupy_checked
     if not _cupy_checked:
         _cupy_checked = True
-        try:
-            import cupy  # noqa: PLC0415  (optional dependency, imported on first use)
-
-            _cupy = cupy
+        try:  # an optional dependency: imported by name, on first use
+            _cupy = importlib.import_module("cupy")
+            _cupyx = importlib.import_module("cupyx")
+            importlib.import_module("cupyx.scipy.special")
         except Exception as exc:  # ImportError, or a CUDA library that fails to load
+            _cupy = _cupyx = None
             _cupy_error = f"{type(exc).__name__}: {exc}"
     return _cupy
 
@@ -30,7 +45,13 @@ def cupy_import_error() -> str | None:
 
 
 def get_array_module(*arrays):
-    """Return ``cupy`` if any argument is a CuPy array, else ``numpy`` (Chainer's idiom)."""
+    """Return ``cupy`` if any argument is a CuPy array, else ``numpy`` (Chainer's idiom).
+
+    Example::
+
+        xp = get_array_module(a, b)
+        out = xp.maximum(a, b)   # one kernel for both backends
+    """
     cp = _cupy
     if cp is not None:
         for a in arrays:
@@ -47,3 +68,17 @@ def to_numpy(array) -> np.ndarray:
     if cp is not None and isinstance(array, cp.ndarray):
         return cp.asnumpy(array)
     return np.asarray(array)
+
+
+def erf(xp):
+    """The error function ufunc for arrays of ``xp`` (SciPy's on the CPU, CuPy's on a GPU)."""
+    return scipy.special.erf if xp is np else _cupyx.scipy.special.erf
+
+
+def scatter_add(xp, target, index, values) -> None:
+    """``target[index] += values`` where repeated indices accumulate (``np.add.at`` semantics;
+    a plain ``+=`` would keep only the last of the repeats)."""
+    if xp is np:
+        np.add.at(target, index, values)
+    else:
+        _cupyx.scatter_add(target, index, values)

@@ -30,6 +30,9 @@ class Collator:
 
     __call__ = apply
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
 
 def _collate(batch: list[Any], where: str) -> Any:
     elem = batch[0]

@@ -26,6 +26,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import random
 import signal
 import sys
 import threading
@@ -79,6 +80,12 @@ class DataLoader:
             iterator) before raising (0: no limit).
         prefetch_factor: batches in flight per worker.
         worker_init_fn: called with the worker id at the start of each worker process.
+
+    Example::
+
+        loader = DataLoader(train_set, RandomSampler(train_set, batch_size=64, seed=0))
+        for images, labels in loader:   # NumPy batches
+            ...
     """
 
     def __init__(
@@ -128,6 +135,17 @@ class DataLoader:
         if self.stream:
             raise TypeError("DataLoader: a StreamDataset has no length")
         return len(self.sampler)
+
+    def __repr__(self) -> str:
+        parts = [f"dataset={self.dataset!r}", f"sampler={self.sampler!r}"]
+        if self.transform is not None:
+            parts.append(f"transform={self.transform!r}")
+        parts.append(f"collator={self.collator!r}")
+        parts.append(f"num_workers={self.num_workers}")
+        if self.num_workers:
+            parts.append(f"prefetch_factor={self.prefetch_factor}")
+        parts.append(f"timeout={self.timeout:g}")
+        return "DataLoader(\n" + "".join(f"  {p},\n" for p in parts) + ")"
 
     def _tasks(self) -> Iterator[tuple[str, list[Any]]]:
         """("indices", [...]) per batch for map-style, ("samples", [...]) read from a stream (in a
@@ -252,9 +270,7 @@ def _worker_loop(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is handled (and cleaned up) by the parent
     # Results are only abandoned when the parent no longer wants them, so never block exit on them.
     result_q.cancel_join_thread()
-    np.random.seed(seed % 2**32)
-    import random
-
+    np.random.seed(seed % 2**32)  # NumPy's legacy seeds are 32-bit
     random.seed(seed)
     _worker_info = WorkerInfo(worker_id, loader.num_workers, seed)
     parent = os.getppid()

@@ -5,7 +5,18 @@ batches this rank gets per epoch. Sharding follows MegEngine: the epoch's index 
 repeating its head to a multiple of ``world_size`` and rank ``r`` takes ``indices[r::world_size]``,
 so every rank gets the same number of batches (collectives stay in lockstep). Random samplers
 derive each epoch's permutation from ``(seed, epoch)``, so all ranks draw the same permutation
-without communicating, and every ``__iter__`` starts a new epoch (``set_epoch`` resets it).
+without communicating.
+
+``epoch`` has one meaning: the number of the current epoch, i.e. the pass being iterated (or the
+last one), counted from 0. Each new ``iter()`` starts the next epoch; ``set_epoch(e)`` makes ``e``
+current so that the next ``iter()`` draws epoch ``e`` (to replay or resume one).
+
+``world_size`` and ``rank`` left out come from the initialised process group, as MegEngine's
+samplers do. This package sits below ``minigrad.distributed`` in the layer order, so it asks
+through a seam, :func:`set_world_provider`, which the distributed runtime fills when imported.
+Nothing is guessed silently: a rank without a world size (or the reverse) is an error, and so is a
+process started by a launcher (``RANK``/``WORLD_SIZE`` set) that builds a sampler before
+``init_process_group``, since it would otherwise read the whole dataset on every rank.
 
 Example::
 
@@ -18,8 +29,9 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,33 +44,80 @@ __all__ = [
     "ReplacementSampler",
     "Infinite",
     "StreamSampler",
+    "set_world_provider",
 ]
 
 # Seed used when seed=None but several ranks must agree on the order without communicating.
 DEFAULT_DISTRIBUTED_SEED = 0
+#: The environment variables a launcher sets in each rank it starts (torchrun's names, which
+#: ``python -m minigrad.distributed.launch`` and ``@dist.launcher`` use too).
+RANK_ENV, WORLD_SIZE_ENV = "RANK", "WORLD_SIZE"
+
+WorldProvider = Callable[[], "tuple[int, int] | None"]
 
 
-def _distributed_world() -> tuple[int, int]:
-    """(world_size, rank) of the initialised distributed group, or (1, 0) without one."""
-    try:
-        from minigrad import distributed as dist
-    except ImportError:
-        return 1, 0
-    try:
-        if dist.is_distributed():
-            return int(dist.get_world_size()), int(dist.get_rank())
-    except AttributeError:  # distributed package present but not (yet) providing these
-        pass
-    return 1, 0
+def _no_process_group() -> tuple[int, int] | None:
+    return None
+
+
+_world_provider: WorldProvider = _no_process_group
+
+
+def set_world_provider(provider: WorldProvider) -> WorldProvider:
+    """Install the function samplers call for ``(world_size, rank)`` when they are not given:
+    it returns the initialised process group's values, or None when there is none.
+    ``minigrad.distributed`` installs its own when imported; returns the previous provider."""
+    global _world_provider
+    if not callable(provider):
+        raise TypeError(f"set_world_provider: expected a callable, got {type(provider).__name__}")
+    previous, _world_provider = _world_provider, provider
+    return previous
+
+
+def _launched_world() -> tuple[int, int] | None:
+    """(world_size, rank) a launcher put in the environment, or None."""
+    world, rank = os.environ.get(WORLD_SIZE_ENV), os.environ.get(RANK_ENV)
+    if world is None or rank is None:
+        return None
+    return int(world), int(rank)
 
 
 def _resolve_world(owner: str, world_size: int | None, rank: int | None) -> tuple[int, int]:
-    """Explicit world_size/rank win; missing ones come from the distributed group (or 1, 0)."""
-    dist_world, dist_rank = _distributed_world()
-    world = dist_world if world_size is None else _check_int("world_size", owner, world_size, 1)
+    """Explicit world_size/rank win; missing ones come from the process group, never a guess."""
+    world = None if world_size is None else _check_int("world_size", owner, world_size, 1)
+    if rank is not None:
+        rank = _check_int("rank", owner, rank, 0)
+    job = _world_provider()
+    if world is None and rank is None:
+        if job is not None:
+            return job
+        launched = _launched_world()
+        if launched is not None and launched[0] > 1:
+            raise RuntimeError(
+                f"{owner}: this process is rank {launched[1]} of {launched[0]} ({RANK_ENV} and "
+                f"{WORLD_SIZE_ENV} are set by the launcher) but no process group is initialised, "
+                f"so the sampler cannot tell its shard; call dist.init_process_group() before "
+                f"building samplers, or pass world_size= and rank="
+            )
+        return 1, 0
+    if world is None:
+        if job is None:
+            raise ValueError(
+                f"{owner}: rank={rank} given without world_size and no process group is "
+                f"initialised; pass world_size= too"
+            )
+        world = job[0]
     if rank is None:
-        rank = dist_rank if world == dist_world else 0
-    rank = _check_int("rank", owner, rank, 0)
+        if job is not None and job[0] == world:
+            rank = job[1]
+        elif world == 1:
+            rank = 0
+        else:
+            group = "no process group is initialised" if job is None else (
+                f"the process group has world size {job[0]}")
+            raise ValueError(
+                f"{owner}: world_size={world} given without rank ({group}); pass rank= too"
+            )
     if rank >= world:
         raise ValueError(f"{owner}: rank must be < world_size ({world}), got rank {rank}")
     return world, rank
@@ -73,9 +132,10 @@ def _check_int(name: str, owner: str, value: Any, minimum: int) -> int:
 
 
 class Sampler:
-    """Base class: an iterable of batches (lists of indices) with a per-epoch counter."""
+    """Base class: an iterable of batches (lists of indices) that counts epochs (see above)."""
 
     epoch: int = 0
+    _epoch_started: bool = False
 
     def __iter__(self) -> Iterator[list[int]]:
         raise NotImplementedError
@@ -83,15 +143,25 @@ class Sampler:
     def __len__(self) -> int:
         raise NotImplementedError
 
+    def next_epoch(self) -> int:
+        """Start a pass: advance ``epoch`` unless it has not been iterated yet; return it."""
+        if self._epoch_started:
+            self.epoch += 1
+        self._epoch_started = True
+        return self.epoch
+
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``__iter__`` produce epoch ``epoch`` (e.g. when resuming training)."""
+        """Make ``epoch`` current: the next pass draws it (e.g. when resuming training)."""
         self.epoch = _check_int("epoch", type(self).__name__, epoch, 0)
+        self._epoch_started = False
 
 
 class MapSampler(Sampler):
     """Shared machinery of the map-style samplers: validation, sharding and batching.
 
-    Subclasses implement :meth:`sample` returning this epoch's full (unsharded) index list.
+    The epoch's samples are ``num_samples`` draws (default: the dataset's length), or the given
+    ``indices`` (a subset of the dataset, in this order). Subclasses implement :meth:`sample`
+    returning this epoch's full (unsharded) index list.
     """
 
     def __init__(
@@ -103,6 +173,7 @@ class MapSampler(Sampler):
         world_size: int | None = None,
         rank: int | None = None,
         seed: int | None = None,
+        indices: Sequence[int] | None = None,
     ) -> None:
         owner = type(self).__name__
         if not hasattr(dataset, "__len__"):
@@ -121,16 +192,26 @@ class MapSampler(Sampler):
                 else int(np.random.SeedSequence().generate_state(1)[0])
             )
         self.seed = _check_int("seed", owner, seed, 0)
+        self.indices = _check_indices(owner, indices, len(dataset))
+        if self.indices is not None:
+            num_samples = len(self.indices)
         total = len(dataset) if num_samples is None else _check_int(
             "num_samples", owner, num_samples, 1)
         self.total_samples = total
         # Samples per rank after padding to a multiple of world_size.
         self.num_samples = math.ceil(total / self.world_size)
         self.epoch = 0
+        self._epoch_started = False
 
     def sample(self, epoch: int) -> list[int]:
         """The full index list of ``epoch``, identical on every rank."""
         raise NotImplementedError
+
+    def base_indices(self) -> np.ndarray:
+        """The samples an epoch is drawn from: ``indices`` if given, else the whole dataset."""
+        if self.indices is None:
+            return np.arange(len(self.dataset))
+        return np.asarray(self.indices, dtype=np.int64)
 
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, epoch])
@@ -154,20 +235,19 @@ class MapSampler(Sampler):
             yield indices[start:start + self.batch_size]
 
     def __iter__(self) -> Iterator[list[int]]:
-        epoch, self.epoch = self.epoch, self.epoch + 1
-        return self.batching(self.scatter(list(self.sample(epoch))))
+        return self.batching(self.scatter(list(self.sample(self.next_epoch()))))
 
     def __len__(self) -> int:
         if self.drop_last:
             return self.num_samples // self.batch_size
         return math.ceil(self.num_samples / self.batch_size)
 
+    def _repr_fields(self) -> str:
+        return (f"n={self.total_samples}, batch_size={self.batch_size}, "
+                f"drop_last={self.drop_last}, world_size={self.world_size}, rank={self.rank}")
+
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(n={self.total_samples}, batch_size={self.batch_size}, "
-            f"drop_last={self.drop_last}, world_size={self.world_size}, rank={self.rank}, "
-            f"seed={self.seed})"
-        )
+        return f"{type(self).__name__}({self._repr_fields()}, seed={self.seed}, epoch={self.epoch})"
 
 
 def _check_indices(owner: str, indices: Sequence[int] | None, length: int) -> list[int] | None:
@@ -181,66 +261,62 @@ def _check_indices(owner: str, indices: Sequence[int] | None, length: int) -> li
 
 
 class SequentialSampler(MapSampler):
-    """Indices in order (``0..len-1``, or the given ``indices``); sharded across ranks."""
+    """Indices in order (``0..len-1``, or the given ``indices``); sharded across ranks, no
+    shuffling (the usual evaluation sampler).
 
-    def __init__(
-        self,
-        dataset: Any,
-        batch_size: int = 1,
-        drop_last: bool = False,
-        indices: Sequence[int] | None = None,
-        world_size: int | None = None,
-        rank: int | None = None,
-    ) -> None:
-        owner = type(self).__name__
-        n = len(dataset) if hasattr(dataset, "__len__") else 0
-        self.indices = _check_indices(owner, indices, n)
-        num = None if self.indices is None else len(self.indices)
-        super().__init__(dataset, batch_size, drop_last, num, world_size, rank, seed=0)
+    Example::
+
+        loader = DataLoader(test_set, SequentialSampler(test_set, batch_size=500))
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False,
+                 indices: Sequence[int] | None = None, world_size: int | None = None,
+                 rank: int | None = None) -> None:
+        super().__init__(dataset, batch_size, drop_last, world_size=world_size, rank=rank,
+                         seed=0, indices=indices)
 
     def sample(self, epoch: int) -> list[int]:
-        return list(range(len(self.dataset))) if self.indices is None else list(self.indices)
+        return self.base_indices().tolist()
+
+    def __repr__(self) -> str:
+        return f"SequentialSampler({self._repr_fields()}, shuffle=False)"
 
 
 class RandomSampler(MapSampler):
-    """A fresh permutation of the dataset (or of ``indices``) each epoch, same on all ranks."""
+    """A fresh permutation of the dataset (or of ``indices``) each epoch, the same on all ranks
+    (it depends only on ``seed`` and the epoch).
 
-    def __init__(
-        self,
-        dataset: Any,
-        batch_size: int = 1,
-        drop_last: bool = False,
-        indices: Sequence[int] | None = None,
-        world_size: int | None = None,
-        rank: int | None = None,
-        seed: int | None = None,
-    ) -> None:
-        owner = type(self).__name__
-        n = len(dataset) if hasattr(dataset, "__len__") else 0
-        self.indices = _check_indices(owner, indices, n)
-        num = None if self.indices is None else len(self.indices)
-        super().__init__(dataset, batch_size, drop_last, num, world_size, rank, seed)
+    Example::
+
+        sampler = RandomSampler(train_set, batch_size=64, drop_last=True, seed=0)
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False,
+                 indices: Sequence[int] | None = None, world_size: int | None = None,
+                 rank: int | None = None, seed: int | None = None) -> None:
+        super().__init__(dataset, batch_size, drop_last, world_size=world_size, rank=rank,
+                         seed=seed, indices=indices)
 
     def sample(self, epoch: int) -> list[int]:
-        base = (np.arange(len(self.dataset)) if self.indices is None
-                else np.asarray(self.indices, dtype=np.int64))
-        return self._rng(epoch).permutation(base).tolist()
+        return self._rng(epoch).permutation(self.base_indices()).tolist()
+
+    def _repr_fields(self) -> str:
+        return super()._repr_fields() + ", shuffle=True"
 
 
 class ReplacementSampler(MapSampler):
-    """``num_samples`` indices drawn with replacement, optionally with per-sample ``weights``."""
+    """``num_samples`` indices drawn with replacement, optionally with per-sample ``weights``
+    (e.g. to oversample rare classes).
 
-    def __init__(
-        self,
-        dataset: Any,
-        batch_size: int = 1,
-        drop_last: bool = False,
-        num_samples: int | None = None,
-        weights: Sequence[float] | None = None,
-        world_size: int | None = None,
-        rank: int | None = None,
-        seed: int | None = None,
-    ) -> None:
+    Example::
+
+        sampler = ReplacementSampler(ds, batch_size=32, num_samples=10_000, weights=w, seed=0)
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False,
+                 num_samples: int | None = None, weights: Sequence[float] | None = None,
+                 world_size: int | None = None, rank: int | None = None,
+                 seed: int | None = None) -> None:
         super().__init__(dataset, batch_size, drop_last, num_samples, world_size, rank, seed)
         self.weights = None
         if weights is not None:
@@ -261,9 +337,19 @@ class ReplacementSampler(MapSampler):
             len(self.dataset), size=self.total_samples, replace=True, p=self.weights
         ).tolist()
 
+    def _repr_fields(self) -> str:
+        weighted = self.weights is not None
+        return super()._repr_fields() + f", replacement=True, weighted={weighted}"
+
 
 class Infinite(Sampler):
-    """Repeat ``sampler`` forever, one epoch after another (each pass advances its epoch)."""
+    """Repeat ``sampler`` forever, one epoch after another (each pass advances its epoch), for
+    step-based training loops.
+
+    Example::
+
+        batches = iter(DataLoader(ds, Infinite(RandomSampler(ds, batch_size=64, seed=0))))
+    """
 
     def __init__(self, sampler: MapSampler) -> None:
         if not isinstance(sampler, Sampler) or isinstance(sampler, Infinite):
@@ -304,7 +390,12 @@ class Infinite(Sampler):
 class StreamSampler(Sampler):
     """Batching (and rank sharding) for a StreamDataset: item ``i`` goes to rank ``i % world``.
 
-    It has no length; the DataLoader groups the stream's items into batches of ``batch_size``.
+    It has no length and no epochs; the DataLoader groups the stream's items into batches of
+    ``batch_size``.
+
+    Example::
+
+        loader = DataLoader(stream_ds, StreamSampler(batch_size=32))
     """
 
     def __init__(
@@ -318,7 +409,6 @@ class StreamSampler(Sampler):
         self.batch_size = _check_int("batch_size", owner, batch_size, 1)
         self.drop_last = bool(drop_last)
         self.world_size, self.rank = _resolve_world(owner, world_size, rank)
-        self.epoch = 0
 
     def batches(self, stream: Any) -> Iterator[list[Any]]:
         """Group this rank's share of the items of ``stream`` into batches."""
@@ -338,3 +428,7 @@ class StreamSampler(Sampler):
 
     def __len__(self) -> int:
         raise TypeError("StreamSampler: a stream has no length")
+
+    def __repr__(self) -> str:
+        return (f"StreamSampler(batch_size={self.batch_size}, drop_last={self.drop_last}, "
+                f"world_size={self.world_size}, rank={self.rank})")

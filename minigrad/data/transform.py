@@ -48,9 +48,11 @@ class Transform:
     """Base class: ``apply`` transforms one sample, ``apply_batch`` a list of samples."""
 
     def apply(self, input: Any) -> Any:
+        """The transformed sample (what subclasses define)."""
         raise NotImplementedError
 
     def apply_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        """Every sample of ``inputs`` transformed (the DataLoader calls this once per batch)."""
         return [self.apply(x) for x in inputs]
 
     def __call__(self, input: Any) -> Any:
@@ -62,7 +64,12 @@ class Transform:
 
 
 class Compose(Transform):
-    """Apply ``transforms`` one after the other."""
+    """Apply ``transforms`` one after the other.
+
+    Example::
+
+        Compose([RandomCrop(28, padding_size=2), Normalize(33.3, 78.6), ToMode("CHW")])
+    """
 
     def __init__(self, transforms: Sequence[Transform] = ()) -> None:
         for t in transforms:
@@ -94,6 +101,7 @@ class VisionTransform(Transform):
             raise ValueError(f"{type(self).__name__}: order must contain 'image', got {self.order}")
 
     def apply(self, input: Any) -> Any:
+        """Transform an image array, or the image (and masks) of a tuple sample by ``order``."""
         if isinstance(input, np.ndarray):
             image = self._check(input)
             return self._apply_image(image, self._params(image))

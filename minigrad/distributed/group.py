@@ -19,6 +19,7 @@ import socket
 import threading
 from typing import Any
 
+from minigrad.data import sampler as _sampler
 from minigrad.distributed import store as _store
 from minigrad.distributed.backends import BACKENDS, create_backend
 
@@ -330,3 +331,11 @@ def group_barrier(group: Group | None = None) -> None:
     from minigrad.distributed import comm
 
     comm.barrier(group)
+
+
+def _sampler_world() -> tuple[int, int] | None:
+    """(world_size, rank) for samplers built without them (None before init_process_group)."""
+    return (_state.world_size, _state.rank) if _state.initialized else None
+
+
+_sampler.set_world_provider(_sampler_world)  # the data layer's seam (it cannot import us)

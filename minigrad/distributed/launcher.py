@@ -30,6 +30,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from minigrad.backend.device import cuda_initialized
 from minigrad.distributed import group as _group
 from minigrad.distributed import store as _store
 from minigrad.distributed.backends.cpu import SHM_DIR, shm_prefix
@@ -59,20 +60,6 @@ def visible_gpu_count() -> int:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         return 0
-
-
-def cuda_initialized() -> bool:
-    """Whether this process initialised the CUDA driver (a forked child could not use it)."""
-    try:
-        with open("/proc/self/maps") as f:
-            if "libcuda.so" not in f.read():
-                return False
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    ctx = ctypes.c_void_p()
-    # cuCtxGetCurrent answers CUDA_ERROR_NOT_INITIALIZED (3) until cuInit ran.
-    return lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 3
 
 
 _blas_limiter: Any = None

@@ -1,7 +1,14 @@
-"""``minigrad.functional`` (imported as ``F``): every op, MegEngine names.
+"""``minigrad.functional`` (imported as ``F``): every op, with MegEngine's names and parameter
+names (``F.sum(inp=x, axis=1)``, ``F.reshape(inp, target_shape)``), so MegEngine code calling
+them by keyword runs unchanged (``tests/functional/test_megengine_signatures.py`` checks each).
 
 Elementwise, reduction, shape and linear-algebra ops live at the top level; neural-network ops
 are in ``F.nn`` and also re-exported here (``F.relu``, ``F.conv2d``), as MegEngine does.
+
+Example::
+
+    import minigrad.functional as F
+    y = F.relu(F.linear(x, w, b))
 """
 
 from minigrad.functional import (
@@ -10,17 +17,7 @@ from minigrad.functional import (
     shape,
     vision,
 )
-from minigrad.functional.creation import (
-    arange,
-    eye,
-    full,
-    full_like,
-    linspace,
-    ones,
-    ones_like,
-    zeros,
-    zeros_like,
-)
+from minigrad.functional.creation import *  # the names in creation.__all__
 from minigrad.functional.elementwise import (
     astype,
     copy,
@@ -82,6 +79,7 @@ __all__ = [
     "acosh",
     "adaptive_avg_pool2d",
     "add",
+    "attention_bias",
     "arange",
     "argmax",
     "argmin",

@@ -10,6 +10,10 @@ from minigrad.autodiff.state import STATE
 from minigrad.tensor import Tensor, as_dtype
 
 FLOAT32 = np.dtype(np.float32)
+FLOAT16 = np.dtype(np.float16)
+#: MegEngine's ``compute_mode`` values (any letter case): "default" computes in the inputs' dtype,
+#: "float32" computes float16 inputs in float32 (sums of many float16 products lose digits).
+COMPUTE_MODES = ("default", "float32")
 
 
 def as_tensor(x, like: Tensor | None = None, dtype=None) -> Tensor:
@@ -75,6 +79,25 @@ def accumulate_dtype(dtype) -> np.dtype:
     return np.dtype(np.int32)
 
 
+def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
+    """Apply MegEngine's ``compute_mode`` to the inputs of a matrix product or convolution.
+
+    Returns ``(tensors, result_dtype)``: with ``"float32"`` and any float16 input, the inputs cast
+    to float32 and float16 as the dtype to cast the result back to; otherwise the inputs unchanged
+    and None. Any other mode is an error naming the op (it used to be accepted and ignored).
+    """
+    if compute_mode == "default":  # the common case, on every matmul: no work
+        return tensors, None
+    mode = str(compute_mode).lower()
+    if mode not in COMPUTE_MODES:
+        raise ValueError(
+            f"{op}: compute_mode must be 'default' or 'float32', got {compute_mode!r}"
+        )
+    if mode == "float32" and any(t.dtype == FLOAT16 for t in tensors):
+        return tuple(t.astype(FLOAT32) for t in tensors), FLOAT16
+    return tensors, None
+
+
 def data(x):
     """The backend array of a Tensor, or ``x`` itself for constants."""
     return x._data if isinstance(x, Tensor) else x
@@ -117,6 +140,7 @@ __all__ = [
     "binary_args",
     "accumulate_dtype",
     "check_compatible",
+    "compute_mode_inputs",
     "data",
     "normalize_axis",
     "ntuple",

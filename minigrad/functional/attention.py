@@ -3,7 +3,9 @@
 The attention core ``softmax(q k^T * scale + bias) v`` is one node with a closed-form backward
 (it is most of a Transformer's non-matmul time); with dropout it is the composition of matmul,
 softmax and dropout. Masks enter as constant additive biases (``0`` to keep, ``-inf`` to drop),
-so they cost one broadcast add and no gradient work.
+so they cost one broadcast add and no gradient work; ``attention_bias`` builds them, for these
+functions and for ``M.MultiHeadAttention``, with one meaning: a boolean ``attn_mask`` is True
+where a query may attend a key.
 """
 
 from __future__ import annotations
@@ -15,40 +17,64 @@ import numpy as np
 from minigrad.autodiff.function import Function
 from minigrad.functional._util import recording_backward
 from minigrad.functional.elementwise import _f
-from minigrad.functional.linalg import matmul
+from minigrad.functional.linalg import linear, matmul
 from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import reshape, split, transpose
+from minigrad.functional.softmax_family import softmax
+from minigrad.functional.stochastic import dropout
 from minigrad.tensor import Tensor
 
-__all__ = ["multi_head_attention", "scaled_dot_product_attention"]
+__all__ = ["attention_bias", "multi_head_attention", "scaled_dot_product_attention"]
 
 
-def _mask_bias(op: str, attn_mask, is_causal: bool, like: Tensor, length: int, src: int):
-    """The additive bias (a constant Tensor, or None) for a boolean/float mask and causality."""
-    xp = like.xp
+def attention_bias(query_len: int, key_len: int, attn_mask=None, is_causal: bool = False,
+                   key_padding_mask=None, *, like: Tensor) -> Tensor | None:
+    """The additive score bias (a constant Tensor of ``like``'s dtype and device, or None) that
+    every attention in minigrad applies: ``softmax(q k^T * scale + bias)``.
+
+    One meaning for boolean masks everywhere, PyTorch's ``scaled_dot_product_attention`` one:
+    in ``attn_mask`` **True means "may attend"** (the score is kept, bias 0) and False "masked"
+    (bias ``-inf``). A float ``attn_mask`` is added as it is. ``attn_mask`` broadcasts to
+    ``(..., query_len, key_len)``. ``is_causal`` lets query ``i`` attend keys ``j <= i``
+    (top-left aligned). ``key_padding_mask`` is ``(N, key_len)`` and marks what its name says,
+    padding: True means the key is padding and is masked for every query; it broadcasts as
+    ``(N, 1, 1, key_len)`` over heads and queries.
+
+    Example::
+
+        bias = F.nn.attention_bias(4, 4, attn_mask=keep, like=scores)   # keep: bool (4, 4)
+    """
+    op = "attention_bias"
+    xp, dtype = like.xp, like.dtype
     bias = None
+
+    def add(term):
+        nonlocal bias
+        bias = term if bias is None else bias + term
+
     if is_causal:
-        # query i may look at keys j <= i (top-left aligned, as PyTorch)
-        bias = xp.triu(xp.full((length, src), -xp.inf, dtype=like.dtype), k=1)
+        add(xp.triu(xp.full((query_len, key_len), -xp.inf, dtype=dtype), k=1))
     if attn_mask is not None:
-        m = attn_mask._data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
-        if m.shape[-2:] != (length, src) and m.ndim >= 2:
-            if m.shape[-2] not in (1, length) or m.shape[-1] not in (1, src):
-                raise ValueError(
-                    f"{op}: attn_mask shape {m.shape} does not broadcast to ({length}, {src})"
-                )
-        if m.dtype == bool:
-            m = xp.where(m, 0.0, -xp.inf).astype(like.dtype)
-        else:
-            m = m.astype(like.dtype, copy=False)
-        bias = m if bias is None else bias + m
-    return None if bias is None else Tensor._wrap(bias, like._device)
+        m = attn_mask.data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
+        if m.ndim >= 2 and (m.shape[-2] not in (1, query_len) or m.shape[-1] not in (1, key_len)):
+            raise ValueError(
+                f"{op}: attn_mask shape {m.shape} does not broadcast to ({query_len}, {key_len})"
+            )
+        add(xp.where(m, 0.0, -xp.inf).astype(dtype) if m.dtype == bool
+            else m.astype(dtype, copy=False))
+    if key_padding_mask is not None:
+        m = (key_padding_mask.data if isinstance(key_padding_mask, Tensor)
+             else xp.asarray(key_padding_mask))
+        if m.ndim != 2 or m.shape[1] != key_len:
+            raise ValueError(
+                f"{op}: key_padding_mask must be (N, {key_len}) (True = padding), got {m.shape}"
+            )
+        add(xp.where(m.astype(bool), -xp.inf, 0.0).astype(dtype)[:, None, None, :])
+    return None if bias is None else Tensor._wrap(bias, like.device)
 
 
 def _weights(q, k, bias, scale):
     """softmax(q k^T * scale + bias) over the last axis, as recorded Tensor ops."""
-    from minigrad.functional.nn import softmax  # noqa: PLC0415  (nn re-exports us)
-
     scores = matmul(q * scale, k, transpose_b=True)
     return softmax(scores if bias is None else scores + bias, -1)
 
@@ -100,16 +126,15 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
     """``softmax(q @ k^T * scale + mask) @ v`` over the last two axes.
 
     ``q`` is (..., L, E), ``k`` (..., S, E), ``v`` (..., S, Ev); leading axes broadcast. ``scale``
-    defaults to ``1/sqrt(E)``. ``attn_mask`` is boolean (True = may attend) or float (added to the
-    scores) and broadcasts to (..., L, S); ``is_causal`` lets query i attend keys ``j <= i``.
+    defaults to ``1/sqrt(E)``. ``attn_mask`` is boolean (True = may attend, see
+    :func:`attention_bias`) or float (added to the scores) and broadcasts to (..., L, S);
+    ``is_causal`` lets query i attend keys ``j <= i``.
     ``dropout_p`` drops attention weights (inverted dropout) whenever it is positive.
 
     Example::
 
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, L, D)
     """
-    from minigrad.functional.nn import dropout  # noqa: PLC0415  (nn re-exports us)
-
     op = "scaled_dot_product_attention"
     q, k, v = _f(q), _f(k), _f(v)
     if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
@@ -122,7 +147,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
             f"q[-1] == k[-1] and k[-2] == v[-2])"
         )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    bias = _mask_bias(op, attn_mask, is_causal, q, q.shape[-2], k.shape[-2])
+    bias = attention_bias(q.shape[-2], k.shape[-2], attn_mask, is_causal, like=q)
     if dropout_p > 0.0:
         return matmul(dropout(_weights(q, k, bias, scale), dropout_p, training=True), v)
     return _Attention()(q, k, v, bias, scale)
@@ -146,8 +171,6 @@ def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_p
 
         y = F.multi_head_attention(x, x, x, 4, w_in, b_in, w_out, b_out, is_causal=True)
     """
-    from minigrad.functional.nn import linear  # noqa: PLC0415  (nn re-exports us)
-
     op = "multi_head_attention"
     query, in_proj_weight = _f(query), _f(in_proj_weight)
     if query.ndim != 3:

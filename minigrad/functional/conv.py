@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from minigrad.autodiff.function import Function
+from minigrad.functional._util import compute_mode_inputs
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import matmul
 from minigrad.functional.shape import reshape
@@ -229,8 +230,34 @@ def _add_bias(op: str, out: Tensor, bias) -> Tensor:
 
 
 def _check_mode(op: str, conv_mode: str) -> None:
-    if conv_mode not in ("cross_correlation", "CROSS_CORRELATION"):
-        raise NotImplementedError(f"{op}: conv_mode {conv_mode!r} is not supported")
+    """Only cross-correlation (what every deep-learning "convolution" computes) is implemented."""
+    if str(conv_mode).lower() != "cross_correlation":
+        raise NotImplementedError(
+            f"{op}: conv_mode {conv_mode!r} is not supported (only 'cross_correlation')"
+        )
+
+
+def _conv_args(op, inp, weight, stride, padding, dilation, groups, conv_mode, compute_mode):
+    """Checked and normalised arguments shared by conv2d and conv_transpose2d: float input and
+    (un-grouped) 4-D weight after ``compute_mode`` (see ``compute_mode_inputs``), the three pairs,
+    and the dtype to cast the result back to (None: keep it)."""
+    _check_mode(op, conv_mode)
+    (inp, weight), result_dtype = compute_mode_inputs(op, compute_mode, _f(inp), _f(weight))
+    weight = _group_weight(op, weight, groups)
+    _check_input(op, inp)
+    stride, padding = _pair(stride, "stride", op), _pair(padding, "padding", op)
+    dilation = _pair(dilation, "dilation", op)
+    if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
+        raise ValueError(
+            f"{op}: need stride >= 1, dilation >= 1, padding >= 0; got stride={stride}, "
+            f"dilation={dilation}, padding={padding}"
+        )
+    return inp, weight, stride, padding, dilation, result_dtype
+
+
+def _finish(op: str, out: Tensor, bias, result_dtype) -> Tensor:
+    out = _add_bias(op, out, bias)
+    return out if result_dtype is None else out.astype(result_dtype)
 
 
 def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
@@ -239,17 +266,16 @@ def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
 
     ``weight`` is (out, in/groups, kh, kw) (or MegEngine's grouped (groups, out/g, in/g, kh, kw)),
     ``bias`` (1, out, 1, 1) or (out,). Output size per axis: ``(H + 2p - d*(k-1) - 1) // s + 1``.
+    ``conv_mode`` must be ``"cross_correlation"``; ``compute_mode="float32"`` computes float16
+    inputs in float32 and returns float16 (MegEngine's two modes).
 
     Example::
 
         y = F.conv2d(x, w, b, stride=2, padding=1)  # x (8, 3, 32, 32), w (16, 3, 3, 3)
     """
     op = "conv2d"
-    _check_mode(op, conv_mode)
-    inp, weight = _f(inp), _group_weight(op, _f(weight), groups)
-    _check_input(op, inp)
-    stride, padding = _pair(stride, "stride", op), _pair(padding, "padding", op)
-    dilation = _pair(dilation, "dilation", op)
+    inp, weight, stride, padding, dilation, result_dtype = _conv_args(
+        op, inp, weight, stride, padding, dilation, groups, conv_mode, compute_mode)
     n, c, h, w = inp.shape
     o, cg, kh, kw = weight.shape
     if groups < 1 or c % groups or o % groups:
@@ -261,11 +287,6 @@ def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
             f"{op}: input has {c} channels (shape {inp.shape}) but weight {weight.shape} expects "
             f"{cg * groups} (= {cg} per group x {groups} groups)"
         )
-    if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
-        raise ValueError(
-            f"{op}: need stride >= 1, dilation >= 1, padding >= 0; got stride={stride}, "
-            f"dilation={dilation}, padding={padding}"
-        )
     oh = _out_size(h, kh, stride[0], padding[0], dilation[0])
     ow = _out_size(w, kw, stride[1], padding[1], dilation[1])
     if oh < 1 or ow < 1:
@@ -274,7 +295,7 @@ def conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
             f"and dilation {dilation} (output would be {(oh, ow)})"
         )
     out = Conv2d()(inp, weight, stride, padding, dilation, groups)
-    return _add_bias(op, out, bias)
+    return _finish(op, out, bias, result_dtype)
 
 
 def conv1d(inp, weight, bias=None, stride: int = 1, padding: int = 0, dilation: int = 1,
@@ -282,7 +303,7 @@ def conv1d(inp, weight, bias=None, stride: int = 1, padding: int = 0, dilation: 
            compute_mode: str = "default") -> Tensor:
     """1-D cross-correlation over (N, C, L): ``weight`` (out, in/groups, k) (or MegEngine's grouped
     (groups, out/groups, in/groups, k)), ``bias`` (1, out, 1) or (out,). Runs as conv2d on a
-    height-1 image."""
+    height-1 image (``conv_mode``/``compute_mode`` as there)."""
     op = "conv1d"
     inp, weight = _f(inp), _f(weight)
     _check_input(op, inp, 3)
@@ -301,7 +322,7 @@ def conv1d(inp, weight, bias=None, stride: int = 1, padding: int = 0, dilation: 
     x4 = reshape(inp, (inp.shape[0], inp.shape[1], 1, inp.shape[2]))
     w4 = reshape(weight, (weight.shape[0], weight.shape[1], 1, weight.shape[2]))
     out = conv2d(x4, w4, None, (1, int(stride)), (0, int(padding)), (1, int(dilation)), groups,
-                 conv_mode)
+                 conv_mode, compute_mode)
     out = reshape(out, (out.shape[0], out.shape[1], out.shape[3]))
     return _add_bias(op, out, bias)
 
@@ -312,14 +333,16 @@ def conv_transpose2d(inp, weight, bias=None, stride=1, padding=0, output_padding
     """Transposed 2-D convolution (the gradient of conv2d with respect to its input).
 
     ``weight`` is (in, out/groups, kh, kw) (or grouped (groups, in/g, out/g, kh, kw)); output size
-    per axis: ``(H - 1)*s - 2p + d*(k-1) + output_padding + 1``.
+    per axis: ``(H - 1)*s - 2p + d*(k-1) + output_padding + 1``. ``conv_mode`` and
+    ``compute_mode`` as in :func:`conv2d`.
+
+    Example::
+
+        y = F.conv_transpose2d(x, w, stride=2)  # x (8, 16, 7, 7), w (16, 3, 2, 2): (8, 3, 14, 14)
     """
     op = "conv_transpose2d"
-    _check_mode(op, conv_mode)
-    inp, weight = _f(inp), _group_weight(op, _f(weight), groups)
-    _check_input(op, inp)
-    stride, padding = _pair(stride, "stride", op), _pair(padding, "padding", op)
-    dilation = _pair(dilation, "dilation", op)
+    inp, weight, stride, padding, dilation, result_dtype = _conv_args(
+        op, inp, weight, stride, padding, dilation, groups, conv_mode, compute_mode)
     out_pad = _pair(output_padding, "output_padding", op)
     n, c, h, w = inp.shape
     cin, og, kh, kw = weight.shape
@@ -343,7 +366,7 @@ def conv_transpose2d(inp, weight, bias=None, stride=1, padding=0, output_padding
     if min(out_hw) < 1:
         raise ValueError(f"{op}: output size {out_hw} is not positive for input {inp.shape}")
     out = ConvTranspose2d()(inp, weight, stride, padding, dilation, groups, out_hw)
-    return _add_bias(op, out, bias)
+    return _finish(op, out, bias, result_dtype)
 
 
 # --------------------------------------------------------------------------------------------------

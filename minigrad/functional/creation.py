@@ -1,4 +1,8 @@
-"""Tensor factories: zeros, ones, full, arange, linspace, eye and the ``*_like`` variants."""
+"""Tensor factories: zeros, ones, full, arange, linspace, eye and the ``*_like`` variants.
+
+Float32 by default, as in MegEngine (NumPy would give float64), on the default device unless
+``device`` says otherwise.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,18 @@ import numpy as np
 
 from minigrad.backend.device import as_device
 from minigrad.tensor import Tensor, as_dtype
+
+__all__ = [
+    "arange",
+    "eye",
+    "full",
+    "full_like",
+    "linspace",
+    "ones",
+    "ones_like",
+    "zeros",
+    "zeros_like",
+]
 
 
 def _make(fn, dtype, device, *args) -> Tensor:
@@ -22,10 +38,18 @@ def _shape(shape) -> tuple:
 
 
 def zeros(shape, dtype="float32", device=None) -> Tensor:
+    """A tensor of zeros of ``shape`` (an int or a tuple) on ``device`` (default: the default
+    device).
+
+    Example::
+
+        F.zeros((2, 3))   # float32 zeros, like MegEngine
+    """
     return _make(lambda xp: xp.zeros, dtype, device, _shape(shape))
 
 
 def ones(shape, dtype="float32", device=None) -> Tensor:
+    """A tensor of ones of ``shape`` on ``device``."""
     return _make(lambda xp: xp.ones, dtype, device, _shape(shape))
 
 
@@ -50,13 +74,15 @@ def eye(N, M: int | None = None, dtype="float32", device=None) -> Tensor:
 
 
 def arange(start=0, stop=None, step=1, dtype="float32", device=None) -> Tensor:
-    """Like ``np.arange``; float32 by default as in MegEngine."""
+    """``start, start + step, ...`` up to ``stop`` (excluded), like ``np.arange``; float32 by
+    default as in MegEngine (``arange(n)`` counts from 0)."""
     if stop is None:
         start, stop = 0, start
     return _make(lambda xp: xp.arange, dtype, device, start, stop, step)
 
 
 def linspace(start, stop, num: int, dtype="float32", device=None) -> Tensor:
+    """``num`` evenly spaced values from ``start`` to ``stop``, both included."""
     dev = as_device(device)
     return Tensor._wrap(dev.xp.linspace(start, stop, int(num)).astype(as_dtype(dtype)), dev)
 
@@ -65,14 +91,17 @@ def _like(x: Tensor, dtype):
     return (x.dtype if dtype is None else dtype), x.device
 
 
-def zeros_like(x: Tensor, dtype=None) -> Tensor:
-    return zeros(x.shape, *_like(x, dtype))
+def zeros_like(inp: Tensor, dtype=None) -> Tensor:
+    """Zeros with the shape, device and (unless ``dtype`` is given) dtype of ``inp``."""
+    return zeros(inp.shape, *_like(inp, dtype))
 
 
-def ones_like(x: Tensor, dtype=None) -> Tensor:
-    return ones(x.shape, *_like(x, dtype))
+def ones_like(inp: Tensor, dtype=None) -> Tensor:
+    """Ones with the shape, device and (unless ``dtype`` is given) dtype of ``inp``."""
+    return ones(inp.shape, *_like(inp, dtype))
 
 
-def full_like(x: Tensor, value, dtype=None) -> Tensor:
-    dtype, device = _like(x, dtype)
-    return full(x.shape, value, dtype, device)
+def full_like(inp: Tensor, value, dtype=None) -> Tensor:
+    """``value`` everywhere, with the shape, device and (unless given) dtype of ``inp``."""
+    dtype, device = _like(inp, dtype)
+    return full(inp.shape, value, dtype, device)

@@ -12,6 +12,8 @@ import math
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.backend.device import as_device
+from minigrad.backend.xp import erf as erf_kernel
 from minigrad.functional._util import (
     FLOAT32,
     binary_args,
@@ -19,13 +21,15 @@ from minigrad.functional._util import (
     data,
     recording_backward,
 )
-from minigrad.tensor import Tensor
+from minigrad.tensor import Tensor, as_dtype
 
 # -------------------------------------------------------------------------------------------------
 # binary arithmetic
 
 
 class Add(Function):
+    """``a + b``; both gradients are ``dy`` (broadcast operands are summed back by the engine)."""
+
     def forward(self, a, b):
         return data(a) + data(b)
 
@@ -34,6 +38,8 @@ class Add(Function):
 
 
 class Sub(Function):
+    """``a - b``; gradients ``dy`` and ``-dy``."""
+
     def forward(self, a, b):
         return data(a) - data(b)
 
@@ -42,6 +48,8 @@ class Sub(Function):
 
 
 class Mul(Function):
+    """``a * b``; gradients ``dy * b`` and ``dy * a`` (each only when needed)."""
+
     def forward(self, a, b):
         self.a, self.b = a, b
         return data(a) * data(b)
@@ -54,6 +62,8 @@ class Mul(Function):
 
 
 class Div(Function):
+    """``a / b``; gradients ``dy / b`` and ``-dy * a / b**2``."""
+
     def forward(self, a, b):
         self.a, self.b = a, b
         return data(a) / data(b)
@@ -66,6 +76,8 @@ class Div(Function):
 
 
 class Pow(Function):
+    """``a ** b``; gradients ``dy * b * a**(b-1)`` and ``dy * a**b * log(a)``."""
+
     def forward(self, a, b):
         self.a, self.b = a, b
         return data(a) ** data(b)
@@ -80,35 +92,38 @@ class Pow(Function):
         return da, db
 
 
-class Maximum(Function):
+class _Extremum(Function):
+    """``maximum``/``minimum`` (``name``): the gradient goes to the operand that was picked, to
+    the first one at a tie."""
+
+    name = ""
+
     def forward(self, a, b):
-        self.mask = data(a) >= data(b)
-        return (
-            a.xp.maximum(data(a), data(b))
-            if isinstance(a, Tensor)
-            else b.xp.maximum(data(a), data(b))
-        )
+        da, db = data(a), data(b)
+        self.mask = da >= db if self.name == "maximum" else da <= db
+        xp = a.xp if isinstance(a, Tensor) else b.xp
+        return getattr(xp, self.name)(da, db)
 
     def backward(self, dy):
         m = Tensor._wrap(self.mask, dy._device)
         return where(m, dy, 0.0), where(m, 0.0, dy)
 
 
-class Minimum(Function):
-    def forward(self, a, b):
-        self.mask = data(a) <= data(b)
-        return (
-            a.xp.minimum(data(a), data(b))
-            if isinstance(a, Tensor)
-            else b.xp.minimum(data(a), data(b))
-        )
+class Maximum(_Extremum):
+    """``maximum(a, b)``."""
 
-    def backward(self, dy):
-        m = Tensor._wrap(self.mask, dy._device)
-        return where(m, dy, 0.0), where(m, 0.0, dy)
+    name = "maximum"
+
+
+class Minimum(_Extremum):
+    """``minimum(a, b)``."""
+
+    name = "minimum"
 
 
 class Where(Function):
+    """``where(cond, a, b)``; ``dy`` flows to ``a`` where ``cond`` holds, to ``b`` elsewhere."""
+
     def forward(self, cond, a, b):
         self.cond = cond
         xp = cond.xp
@@ -119,41 +134,57 @@ class Where(Function):
         return None, where(self.cond, dy, zero), where(self.cond, zero, dy)
 
 
-def add(x, y) -> Tensor:
-    """``x + y`` with broadcasting."""
-    return Add()(*binary_args(x, y, "add"))
+def _public(fn, name: str, doc: str):
+    """Name and document a generated public op (families of ops share one definition below)."""
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
 
 
-def sub(x, y) -> Tensor:
-    return Sub()(*binary_args(x, y, "sub"))
+def _binary(function_class: type[Function], name: str, doc: str):
+    """The public op ``name(x, y)``: operands coerced by ``binary_args``, then one node."""
+
+    def op(x, y) -> Tensor:
+        return function_class()(*binary_args(x, y, name))
+
+    return _public(op, name, doc)
 
 
-def mul(x, y) -> Tensor:
-    return Mul()(*binary_args(x, y, "mul"))
+add = _binary(Add, "add", """``x + y`` elementwise with broadcasting; either may be a Python number
+    (which keeps the tensor's dtype). Differentiable in both.
+
+    Example::
+
+        F.add(mg.tensor([1.0, 2.0]), 1.0)   # Tensor([2., 3.])
+    """)
+sub = _binary(Sub, "sub", "``x - y`` elementwise with broadcasting; differentiable in both.")
+mul = _binary(Mul, "mul", "``x * y`` elementwise with broadcasting; differentiable in both.")
 
 
 def div(x, y) -> Tensor:
-    """True division; integer operands are promoted to float32 first (as in MegEngine)."""
+    """``x / y``, true division with broadcasting: integer operands are promoted to float32
+    first (as in MegEngine). Differentiable in both."""
     x, y = binary_args(x, y, "div")
     if not any(isinstance(t, Tensor) and t.dtype.kind == "f" for t in (x, y)):
         x, y = (t.astype(FLOAT32) if isinstance(t, Tensor) else t for t in (x, y))
     return Div()(x, y)
 
 
-def pow(x, y) -> Tensor:  # noqa: A001  (MegEngine's name)
-    return Pow()(*binary_args(x, y, "pow"))
-
-
-def maximum(x, y) -> Tensor:
-    return Maximum()(*binary_args(x, y, "maximum"))
-
-
-def minimum(x, y) -> Tensor:
-    return Minimum()(*binary_args(x, y, "minimum"))
+pow = _binary(Pow, "pow", """``x ** y`` elementwise with broadcasting; differentiable in both
+    (the exponent's gradient is ``x**y * log(x)``, so it needs ``x > 0``).""")
+maximum = _binary(Maximum, "maximum", """The larger of ``x`` and ``y`` elementwise; at a tie the
+    whole gradient goes to ``x``.""")
+minimum = _binary(Minimum, "minimum", """The smaller of ``x`` and ``y`` elementwise; at a tie the
+    whole gradient goes to ``x``.""")
 
 
 def where(mask, x, y) -> Tensor:
-    """``x`` where ``mask`` is true, else ``y`` (differentiable in x and y)."""
+    """``x`` where ``mask`` is true, else ``y``, with broadcasting (differentiable in x and y).
+
+    Example::
+
+        F.where(x > 0, x, 0.0)   # relu written by hand
+    """
     ref = x if isinstance(x, Tensor) else y if isinstance(y, Tensor) else None
     if not isinstance(mask, Tensor):
         mask = Tensor(mask, device=ref._device if ref is not None else None)
@@ -167,12 +198,13 @@ def where(mask, x, y) -> Tensor:
 
 
 def floor_div(x, y) -> Tensor:
-    """``x // y`` (piecewise constant: not recorded)."""
+    """``x // y`` elementwise (piecewise constant, so it is not recorded for gradients)."""
     return _raw(lambda xp, a, b: xp.floor_divide(a, b), x, y, op="floor_div")
 
 
 def mod(x, y) -> Tensor:
-    """``x % y`` with Python's sign convention (not recorded)."""
+    """``x % y`` elementwise with Python's sign convention (the result has ``y``'s sign); not
+    recorded for gradients."""
     return _raw(lambda xp, a, b: xp.mod(a, b), x, y, op="mod")
 
 
@@ -189,6 +221,8 @@ def _saved_out(node, array, recompute):
 
 
 class Neg(Function):
+    """``-x``; gradient ``-dy``."""
+
     def forward(self, x):
         return -x._data
 
@@ -197,6 +231,8 @@ class Neg(Function):
 
 
 class Exp(Function):
+    """``e**x``; gradient ``dy * y`` with the saved output ``y``."""
+
     def forward(self, x):
         self.x = x
         self.y = x.xp.exp(x._data)
@@ -207,6 +243,8 @@ class Exp(Function):
 
 
 class Log(Function):
+    """``log(x)``; gradient ``dy / x``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.log(x._data)
@@ -216,6 +254,8 @@ class Log(Function):
 
 
 class Log1p(Function):
+    """``log(1 + x)``; gradient ``dy / (1 + x)``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.log1p(x._data)
@@ -225,6 +265,8 @@ class Log1p(Function):
 
 
 class Expm1(Function):
+    """``e**x - 1``; gradient ``dy * e**x``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.expm1(x._data)
@@ -234,6 +276,8 @@ class Expm1(Function):
 
 
 class Sqrt(Function):
+    """``sqrt(x)``; gradient ``dy / (2 y)`` with the saved output ``y``."""
+
     def forward(self, x):
         self.x = x
         self.y = x.xp.sqrt(x._data)
@@ -244,6 +288,8 @@ class Sqrt(Function):
 
 
 class Sin(Function):
+    """``sin(x)``; gradient ``dy * cos(x)``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.sin(x._data)
@@ -253,6 +299,8 @@ class Sin(Function):
 
 
 class Cos(Function):
+    """``cos(x)``; gradient ``-dy * sin(x)``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.cos(x._data)
@@ -262,6 +310,8 @@ class Cos(Function):
 
 
 class Tanh(Function):
+    """``tanh(x)``; gradient ``dy * (1 - y**2)`` with the saved output ``y``."""
+
     def forward(self, x):
         self.x = x
         self.y = x.xp.tanh(x._data)
@@ -273,6 +323,8 @@ class Tanh(Function):
 
 
 class Sigmoid(Function):
+    """``1 / (1 + e**-x)``; gradient ``dy * y * (1 - y)`` with the saved output ``y``."""
+
     def forward(self, x):
         self.x = x
         xp = x.xp
@@ -288,25 +340,19 @@ class Sigmoid(Function):
 
 
 class Erf(Function):
+    """``erf(x)``; gradient ``dy * 2 / sqrt(pi) * e**(-x**2)``."""
+
     def forward(self, x):
         self.x = x
-        return _erf_kernel(x.xp)(x._data).astype(x.dtype, copy=False)
+        return erf_kernel(x.xp)(x._data).astype(x.dtype, copy=False)
 
     def backward(self, dy):
         return dy * (2.0 / math.sqrt(math.pi)) * exp(-self.x * self.x)
 
 
-def _erf_kernel(xp):
-    if xp is np:
-        from scipy.special import erf as _erf  # noqa: PLC0415
-
-        return _erf
-    from cupyx.scipy.special import erf as _cerf  # noqa: PLC0415
-
-    return _cerf
-
-
 class Abs(Function):
+    """``|x|``; gradient ``dy * sign(x)``."""
+
     def forward(self, x):
         self.x = x
         return x.xp.abs(x._data)
@@ -316,6 +362,8 @@ class Abs(Function):
 
 
 class Relu(Function):
+    """``max(x, 0)``; gradient ``dy`` where ``x > 0``, else 0 (a saved boolean mask)."""
+
     def forward(self, x):
         self.mask = x._data > 0
         return x._data * self.mask
@@ -327,6 +375,8 @@ class Relu(Function):
 
 
 class Clip(Function):
+    """``clip(x, lower, upper)``; gradient ``dy`` inside the range, 0 outside."""
+
     def forward(self, x, lower, upper):
         self.x = x
         d = x._data
@@ -349,90 +399,8 @@ class _Rounding(Function):
         return dy * 0.0, None
 
 
-def neg(x) -> Tensor:
-    return Neg()(x)
-
-
-def exp(x) -> Tensor:
-    return Exp()(_f(x))
-
-
-def log(x) -> Tensor:
-    return Log()(_f(x))
-
-
-def log1p(x) -> Tensor:
-    return Log1p()(_f(x))
-
-
-def expm1(x) -> Tensor:
-    return Expm1()(_f(x))
-
-
-def sqrt(x) -> Tensor:
-    return Sqrt()(_f(x))
-
-
-def square(x) -> Tensor:
-    x = _t(x)
-    return x * x
-
-
-def sin(x) -> Tensor:
-    return Sin()(_f(x))
-
-
-def cos(x) -> Tensor:
-    return Cos()(_f(x))
-
-
-def tan(x) -> Tensor:
-    return sin(x) / cos(x)
-
-
-def tanh(x) -> Tensor:
-    return Tanh()(_f(x))
-
-
-def sigmoid(x) -> Tensor:
-    return Sigmoid()(_f(x))
-
-
-def erf(x) -> Tensor:
-    return Erf()(_f(x))
-
-
-def abs(x) -> Tensor:  # noqa: A001  (MegEngine's name)
-    return Abs()(_t(x))
-
-
-def relu(x) -> Tensor:
-    return Relu()(_t(x))
-
-
-def clip(x, lower=None, upper=None) -> Tensor:
-    """Clamp to ``[lower, upper]`` (either may be None); the gradient flows inside the range."""
-    return Clip()(_t(x), lower, upper)
-
-
-def floor(x) -> Tensor:
-    return _Rounding()(_t(x), lambda xp, d: xp.floor(d))
-
-
-def ceil(x) -> Tensor:
-    return _Rounding()(_t(x), lambda xp, d: xp.ceil(d))
-
-
-def round(x) -> Tensor:  # noqa: A001  (MegEngine's name)
-    """Round half away from zero (MegEngine/C semantics, unlike NumPy's half-to-even)."""
-    return _Rounding()(_t(x), lambda xp, d: xp.sign(d) * xp.floor(xp.abs(d) + 0.5))
-
-
-def sign(x) -> Tensor:
-    return _Rounding()(_t(x), lambda xp, d: xp.sign(d))
-
-
 def _t(x) -> Tensor:
+    """``x`` as a Tensor (Python numbers and arrays get the usual default dtypes)."""
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
@@ -442,11 +410,91 @@ def _f(x) -> Tensor:
     return x if x._data.dtype.kind == "f" else x.astype(FLOAT32)
 
 
+def neg(x) -> Tensor:
+    """``-x`` elementwise."""
+    return Neg()(_t(x))
+
+
+def _unary(function_class: type[Function], name: str, doc: str, float_input: bool = True):
+    """The public op ``name(x)``: ``x`` made a tensor (a float one when ``float_input``: integer
+    input becomes float32, as in MegEngine), then one node."""
+    coerce = _f if float_input else _t
+
+    def op(x) -> Tensor:
+        return function_class()(coerce(x))
+
+    return _public(op, name, doc)
+
+
+exp = _unary(Exp, "exp", """``e ** x`` elementwise.
+
+    Example::
+
+        F.exp(mg.tensor([0.0, 1.0]))   # Tensor([1., 2.7182817])
+    """)
+log = _unary(Log, "log", "The natural logarithm elementwise (``-inf`` at 0, NaN below).")
+log1p = _unary(Log1p, "log1p", "``log(1 + x)``, accurate for tiny ``x``.")
+expm1 = _unary(Expm1, "expm1", "``e ** x - 1``, accurate for tiny ``x``.")
+sqrt = _unary(Sqrt, "sqrt", "The square root elementwise.")
+sin = _unary(Sin, "sin", "The sine elementwise (radians).")
+cos = _unary(Cos, "cos", "The cosine elementwise (radians).")
+tanh = _unary(Tanh, "tanh", "The hyperbolic tangent elementwise.")
+sigmoid = _unary(Sigmoid, "sigmoid", """``1 / (1 + e**-x)``, computed without overflow for large
+    ``|x|``.""")
+erf = _unary(Erf, "erf", "The error function elementwise.")
+abs = _unary(Abs, "abs", "``|x|`` elementwise (keeps integer dtypes).", float_input=False)
+relu = _unary(Relu, "relu", """``max(x, 0)`` elementwise (keeps the dtype); the gradient is 0 at
+    and below 0.
+
+    Example::
+
+        F.relu(mg.tensor([-1.0, 2.0]))   # Tensor([0., 2.])
+    """, float_input=False)
+
+
+def square(x) -> Tensor:
+    """``x * x`` elementwise."""
+    x = _t(x)
+    return x * x
+
+
+def tan(x) -> Tensor:
+    """The tangent elementwise (radians), as ``sin(x) / cos(x)``."""
+    return sin(x) / cos(x)
+
+
+def clip(x, lower=None, upper=None) -> Tensor:
+    """Clamp to ``[lower, upper]`` (either may be None); the gradient flows inside the range.
+
+    Example::
+
+        F.clip(x, -1.0, 1.0)
+    """
+    return Clip()(_t(x), lower, upper)
+
+
+def _rounding(name: str, kernel, doc: str):
+    """A public piecewise-constant op ``name(x)`` running ``kernel(xp, array)``."""
+
+    def op(x) -> Tensor:
+        return _Rounding()(_t(x), kernel)
+
+    return _public(op, name, doc)
+
+
+floor = _rounding("floor", lambda xp, d: xp.floor(d), "The largest integer ``<= x``, elementwise.")
+ceil = _rounding("ceil", lambda xp, d: xp.ceil(d), "The smallest integer ``>= x``, elementwise.")
+round = _rounding("round", lambda xp, d: xp.sign(d) * xp.floor(xp.abs(d) + 0.5), """Round half
+    away from zero (MegEngine/C semantics, unlike NumPy's half-to-even).""")
+sign = _rounding("sign", lambda xp, d: xp.sign(d), "-1, 0 or 1 by the sign of ``x``, elementwise.")
+
+
 # -------------------------------------------------------------------------------------------------
 # comparisons and logic (no gradient: results are bool)
 
 
 def _raw(fn, a, b=None, op="compare"):
+    """``fn(xp, a[, b])`` on the operands' arrays, wrapped as a Tensor that is not recorded."""
     if b is None:
         a = _t(a)
         return Tensor._wrap(fn(a.xp, a._data), a._device)
@@ -455,52 +503,40 @@ def _raw(fn, a, b=None, op="compare"):
     return Tensor._wrap(fn(ref.xp, data(a), data(b)), ref._device)
 
 
-def equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.equal(a, b), x, y, op="equal")
+def _comparison(name: str, what: str):
+    """The public op ``name(x, y)``: a bool tensor saying ``what`` elementwise (broadcasting)."""
+
+    def op(x, y) -> Tensor:
+        return _raw(lambda xp, a, b: getattr(xp, name)(a, b), x, y, op=name)
+
+    return _public(op, name, f"``{what}`` elementwise with broadcasting: a bool tensor "
+                             "(comparisons and logic are not differentiable).")
 
 
-def not_equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.not_equal(a, b), x, y, op="not_equal")
-
-
-def less(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.less(a, b), x, y, op="less")
-
-
-def less_equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.less_equal(a, b), x, y, op="less_equal")
-
-
-def greater(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.greater(a, b), x, y, op="greater")
-
-
-def greater_equal(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.greater_equal(a, b), x, y, op="greater_equal")
-
-
-def logical_and(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.logical_and(a, b), x, y, op="logical_and")
-
-
-def logical_or(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.logical_or(a, b), x, y, op="logical_or")
-
-
-def logical_xor(x, y) -> Tensor:
-    return _raw(lambda xp, a, b: xp.logical_xor(a, b), x, y, op="logical_xor")
+equal = _comparison("equal", "x == y")
+not_equal = _comparison("not_equal", "x != y")
+less = _comparison("less", "x < y")
+less_equal = _comparison("less_equal", "x <= y")
+greater = _comparison("greater", "x > y")
+greater_equal = _comparison("greater_equal", "x >= y")
+logical_and = _comparison("logical_and", "x and y")
+logical_or = _comparison("logical_or", "x or y")
+logical_xor = _comparison("logical_xor", "x xor y")
 
 
 def logical_not(x) -> Tensor:
+    """``not x`` elementwise: a bool tensor."""
     return _raw(lambda xp, a: xp.logical_not(a), x)
 
 
-def isnan(x) -> Tensor:
-    return _raw(lambda xp, a: xp.isnan(a), x)
+def isnan(inp) -> Tensor:
+    """Where ``inp`` is NaN: a bool tensor (MegEngine's name and keyword)."""
+    return _raw(lambda xp, a: xp.isnan(a), inp)
 
 
-def isinf(x) -> Tensor:
-    return _raw(lambda xp, a: xp.isinf(a), x)
+def isinf(inp) -> Tensor:
+    """Where ``inp`` is ``+inf`` or ``-inf``: a bool tensor."""
+    return _raw(lambda xp, a: xp.isinf(a), inp)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -508,6 +544,8 @@ def isinf(x) -> Tensor:
 
 
 class AsType(Function):
+    """A dtype conversion; the gradient is cast back to the source dtype (floats only)."""
+
     def forward(self, x, dtype):
         self.src = x._data.dtype
         return x._data.astype(dtype)
@@ -533,8 +571,8 @@ class Copy(Function):
 
 
 def astype(x, dtype) -> Tensor:
-    from minigrad.tensor import as_dtype  # noqa: PLC0415
-
+    """``x`` converted to ``dtype`` (``"float32"``, ``np.float16``, ``mg.int32``...); ``x`` itself
+    when it already has it. Differentiable between float dtypes (the gradient is cast back)."""
     dtype = as_dtype(dtype)
     x = _t(x)
     if x._data.dtype == dtype:
@@ -542,11 +580,15 @@ def astype(x, dtype) -> Tensor:
     return AsType()(x, dtype)
 
 
-def copy(x, device=None) -> Tensor:
-    """A copy of ``x`` on ``device`` (default: the same device); differentiable."""
-    from minigrad.backend.device import as_device  # noqa: PLC0415
+def copy(inp, device=None) -> Tensor:
+    """A copy of ``inp`` on ``device`` (default: the same device); differentiable, the gradient is
+    copied back.
 
-    x = _t(x)
+    Example::
+
+        y = F.copy(x, "gpu0")
+    """
+    x = _t(inp)
     dev = as_device(device) if device is not None else x._device
     return Copy()(x, dev)
 

@@ -1,4 +1,5 @@
-"""Linear algebra: batched/broadcast ``matmul`` and ``einsum`` are primitives; ``dot`` composes."""
+"""Linear algebra: batched/broadcast ``matmul``, ``einsum`` and the fused ``linear`` layer op are
+primitives; ``dot`` composes."""
 
 from __future__ import annotations
 
@@ -7,8 +8,15 @@ import re
 import numpy as np
 
 from minigrad.autodiff.function import Function
-from minigrad.functional._util import binary_args, check_compatible, recording_backward
+from minigrad.functional._util import (
+    binary_args,
+    check_compatible,
+    compute_mode_inputs,
+    recording_backward,
+)
 from minigrad.functional.creation import zeros_like
+from minigrad.functional.elementwise import _f
+from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import (
     broadcast_to,
     concat,
@@ -23,6 +31,8 @@ from minigrad.tensor import Tensor
 
 
 class MatMul(Function):
+    """``a @ b`` (batched, broadcast); gradients ``dy @ b^T`` and ``a^T @ dy``."""
+
     def forward(self, a, b):
         self.a, self.b = a, b
         return a.xp.matmul(a._data, b._data)
@@ -34,9 +44,19 @@ class MatMul(Function):
         return da, db
 
 
-def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
-    """Matrix product with NumPy's rules: batch dimensions broadcast, 1-D operands are promoted."""
-    a, b = binary_args(a, b, "matmul", broadcast=False)
+def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
+           compute_mode: str = "default") -> Tensor:
+    """Matrix product with NumPy's rules: batch dimensions broadcast, 1-D operands are promoted.
+
+    ``transpose_a``/``transpose_b`` swap the last two axes of an operand first (without a copy
+    in the product); ``compute_mode="float32"`` computes float16 operands in float32 and returns
+    float16 (MegEngine's modes, see ``compute_mode_inputs``).
+
+    Example::
+
+        y = F.matmul(x, w, transpose_b=True)   # x (N, K), w (M, K): (N, M)
+    """
+    a, b = binary_args(inp1, inp2, "matmul", broadcast=False)
     if not isinstance(a, Tensor) or not isinstance(b, Tensor) or a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: both operands must be tensors of rank >= 1")
     if transpose_a and a.ndim >= 2:
@@ -56,6 +76,7 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor
         raise ValueError(
             f"matmul: batch dimensions of shapes {a.shape} and {b.shape} cannot be broadcast"
         ) from None
+    (a, b), result_dtype = compute_mode_inputs("matmul", compute_mode, a, b)
     squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
     if squeeze_a:
         a = reshape(a, (1, a.shape[0]))
@@ -69,12 +90,17 @@ def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False) -> Tensor
             + (() if squeeze_b else out.shape[-1:])
         )
         out = reshape(out, shape)
-    return out
+    return out if result_dtype is None else out.astype(result_dtype)
 
 
-def dot(a, b) -> Tensor:
-    """Inner product of two vectors (a scalar tensor)."""
-    a, b = binary_args(a, b, "dot", broadcast=False)
+def dot(inp1, inp2) -> Tensor:
+    """Inner product of two vectors (a scalar tensor).
+
+    Example::
+
+        F.dot(mg.tensor([1.0, 2.0]), mg.tensor([3.0, 4.0])).item()   # 11.0
+    """
+    a, b = binary_args(inp1, inp2, "dot", broadcast=False)
     if a.ndim != 1 or b.ndim != 1:
         raise ValueError(f"dot: expects two vectors, got shapes {a.shape} and {b.shape}")
     return matmul(a, b)
@@ -84,6 +110,8 @@ _SUBSCRIPT = re.compile(r"^[a-zA-Z]*$")
 
 
 class Einsum(Function):
+    """``einsum(spec, *xs)``; each operand's gradient is another einsum of ``dy`` and the others."""
+
     def forward(self, spec, *xs):
         self.spec, self.xs = spec, xs
         return xs[0].xp.einsum(spec, *[x._data for x in xs], optimize=True)
@@ -106,12 +134,17 @@ class Einsum(Function):
         return tuple(grads)
 
 
-def einsum(spec: str, *operands) -> Tensor:
+def einsum(equation: str, *args) -> Tensor:
     """Einstein summation (e.g. ``"bij,bjk->bik"``); no repeated subscripts within one operand.
     Without ``->`` the output follows NumPy's implicit rule: the letters used exactly once, in
     alphabetical order (``"ij,jk"`` is ``"ij,jk->ik"``, ``"ij"`` is a no-op, ``"ji"`` transposes).
+    Differentiable in every operand.
+
+    Example::
+
+        F.einsum("bij,bjk->bik", a, b)   # a batched matmul
     """
-    spec = spec.replace(" ", "")
+    spec, operands = equation.replace(" ", ""), args
     if "->" not in spec:
         letters = spec.replace(",", "")
         spec += "->" + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
@@ -133,6 +166,61 @@ def einsum(spec: str, *operands) -> Tensor:
     return Einsum()(spec, *xs)
 
 
+class Linear(Function):
+    """``x @ w.T + b`` for a 2-D ``x``: the hottest op of most models, so it is one node with the
+    bias added in place, and its backward skips the products nobody needs (e.g. the input gradient
+    of the first layer). The backward uses Tensor ops, so it is itself differentiable."""
+
+    def forward(self, x, w, b):
+        self.x, self.w, self.has_bias = x, w, b is not None
+        out = x.xp.matmul(x._data, w._data.T)
+        if b is not None:
+            out += b._data
+        return out
+
+    def backward(self, dy):
+        need_x, need_w = self.needs_input_grad(0), self.needs_input_grad(1)
+        need_b = self.has_bias and self.needs_input_grad(2)
+        if recording_backward():  # Tensor ops, so that a second-order gradient flows through
+            dx = matmul(dy, self.w) if need_x else None
+            dw = matmul(dy, self.x, transpose_a=True) if need_w else None
+            return dx, dw, _sum(dy, 0) if need_b else None
+        g = dy._data
+        dx = g @ self.w._data if need_x else None
+        dw = g.T @ self.x._data if need_w else None
+        return dx, dw, g.sum(axis=0) if need_b else None
+
+
+def linear(inp, weight, bias=None, compute_mode: str = "default") -> Tensor:
+    """``inp @ weight.T + bias`` with ``weight`` stored (out_features, in_features) as MegEngine;
+    ``inp`` is (..., in_features), leading axes are flattened into one big matrix product.
+    ``compute_mode`` as in :func:`matmul`.
+
+    Example::
+
+        y = F.linear(x, w, b)   # x (N, 784), w (10, 784), b (10,): (N, 10)
+    """
+    (inp, weight), result_dtype = compute_mode_inputs("linear", compute_mode, _f(inp), _f(weight))
+    if weight.ndim != 2 or inp.ndim == 0 or inp.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"linear: input has {inp.shape[-1] if inp.ndim else 0} features (shape {inp.shape}) "
+            f"but weight {weight.shape} expects {weight.shape[-1]} (weight is (out, in))"
+        )
+    if bias is not None and not isinstance(bias, Tensor):
+        bias = Tensor(bias, dtype=weight.dtype, device=weight._device)
+    lead = inp.shape[:-1]
+    if inp.ndim == 1:
+        inp = reshape(inp, (1, -1))
+    elif inp.ndim > 2:
+        inp = reshape(inp, (-1, inp.shape[-1]))
+    fused = bias is None or (
+        bias.shape == (weight.shape[0],) and bias.dtype == weight.dtype == inp.dtype
+    )
+    out = Linear()(inp, weight, bias if fused else None)
+    if not fused:
+        out = out + bias
+    out = reshape(out, lead + (weight.shape[0],)) if len(lead) != 1 else out
+    return out if result_dtype is None else out.astype(result_dtype)
 # --------------------------------------------------------------------------------------------------
 # MegEngine's other linear algebra: cross and matinv
 

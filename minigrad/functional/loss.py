@@ -12,7 +12,8 @@ from minigrad.functional._util import recording_backward
 from minigrad.functional.elementwise import _f, exp, log, log1p, relu
 from minigrad.functional.elementwise import abs as _abs
 from minigrad.functional.reduction import sum as _sum
-from minigrad.functional.shape import indexing_one_hot
+from minigrad.functional.shape import indexing_one_hot, one_hot
+from minigrad.functional.softmax_family import logsoftmax, softmax
 from minigrad.tensor import Tensor
 
 __all__ = [
@@ -73,8 +74,6 @@ class _LogitsCrossEntropy(Function):
     def backward(self, dy):
         n, c = self.pred.shape
         if recording_backward():  # Tensor ops, so that a second-order gradient flows through
-            from minigrad.functional.nn import one_hot, softmax  # noqa: PLC0415
-
             g = softmax(self.pred, 1) - one_hot(self.label, c).astype(self.pred.dtype)
             scale = dy.reshape((n, 1)) if self.reduction == "none" else dy
             return g * (scale / n if self.reduction == "mean" else scale), None, None
@@ -117,8 +116,6 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True, label_sm
             raise ValueError(f"{op}: labels must be in [0, {n_cls}), got min {lo} max {hi}")
     if with_logits and not label_smooth and pred.ndim == 2:
         return _LogitsCrossEntropy()(pred, label, reduction)
-    from minigrad.functional.nn import logsoftmax  # noqa: PLC0415  (nn re-exports this module)
-
     logp = logsoftmax(pred, axis) if with_logits else log(pred)
     nll = -indexing_one_hot(logp, label, axis)
     if label_smooth:

@@ -1,11 +1,12 @@
 """Neural-network ops (``F.nn``, also re-exported as ``F.<name>``), MegEngine names and signatures.
 
-This module holds the layers' functional forms: ``linear``, activations, softmax, dropout, embedding
-and one_hot. Activations are compositions of elementwise primitives and get gradients for free;
-softmax and logsoftmax own a (Tensor-op, hence twice differentiable) backward because they sit on
-every training step's hot path. The other families live in their own modules and are re-exported
-at the bottom: convolution and pooling (``conv``), normalisation (``normalization``), losses and
-metrics (``loss``) and attention (``attention``).
+This module holds the activations and ``embedding``, and gathers the other families under the
+``F.nn`` name MegEngine code uses: ``linear`` (``linalg``), the softmax family
+(``softmax_family``), ``dropout`` (``stochastic``), ``one_hot`` (``shape``), convolution and
+pooling (``conv``), normalisation (``normalization``), losses and metrics (``loss``) and attention
+(``attention``). Those modules never import this one, so the imports only go one way.
+Activations are compositions of elementwise primitives and get gradients for free, except GELU,
+one fused node because it sits in every Transformer MLP.
 """
 
 from __future__ import annotations
@@ -15,88 +16,70 @@ import math
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.backend.xp import erf as erf_kernel
 from minigrad.functional._util import recording_backward
+from minigrad.functional.attention import (
+    attention_bias,
+    multi_head_attention,
+    scaled_dot_product_attention,
+)
+from minigrad.functional.conv import (
+    adaptive_avg_pool2d,
+    avg_pool2d,
+    conv1d,
+    conv2d,
+    conv_transpose2d,
+    max_pool2d,
+)
 from minigrad.functional.elementwise import (
     _f,
-    _saved_out,
     clip,
     erf,
     exp,
     log1p,
+    logsigmoid,
     relu,
     sigmoid,
     where,
 )
 from minigrad.functional.elementwise import abs as _abs
-from minigrad.functional.linalg import matmul
-from minigrad.functional.reduction import sum as _sum
-from minigrad.functional.shape import getitem, reshape
+from minigrad.functional.linalg import linear
+from minigrad.functional.loss import (
+    binary_cross_entropy,
+    cross_entropy,
+    ctc_loss,
+    hinge_loss,
+    l1_loss,
+    mse_loss,
+    square_loss,
+    topk_accuracy,
+)
+from minigrad.functional.normalization import batch_norm, group_norm, instance_norm, layer_norm
+from minigrad.functional.shape import _int_index, getitem, one_hot, pad, pixel_shuffle
+from minigrad.functional.sliding_window import (
+    conv3d,
+    local_conv2d,
+    sliding_window,
+    sliding_window_transpose,
+)
+from minigrad.functional.softmax_family import log_softmax, logsoftmax, softmax
+from minigrad.functional.stochastic import dropout
+from minigrad.functional.vision import remap, warp_affine, warp_perspective
 from minigrad.tensor import Tensor
-
-
-class Linear(Function):
-    """``x @ w.T + b`` for a 2-D ``x``: the hottest op of most models, so it is one node with the
-    bias added in place, and its backward skips the products nobody needs (e.g. the input gradient
-    of the first layer). The backward uses Tensor ops, so it is itself differentiable."""
-
-    def forward(self, x, w, b):
-        self.x, self.w, self.has_bias = x, w, b is not None
-        out = x.xp.matmul(x._data, w._data.T)
-        if b is not None:
-            out += b._data
-        return out
-
-    def backward(self, dy):
-        need_x, need_w = self.needs_input_grad(0), self.needs_input_grad(1)
-        need_b = self.has_bias and self.needs_input_grad(2)
-        if recording_backward():  # Tensor ops, so that a second-order gradient flows through
-            dx = matmul(dy, self.w) if need_x else None
-            dw = matmul(dy, self.x, transpose_a=True) if need_w else None
-            return dx, dw, _sum(dy, 0) if need_b else None
-        g = dy._data
-        dx = g @ self.w._data if need_x else None
-        dw = g.T @ self.x._data if need_w else None
-        return dx, dw, g.sum(axis=0) if need_b else None
-
-
-def linear(inp, weight, bias=None) -> Tensor:
-    """``inp @ weight.T + bias`` with ``weight`` stored (out_features, in_features) as MegEngine;
-    ``inp`` is (..., in_features), leading axes are flattened into one big matrix product."""
-    inp, weight = _f(inp), _f(weight)
-    if weight.ndim != 2 or inp.ndim == 0 or inp.shape[-1] != weight.shape[-1]:
-        raise ValueError(
-            f"linear: input has {inp.shape[-1] if inp.ndim else 0} features (shape {inp.shape}) "
-            f"but weight {weight.shape} expects {weight.shape[-1]} (weight is (out, in))"
-        )
-    if bias is not None and not isinstance(bias, Tensor):
-        bias = Tensor(bias, dtype=weight.dtype, device=weight._device)
-    lead = inp.shape[:-1]
-    if inp.ndim == 1:
-        inp = reshape(inp, (1, -1))
-    elif inp.ndim > 2:
-        inp = reshape(inp, (-1, inp.shape[-1]))
-    fused = bias is None or (
-        bias.shape == (weight.shape[0],) and bias.dtype == weight.dtype == inp.dtype
-    )
-    out = Linear()(inp, weight, bias if fused else None)
-    if not fused:
-        out = out + bias
-    return reshape(out, lead + (weight.shape[0],)) if len(lead) != 1 else out
-
 
 # --------------------------------------------------------------------------------------------------
 # activations (compositions)
 
 
 def leaky_relu(inp, negative_slope: float = 0.01) -> Tensor:
-    """``x`` for ``x > 0``, else ``negative_slope * x``."""
+    """``x`` for ``x > 0``, else ``negative_slope * x`` (a small gradient where relu has none)."""
     inp = _f(inp)
     return where(inp > 0, inp, inp * negative_slope)
 
 
-def relu6(inp) -> Tensor:
-    """``min(max(x, 0), 6)``."""
-    return clip(_f(inp), 0.0, 6.0)
+def relu6(x) -> Tensor:
+    """``min(max(x, 0), 6)`` (MobileNet's bounded relu)."""
+    return clip(_f(x), 0.0, 6.0)
 
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -140,9 +123,7 @@ class Gelu(Function):
             self.cdf = np.empty_like(d)
             _normal_cdf_f32(d, self.cdf)
         else:
-            from minigrad.functional.elementwise import _erf_kernel  # noqa: PLC0415
-
-            self.cdf = (_erf_kernel(x.xp)(d * _INV_SQRT2) * 0.5 + 0.5).astype(d.dtype, copy=False)
+            self.cdf = (erf_kernel(x.xp)(d * _INV_SQRT2) * 0.5 + 0.5).astype(d.dtype, copy=False)
         return d * self.cdf
 
     def backward(self, dy):
@@ -161,15 +142,20 @@ class Gelu(Function):
         return g
 
 
-def gelu(inp) -> Tensor:
-    """Exact GELU, ``x * Phi(x)`` with the normal CDF of ``erf`` (not the tanh approximation)."""
-    return Gelu()(_f(inp))
+def gelu(x) -> Tensor:
+    """Exact GELU, ``x * Phi(x)`` with the normal CDF of ``erf`` (not the tanh approximation).
+
+    Example::
+
+        h = F.gelu(F.linear(x, w1, b1))   # a Transformer MLP's activation
+    """
+    return Gelu()(_f(x))
 
 
-def silu(inp) -> Tensor:
+def silu(x) -> Tensor:
     """``x * sigmoid(x)`` (a.k.a. swish)."""
-    inp = _f(inp)
-    return inp * sigmoid(inp)
+    x = _f(x)
+    return x * sigmoid(x)
 
 
 def softplus(inp) -> Tensor:
@@ -178,100 +164,19 @@ def softplus(inp) -> Tensor:
     return relu(inp) + log1p(exp(-_abs(inp)))
 
 
-def hsigmoid(inp) -> Tensor:
-    """Hard sigmoid ``relu6(x + 3) / 6``."""
-    return relu6(_f(inp) + 3.0) * (1.0 / 6.0)
+def hsigmoid(x) -> Tensor:
+    """Hard sigmoid ``relu6(x + 3) / 6`` (a piecewise-linear sigmoid)."""
+    return relu6(_f(x) + 3.0) * (1.0 / 6.0)
 
 
-def hswish(inp) -> Tensor:
+def hswish(x) -> Tensor:
     """Hard swish ``x * relu6(x + 3) / 6``."""
-    inp = _f(inp)
-    return inp * hsigmoid(inp)
+    x = _f(x)
+    return x * hsigmoid(x)
 
 
 # --------------------------------------------------------------------------------------------------
-# softmax family (primitives: one fused forward, a short Tensor-op backward)
-
-
-def _axis(inp: Tensor, axis, op: str) -> int:
-    if inp.ndim == 0:
-        raise ValueError(f"{op}: expected a tensor of rank >= 1, got a scalar")
-    axis = inp.ndim - 1 if axis is None else int(axis)
-    if not -inp.ndim <= axis < inp.ndim:
-        raise ValueError(f"{op}: axis {axis} is out of range for shape {inp.shape}")
-    return axis % inp.ndim
-
-
-class Softmax(Function):
-    def forward(self, x, axis):
-        d = x._data
-        y = x.xp.exp(d - d.max(axis=axis, keepdims=True))
-        y /= y.sum(axis=axis, keepdims=True)
-        self.x, self.y, self.axis = x, y, axis
-        return y
-
-    def backward(self, dy):
-        y = _saved_out(self, self.y, lambda: softmax(self.x, self.axis))
-        return y * (dy - _sum(dy * y, self.axis, keepdims=True)), None
-
-
-class LogSoftmax(Function):
-    def forward(self, x, axis):
-        xp, d = x.xp, x._data
-        s = d - d.max(axis=axis, keepdims=True)
-        s -= xp.log(xp.exp(s).sum(axis=axis, keepdims=True))
-        self.x, self.y, self.axis = x, s, axis
-        return s
-
-    def backward(self, dy):
-        y = _saved_out(self, self.y, lambda: logsoftmax(self.x, self.axis))
-        return dy - exp(y) * _sum(dy, self.axis, keepdims=True), None
-
-
-def softmax(inp, axis: int | None = None) -> Tensor:
-    """``exp(x) / sum(exp(x))`` along ``axis`` (default: the last), shifted by the max for
-    stability."""
-    inp = _f(inp)
-    return Softmax()(inp, _axis(inp, axis, "softmax"))
-
-
-def logsoftmax(inp, axis: int | None = None) -> Tensor:
-    """``x - logsumexp(x)`` along ``axis`` (default: the last); stable for large logits."""
-    inp = _f(inp)
-    return LogSoftmax()(inp, _axis(inp, axis, "logsoftmax"))
-
-
-log_softmax = logsoftmax
-
-
-# --------------------------------------------------------------------------------------------------
-# dropout, embedding, one_hot
-
-
-def dropout(inp, drop_prob: float, training: bool = True) -> Tensor:
-    """Inverted dropout: zero each element with probability ``drop_prob`` and scale the survivors
-    by ``1 / (1 - drop_prob)``, so evaluation (``training=False``) is the identity. Draws from
-    ``mg.random.get_rng`` and is therefore reproducible under ``mg.random.seed``."""
-    from minigrad.random import get_rng  # noqa: PLC0415  (minigrad.random imports tensor)
-
-    inp = _f(inp)
-    if not 0.0 <= drop_prob <= 1.0:
-        raise ValueError(f"dropout: drop_prob must be in [0, 1], got {drop_prob}")
-    if not training or drop_prob == 0.0:
-        return inp
-    xp = inp.xp
-    if drop_prob == 1.0:
-        return inp * 0.0
-    keep = get_rng(inp._device).random(inp.shape, dtype=np.float32) >= drop_prob
-    mask = xp.asarray(keep, dtype=inp.dtype) * inp.dtype.type(1.0 / (1.0 - drop_prob))
-    return inp * Tensor._wrap(mask, inp._device)
-
-
-def _int_index(op: str, idx, device) -> Tensor:
-    idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx), device=device)
-    if idx.dtype.kind not in "iu":
-        raise TypeError(f"{op}: indices must be an integer tensor, got dtype {idx.dtype}")
-    return idx
+# embedding
 
 
 def embedding(inp, weight, padding_idx: int | None = None, max_norm=None,
@@ -299,60 +204,9 @@ def embedding(inp, weight, padding_idx: int | None = None, max_norm=None,
     return out
 
 
-def one_hot(inp, num_classes: int) -> Tensor:
-    """``int32`` one-hot encoding of an integer tensor: shape ``inp.shape + (num_classes,)``."""
-    idx = _int_index("one_hot", inp, None)
-    if idx.size and (int(idx._data.min()) < 0 or int(idx._data.max()) >= num_classes):
-        raise ValueError(
-            f"one_hot: values must be in [0, {num_classes}), got min {int(idx._data.min())} "
-            f"max {int(idx._data.max())}"
-        )
-    xp = idx.xp
-    out = (idx._data[..., None] == xp.arange(num_classes)).astype(np.int32)
-    return Tensor._wrap(out, idx._device)
-
-
-# the other families, re-exported so that F.nn.<name> and F.<name> both work
-from minigrad.functional.attention import (  # noqa: E402
-    multi_head_attention,
-    scaled_dot_product_attention,
-)
-from minigrad.functional.conv import (  # noqa: E402
-    adaptive_avg_pool2d,
-    avg_pool2d,
-    conv1d,
-    conv2d,
-    conv_transpose2d,
-    max_pool2d,
-)
-from minigrad.functional.elementwise import logsigmoid  # noqa: E402
-from minigrad.functional.loss import (  # noqa: E402
-    binary_cross_entropy,
-    cross_entropy,
-    ctc_loss,
-    hinge_loss,
-    l1_loss,
-    mse_loss,
-    square_loss,
-    topk_accuracy,
-)
-from minigrad.functional.normalization import (  # noqa: E402
-    batch_norm,
-    group_norm,
-    instance_norm,
-    layer_norm,
-)
-from minigrad.functional.shape import pad, pixel_shuffle  # noqa: E402
-from minigrad.functional.sliding_window import (  # noqa: E402
-    conv3d,
-    local_conv2d,
-    sliding_window,
-    sliding_window_transpose,
-)
-from minigrad.functional.vision import remap, warp_affine, warp_perspective  # noqa: E402
-
 __all__ = [
     "adaptive_avg_pool2d",
+    "attention_bias",
     "avg_pool2d",
     "batch_norm",
     "binary_cross_entropy",

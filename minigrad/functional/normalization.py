@@ -15,7 +15,7 @@ from minigrad.functional.reduction import mean
 from minigrad.functional.shape import reshape
 from minigrad.tensor import Tensor
 
-__all__ = ["batch_norm", "group_norm", "instance_norm", "layer_norm"]
+__all__ = ["batch_norm", "group_norm", "instance_norm", "layer_norm", "running_stats_update"]
 
 
 class Normalize(Function):
@@ -65,6 +65,22 @@ def _channel_param(op: str, name: str, p, c: int, ndim: int, like: Tensor):
     return reshape(p, (1, c) + (1,) * (ndim - 2))
 
 
+def running_stats_update(running_mean, running_var, batch_mean, batch_var, count: int,
+                         momentum: float):
+    """The running statistics after one training batch, MegEngine's rule (``momentum`` weights the
+    old value): ``momentum * running + (1 - momentum) * batch``, folding in the *unbiased* batch
+    variance ``batch_var * count / (count - 1)``. Backend arrays in, the new (mean, var) arrays out;
+    the one place this rule is written (``batch_norm`` and ``SyncBatchNorm`` both use it).
+
+    Example::
+
+        mean, var = running_stats_update(rm, rv, mu, var, count=n * h * w, momentum=0.9)
+    """
+    unbiased = batch_var * (count / max(count - 1, 1))
+    return (running_mean * momentum + batch_mean * (1.0 - momentum),
+            running_var * momentum + unbiased * (1.0 - momentum))
+
+
 def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None, *,
                training: bool = False, momentum: float = 0.9, eps: float = 1e-5,
                inplace: bool = True):
@@ -98,10 +114,8 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     if training or rm is None:
         out, mu, var = _normalize(inp, axes, eps)
         if rm is not None:
-            n = inp.size // c
-            unbiased = var * (n / max(n - 1, 1))
-            new_mean = rm._data * momentum + mu * (1.0 - momentum)
-            new_var = rv._data * momentum + unbiased * (1.0 - momentum)
+            new_mean, new_var = running_stats_update(rm._data, rv._data, mu, var, inp.size // c,
+                                                     momentum)
     else:
         out = (inp - rm.detach()) / sqrt(rv.detach() + eps)
     if w is not None:

@@ -22,6 +22,8 @@ def _restore(dy, axes, keepdims, shape):
 
 
 class Sum(Function):
+    """Sum over ``axes``; the gradient is ``dy`` broadcast back to the input's shape."""
+
     def forward(self, x, axes, keepdims):
         self.shape, self.axes, self.keepdims = x.shape, axes, keepdims
         dtype = accumulate_dtype(x._data.dtype)
@@ -48,6 +50,8 @@ class _Extremum(Function):
 
 
 class Prod(Function):
+    """Product over ``axes``; the gradient is ``dy`` times the product of the *other* entries."""
+
     def forward(self, x, axes, keepdims):
         self.x, self.axes, self.keepdims = x, axes, keepdims
         dtype = accumulate_dtype(x._data.dtype)
@@ -89,15 +93,27 @@ def _prod_of_others(x: Tensor, axes: tuple) -> Tensor:
     return transpose(reshape(others, moved.shape), inverse)
 
 
-def sum(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    """Sum over ``axis`` (all axes when None)."""
-    x = _t(x)
+def sum(inp, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Sum over ``axis`` (an int, a tuple, or None for all axes); ``keepdims`` keeps the reduced
+    axes as size 1. Bool and small integer dtypes accumulate in int32.
+
+    Example::
+
+        F.sum(x, axis=1, keepdims=True)   # x (N, C) -> (N, 1)
+    """
+    x = _t(inp)
     axes = normalize_axis(axis, x.ndim, "sum")
     return Sum()(x, axes, keepdims)
 
 
-def mean(x, axis=None, keepdims: bool = False) -> Tensor:
-    x = _f(x)
+def mean(inp, axis=None, keepdims: bool = False) -> Tensor:
+    """Arithmetic mean over ``axis`` (all axes when None); integer input gives float32.
+
+    Example::
+
+        loss = F.mean((pred - label) ** 2)
+    """
+    x = _f(inp)
     axes = normalize_axis(axis, x.ndim, "mean")
     n = 1
     for a in axes:
@@ -106,6 +122,7 @@ def mean(x, axis=None, keepdims: bool = False) -> Tensor:
 
 
 def _extremum(x, axis, keepdims, name):
+    """max/min over ``axis``: the gradient is split evenly between tied extremal entries."""
     x = _t(x)
     if x.size == 0:
         raise ValueError(f"{name}: cannot reduce an empty tensor of shape {x.shape}")
@@ -114,22 +131,25 @@ def _extremum(x, axis, keepdims, name):
     return _Extremum()(x, axes, keepdims, fn)
 
 
-def max(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    return _extremum(x, axis, keepdims, "max")
+def max(inp, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """The largest entry over ``axis`` (all axes when None); ties share the gradient evenly."""
+    return _extremum(inp, axis, keepdims, "max")
 
 
-def min(x, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    return _extremum(x, axis, keepdims, "min")
+def min(inp, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """The smallest entry over ``axis`` (all axes when None); ties share the gradient evenly."""
+    return _extremum(inp, axis, keepdims, "min")
 
 
-def prod(x, axis=None, keepdims: bool = False) -> Tensor:
-    x = _t(x)
+def prod(inp, axis=None, keepdims: bool = False) -> Tensor:
+    """The product over ``axis`` (all axes when None); its gradient is exact even with zeros."""
+    x = _t(inp)
     return Prod()(x, normalize_axis(axis, x.ndim, "prod"), keepdims)
 
 
-def var(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
-    """Variance (population by default, ``ddof=1`` for the unbiased estimate)."""
-    x = _f(x)
+def var(inp, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    """Variance over ``axis`` (population by default, ``ddof=1`` for the unbiased estimate)."""
+    x = _f(inp)
     axes = normalize_axis(axis, x.ndim, "var")
     n = 1
     for a in axes:
@@ -139,13 +159,17 @@ def var(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
     return sum(centered * centered, axes, keepdims) * scale
 
 
-def std(x, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
-    return sqrt(var(x, axis, keepdims, ddof))
+def std(inp, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    """Standard deviation over ``axis``: ``sqrt(var(...))`` with the same ``ddof``."""
+    return sqrt(var(inp, axis, keepdims, ddof))
 
 
-def norm(x, ord: float = 2, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A002
-    """Vector p-norm over ``axis`` (the flattened tensor when None)."""
-    x = _f(x)
+def norm(inp, ord: float | None = 2, axis=None,  # noqa: A002
+         keepdims: bool = False) -> Tensor:
+    """Vector p-norm over ``axis`` (the flattened tensor when None): ``ord`` 2 (also None, as in
+    MegEngine), 1, ``inf``, 0 (count of non-zeros) or any other p."""
+    x = _f(inp)
+    ord = 2 if ord is None else ord
     if ord == 2:
         return sqrt(sum(x * x, axis, keepdims))
     if ord == 1:
@@ -157,9 +181,9 @@ def norm(x, ord: float = 2, axis=None, keepdims: bool = False) -> Tensor:  # noq
     return sum(_abs(x) ** ord, axis, keepdims) ** (1.0 / ord)
 
 
-def logsumexp(x, axis=None, keepdims: bool = False) -> Tensor:
-    """``log(sum(exp(x)))`` computed stably by shifting by the (constant) maximum."""
-    x = _f(x)
+def logsumexp(inp, axis=None, keepdims: bool = False) -> Tensor:
+    """``log(sum(exp(x)))`` over ``axis``, computed stably by shifting by the (constant) maximum."""
+    x = _f(inp)
     axes = normalize_axis(axis, x.ndim, "logsumexp")
     m = Tensor._wrap(x.xp.max(x._data, axis=axes, keepdims=True), x._device)
     m = Tensor._wrap(x.xp.where(x.xp.isfinite(m._data), m._data, 0), x._device)
@@ -169,12 +193,15 @@ def logsumexp(x, axis=None, keepdims: bool = False) -> Tensor:
     return out
 
 
-def argmax(x, axis=None, keepdims: bool = False) -> Tensor:
-    return _arg(x, axis, keepdims, "argmax")
+def argmax(inp, axis=None, keepdims: bool = False) -> Tensor:
+    """The int32 index of the largest entry along ``axis`` (of the flattened tensor when None);
+    the first one at a tie. Not differentiable."""
+    return _arg(inp, axis, keepdims, "argmax")
 
 
-def argmin(x, axis=None, keepdims: bool = False) -> Tensor:
-    return _arg(x, axis, keepdims, "argmin")
+def argmin(inp, axis=None, keepdims: bool = False) -> Tensor:
+    """The int32 index of the smallest entry along ``axis`` (flattened when None)."""
+    return _arg(inp, axis, keepdims, "argmin")
 
 
 def _arg(x, axis, keepdims, name):

@@ -1,9 +1,13 @@
 """Shape and indexing ops. Primitives: reshape, transpose, broadcast_to, sum_to, getitem (and its
-adjoint index_add), concat, pad, gather, scatter, cumsum. Everything else is a composition."""
+adjoint index_add), concat, split, pad, gather, scatter, cumsum. Everything else is a composition.
+Keyword names are MegEngine's (``inp``, ``target_shape``, ``pattern``, ``inps``, ``src``...)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from minigrad.autodiff.function import Function
+from minigrad.backend.xp import scatter_add
 from minigrad.functional._util import accumulate_dtype, check_compatible, normalize_axis
 from minigrad.tensor import Tensor
 
@@ -13,6 +17,7 @@ def _t(x) -> Tensor:
 
 
 def _shape_arg(shape) -> tuple:
+    """A shape given as an int, a sequence or a Tensor, as a tuple of ints."""
     if isinstance(shape, Tensor):
         shape = shape.numpy().tolist()
     if isinstance(shape, int):
@@ -25,6 +30,8 @@ def _shape_arg(shape) -> tuple:
 
 
 class Reshape(Function):
+    """A reshape; the gradient is reshaped back."""
+
     def forward(self, x, shape):
         self.shape = x.shape
         return x._data.reshape(shape)
@@ -34,6 +41,8 @@ class Reshape(Function):
 
 
 class Transpose(Function):
+    """An axis permutation; the gradient takes the inverse permutation."""
+
     def forward(self, x, axes):
         self.axes = axes
         return x._data.transpose(axes)
@@ -46,6 +55,8 @@ class Transpose(Function):
 
 
 class BroadcastTo(Function):
+    """A broadcast; the gradient is summed back (``sum_to``)."""
+
     def forward(self, x, shape):
         self.shape = x.shape
         return x.xp.broadcast_to(x._data, shape)
@@ -55,6 +66,8 @@ class BroadcastTo(Function):
 
 
 class SumTo(Function):
+    """A sum down to a smaller shape (broadcast's adjoint); the gradient is broadcast back."""
+
     def forward(self, x, shape):
         self.shape = x.shape
         d = x._data
@@ -69,10 +82,16 @@ class SumTo(Function):
         return broadcast_to(dy, self.shape), None
 
 
-def reshape(x, shape) -> Tensor:
-    """Reshape (one dimension may be -1); the element count must match."""
-    x = _t(x)
-    shape = _shape_arg(shape)
+def reshape(inp, target_shape) -> Tensor:
+    """``inp`` with shape ``target_shape`` (one entry may be -1: inferred); the element count
+    must match. A view when it can be.
+
+    Example::
+
+        F.reshape(x, (x.shape[0], -1))   # flatten all but the batch axis
+    """
+    x = _t(inp)
+    shape = _shape_arg(target_shape)
     known = 1
     for s in shape:
         if s != -1:
@@ -86,9 +105,10 @@ def reshape(x, shape) -> Tensor:
     return Reshape()(x, shape)
 
 
-def transpose(x, pattern=None) -> Tensor:
-    """Permute axes (reverse them when ``pattern`` is None)."""
-    x = _t(x)
+def transpose(inp, pattern=None) -> Tensor:
+    """Permute the axes: output axis ``i`` is input axis ``pattern[i]`` (reversed order when
+    ``pattern`` is None)."""
+    x = _t(inp)
     axes = tuple(range(x.ndim))[::-1] if pattern is None else tuple(int(a) for a in pattern)
     if sorted(a % max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
         raise ValueError(f"transpose: pattern {pattern} is not a permutation of {x.ndim} axes")
@@ -96,16 +116,19 @@ def transpose(x, pattern=None) -> Tensor:
     return Transpose()(x, axes)
 
 
-def swapaxes(x, axis1: int, axis2: int) -> Tensor:
-    x = _t(x)
+def swapaxes(inp, axis1: int, axis2: int) -> Tensor:
+    """``inp`` with axes ``axis1`` and ``axis2`` exchanged."""
+    x = _t(inp)
     axis1, axis2 = normalize_axis((axis1, axis2), x.ndim, "swapaxes")
     axes = list(range(x.ndim))
     axes[axis1], axes[axis2] = axes[axis2], axes[axis1]
     return transpose(x, axes)
 
 
-def broadcast_to(x, shape) -> Tensor:
-    x = _t(x)
+def broadcast_to(inp, shape) -> Tensor:
+    """``inp`` repeated along new leading axes and size-1 axes to ``shape`` (NumPy's rule); the
+    gradient sums back."""
+    x = _t(inp)
     shape = _shape_arg(shape)
     if x.shape == shape:
         return x
@@ -118,15 +141,17 @@ def broadcast_to(x, shape) -> Tensor:
 
 
 def sum_to(x, shape) -> Tensor:
-    """Sum a broadcast tensor back down to ``shape`` (the adjoint of broadcast_to)."""
+    """Sum a broadcast tensor back down to ``shape`` (the adjoint of broadcast_to): how the
+    engine reduces a broadcast operand's gradient."""
     shape = tuple(shape)
     if x.shape == shape:
         return x
     return SumTo()(x, shape)
 
 
-def expand_dims(x, axis) -> Tensor:
-    x = _t(x)
+def expand_dims(inp, axis) -> Tensor:
+    """``inp`` with new size-1 axes at ``axis`` (an int or a sequence, positions in the result)."""
+    x = _t(inp)
     axes = [axis] if isinstance(axis, int) else list(axis)
     axes = sorted(normalize_axis(axes, x.ndim + len(axes), "expand_dims"))
     shape = list(x.shape)
@@ -135,8 +160,9 @@ def expand_dims(x, axis) -> Tensor:
     return reshape(x, shape)
 
 
-def squeeze(x, axis=None) -> Tensor:
-    x = _t(x)
+def squeeze(inp, axis=None) -> Tensor:
+    """``inp`` without its size-1 axes (only those in ``axis`` when given; each must be 1)."""
+    x = _t(inp)
     if axis is None:
         axes = [i for i, s in enumerate(x.shape) if s == 1]
     else:
@@ -149,8 +175,9 @@ def squeeze(x, axis=None) -> Tensor:
     return reshape(x, [s for i, s in enumerate(x.shape) if i not in axes])
 
 
-def flatten(x, start_axis: int = 0, end_axis: int = -1) -> Tensor:
-    x = _t(x)
+def flatten(inp, start_axis: int = 0, end_axis: int = -1) -> Tensor:
+    """Merge axes ``start_axis..end_axis`` (inclusive) into one."""
+    x = _t(inp)
     if x.ndim == 0:
         return reshape(x, (1,))
     start, end = start_axis % x.ndim, end_axis % x.ndim
@@ -176,21 +203,14 @@ def _raw_index(index):
 
 
 def _is_basic(index) -> bool:
+    """Whether ``index`` has no arrays (so it selects each element at most once)."""
     items = index if isinstance(index, tuple) else (index,)
     return all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in items)
 
 
-def scatter_add_(xp, target, index, values) -> None:
-    """``target[index] += values`` with repeated indices accumulating (np.add.at semantics)."""
-    if xp.__name__ == "numpy":
-        xp.add.at(target, index, values)
-    else:
-        import cupyx  # noqa: PLC0415  (only reached with CuPy arrays)
-
-        cupyx.scatter_add(target, index, values)
-
-
 class GetItem(Function):
+    """``x[index]``; the gradient is scattered back into zeros (``IndexAdd``)."""
+
     def forward(self, x, index):
         self.shape, self.dtype, self.index = x.shape, x.dtype, index
         return x._data[index]
@@ -209,16 +229,17 @@ class IndexAdd(Function):
         if _is_basic(index):
             out[index] = v._data
         else:
-            scatter_add_(xp, out, index, v._data)
+            scatter_add(xp, out, index, v._data)
         return out
 
     def backward(self, dz):
         return getitem(dz, self.index), None, None
 
 
-def getitem(x, index) -> Tensor:
-    """``x[index]`` for basic, integer-array and boolean indices, differentiable."""
-    x = _t(x)
+def getitem(inp, index) -> Tensor:
+    """``inp[index]`` for basic, integer-array and boolean indices, differentiable (what
+    ``Tensor.__getitem__`` runs)."""
+    x = _t(inp)
     raw = _raw_index(index)
     try:
         return GetItem()(x, raw)
@@ -229,6 +250,8 @@ def getitem(x, index) -> Tensor:
 
 
 class Concat(Function):
+    """Concatenation along ``axis``; each input's gradient is its slice of ``dy``."""
+
     def forward(self, axis, *xs):
         self.axis = axis
         self.sizes = [x.shape[axis] for x in xs]
@@ -243,7 +266,14 @@ class Concat(Function):
         return tuple(grads)
 
 
-def concat(inps, axis: int = 0) -> Tensor:
+def concat(inps, axis: int = 0, device=None) -> Tensor:
+    """Join tensors along an existing ``axis``; the other axes must match. ``device`` moves the
+    result (MegEngine's argument; default: where the inputs are).
+
+    Example::
+
+        F.concat([a, b], axis=1)   # (N, 3) and (N, 5) -> (N, 8)
+    """
     inps = [_t(x) for x in inps]
     if not inps:
         raise ValueError("concat: needs at least one tensor")
@@ -258,18 +288,18 @@ def concat(inps, axis: int = 0) -> Tensor:
                 f"concat: tensor {i} has shape {x.shape}, incompatible with {ref.shape} "
                 f"along axis {axis}"
             )
-    if len(inps) == 1:
-        return inps[0]
-    return Concat()(axis, *inps)
+    out = inps[0] if len(inps) == 1 else Concat()(axis, *inps)
+    return out if device is None else out.to(device)
 
 
-def stack(inps, axis: int = 0) -> Tensor:
+def stack(inps, axis: int = 0, device=None) -> Tensor:
+    """Join same-shaped tensors along a new ``axis``; ``device`` as in :func:`concat`."""
     inps = [_t(x) for x in inps]
     shapes = {x.shape for x in inps}
     if len(shapes) != 1:
         raise ValueError(f"stack: all tensors must have the same shape, got {sorted(shapes)}")
     check_compatible("stack", *inps, broadcast=False)
-    return concat([expand_dims(x, axis) for x in inps], axis=axis)
+    return concat([expand_dims(x, axis) for x in inps], axis=axis, device=device)
 
 
 class Split(Function):
@@ -286,10 +316,10 @@ class Split(Function):
         return concat(list(dys), self.axis), None, None
 
 
-def split(x, nsplits_or_sections, axis: int = 0) -> list:
+def split(inp, nsplits_or_sections, axis: int = 0) -> list:
     """Split into ``n`` parts (int) or at the given indices (list), MegEngine style: ``n`` parts
     of sizes ``ceil`` then ``floor`` of ``size / n`` (20 rows in 3 parts: 7, 7, 6)."""
-    x = _t(x)
+    x = _t(inp)
     (axis,) = normalize_axis(axis, x.ndim, "split")
     size = x.shape[axis]
     if isinstance(nsplits_or_sections, int):
@@ -303,6 +333,8 @@ def split(x, nsplits_or_sections, axis: int = 0) -> list:
 
 
 class Pad(Function):
+    """Constant padding; the gradient is the unpadded interior of ``dy``."""
+
     def forward(self, x, pad_width, value):
         self.index = tuple(slice(lo, lo + s) for (lo, _), s in zip(pad_width, x.shape, strict=True))
         return x.xp.pad(x._data, pad_width, mode="constant", constant_values=value)
@@ -311,12 +343,12 @@ class Pad(Function):
         return getitem(dy, self.index), None, None
 
 
-def pad(x, pad_width, mode: str = "constant", constant_value: float = 0.0) -> Tensor:
+def pad(src, pad_width, mode: str = "constant", constant_value: float = 0.0) -> Tensor:
     """Pad the leading axes by ``pad_width`` = ((before, after), ...) (axes it does not list are
-    left alone). ``mode`` is ``"constant"`` (fill
-    with ``constant_value``), ``"reflect"`` (mirror without repeating the edge: ``3 2 | 1 2 3``) or
-    ``"replicate"``/``"edge"`` (repeat the edge value)."""
-    x = _t(x)
+    left alone). ``mode`` is ``"constant"`` (fill with ``constant_value``), ``"reflect"`` (mirror
+    without repeating the edge: ``3 2 | 1 2 3``) or ``"replicate"``/``"edge"`` (repeat the edge
+    value)."""
+    x = _t(src)
     pw = tuple((int(a), int(b)) for a, b in pad_width)
     if len(pw) > x.ndim:
         raise ValueError(f"pad: pad_width has {len(pw)} entries for a tensor of rank {x.ndim}")
@@ -326,9 +358,9 @@ def pad(x, pad_width, mode: str = "constant", constant_value: float = 0.0) -> Te
     return Pad()(x, pw, constant_value)
 
 
-def repeat(x, repeats: int, axis=None) -> Tensor:
+def repeat(inp, repeats: int, axis=None) -> Tensor:
     """Repeat each element ``repeats`` times along ``axis`` (flattened when None)."""
-    x = _t(x)
+    x = _t(inp)
     if axis is None:
         x, axis = flatten(x), 0
     (axis,) = normalize_axis(axis, x.ndim, "repeat")
@@ -340,8 +372,10 @@ def repeat(x, repeats: int, axis=None) -> Tensor:
     return reshape(broadcast_to(e, shape), out_shape)
 
 
-def tile(x, reps) -> Tensor:
-    x = _t(x)
+def tile(inp, reps) -> Tensor:
+    """``inp`` repeated ``reps[i]`` times along axis ``i`` (``reps`` is padded with leading 1s,
+    or ``inp`` with leading axes, to the same length)."""
+    x = _t(inp)
     reps = (reps,) if isinstance(reps, int) else tuple(reps)
     nd = max(x.ndim, len(reps))
     reps = (1,) * (nd - len(reps)) + reps
@@ -396,6 +430,9 @@ def gather(inp, axis: int, index) -> Tensor:
 
 
 class Scatter(Function):
+    """``inp`` with ``source`` written at ``index``; ``dy`` flows to ``source`` there and to
+    ``inp`` elsewhere."""
+
     def forward(self, inp, source, index):
         self.index = index
         out = inp._data.copy()
@@ -429,6 +466,8 @@ def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False) -> Tenso
 
 
 class Cumsum(Function):
+    """Running sums along ``axis``; the gradient is the reversed running sum of ``dy``."""
+
     def forward(self, x, axis):
         self.axis = axis
         return x.xp.cumsum(x._data, axis=axis, dtype=accumulate_dtype(x._data.dtype))
@@ -438,30 +477,38 @@ class Cumsum(Function):
         return getitem(cumsum(getitem(dy, flip), self.axis), flip), None
 
 
-def cumsum(x, axis: int) -> Tensor:
-    x = _t(x)
+def cumsum(inp, axis: int) -> Tensor:
+    """Running sums along ``axis`` (small integer dtypes accumulate in int32)."""
+    x = _t(inp)
     (axis,) = normalize_axis(axis, x.ndim, "cumsum")
     return Cumsum()(x, axis)
 
 
-def argsort(x, descending: bool = False) -> Tensor:
-    """Indices that sort the last axis (int32)."""
-    x = _t(x)
+def argsort(inp, descending: bool = False) -> Tensor:
+    """Indices that sort the last axis (int32, stable)."""
+    x = _t(inp)
     d = -x._data if descending else x._data
     return Tensor._wrap(x.xp.argsort(d, axis=-1, kind="stable").astype("int32"), x._device)
 
 
-def sort(x, descending: bool = False):
-    """(sorted values, indices) along the last axis; values are differentiable."""
-    x = _t(x)
+def sort(inp, descending: bool = False, dim: int = -1):
+    """(sorted values, int32 indices) along axis ``dim`` (default: the last); the values are
+    differentiable, and equal entries keep their order."""
+    x = _t(inp)
+    (dim,) = normalize_axis(dim, x.ndim, "sort")
+    if dim != x.ndim - 1:
+        values, idx = sort(swapaxes(x, dim, -1), descending)
+        return swapaxes(values, dim, -1), swapaxes(idx, dim, -1)
     idx = argsort(x, descending)
     return gather(x, x.ndim - 1, idx), idx
 
 
-def topk(x, k: int, descending: bool = False, kth_only: bool = False, no_sort: bool = False):
+def topk(inp, k: int, descending: bool = False, kth_only: bool = False,
+         no_sort: bool = False):
     """The ``k`` smallest (or largest with ``descending=True``) entries of the last axis, MegEngine
-    style: returns (values, indices), or just the k-th value/index pair with ``kth_only``."""
-    x = _t(x)
+    style: returns (values, indices), or just the k-th value/index pair with ``kth_only``.
+    ``no_sort`` is accepted for MegEngine's signature; the entries come sorted either way."""
+    x = _t(inp)
     n = x.shape[-1]
     if not 1 <= k <= n:
         raise ValueError(f"topk: k={k} out of range for last axis of size {n}")
@@ -599,3 +646,22 @@ def pixel_shuffle(inp, upscale_factor: int) -> Tensor:
     y = reshape(x, (-1, c, r, r, h, w))
     y = transpose(y, (0, 1, 4, 2, 5, 3))
     return reshape(y, (*lead, c, h * r, w * r))
+def _int_index(op: str, idx, device) -> Tensor:
+    """``idx`` as an integer Tensor on ``device``; a TypeError naming ``op`` otherwise."""
+    idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx), device=device)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"{op}: indices must be an integer tensor, got dtype {idx.dtype}")
+    return idx
+
+
+def one_hot(inp, num_classes: int) -> Tensor:
+    """``int32`` one-hot encoding of an integer tensor: shape ``inp.shape + (num_classes,)``."""
+    idx = _int_index("one_hot", inp, None)
+    if idx.size and (int(idx._data.min()) < 0 or int(idx._data.max()) >= num_classes):
+        raise ValueError(
+            f"one_hot: values must be in [0, {num_classes}), got min {int(idx._data.min())} "
+            f"max {int(idx._data.max())}"
+        )
+    xp = idx.xp
+    out = (idx._data[..., None] == xp.arange(num_classes)).astype(np.int32)
+    return Tensor._wrap(out, idx._device)

@@ -25,12 +25,13 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.backend.xp import scatter_add
 from minigrad.functional._util import ntuple
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import matmul
 from minigrad.functional.reduction import max as _max
 from minigrad.functional.reduction import mean as _mean
-from minigrad.functional.shape import getitem, reshape, scatter_add_, stack, transpose
+from minigrad.functional.shape import getitem, reshape, stack, transpose
 from minigrad.tensor import Tensor
 
 __all__ = [
@@ -293,7 +294,7 @@ class Sample(Function):
                 gw = g if w is None else g * w[..., None]
                 if valid is not None:
                     gw = gw * valid[..., None]
-                scatter_add_(xp, dimg, (b, ry, rx), gw)
+                scatter_add(xp, dimg, (b, ry, rx), gw)
             dx = Tensor._wrap(xp.ascontiguousarray(dimg.transpose(0, 3, 1, 2)), dy._device)
         if self.needs_input_grad(1) and not nearest:
             v00, v01, v10, v11 = self._corner_values(weighted=False)
@@ -532,7 +533,7 @@ class RoIPooling(Function):
             else:
                 r0, c0, row, col, empty = saved
                 chan = xp.broadcast_to(xp.arange(g.shape[1])[:, None, None], row.shape)
-                scatter_add_(xp, image, (chan, row + r0, col + c0), g[k] * ~empty)
+                scatter_add(xp, image, (chan, row + r0, col + c0), g[k] * ~empty)
         return Tensor._wrap(dx, dy._device), None, None, None, None, None
 
 

@@ -1,7 +1,15 @@
 """``minigrad.module`` (imported as ``M``): the ``Module`` base class and the standard layers."""
 
 from minigrad.module import init
-from minigrad.module.activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Softmax, Tanh
+from minigrad.module.activation import (
+    GELU,
+    LeakyReLU,
+    ReLU,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Tanh,
+)
 from minigrad.module.attention import MultiHeadAttention
 from minigrad.module.conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d
 from minigrad.module.dropout import Dropout
@@ -13,9 +21,11 @@ from minigrad.module.module import HookHandler, Module
 from minigrad.module.normalization import (
     BatchNorm1d,
     BatchNorm2d,
+    BatchNormBase,
     GroupNorm,
     InstanceNorm,
     LayerNorm,
+    SyncBatchNorm,
 )
 from minigrad.module.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from minigrad.module.sequential import Sequential
@@ -26,6 +36,7 @@ __all__ = [
     "AvgPool2d",
     "BatchNorm1d",
     "BatchNorm2d",
+    "BatchNormBase",
     "Conv1d",
     "Conv2d",
     "Conv3d",
@@ -47,18 +58,10 @@ __all__ = [
     "ReLU",
     "Sequential",
     "SiLU",
+    "SyncBatchNorm",
     "Sigmoid",
     "Softmax",
     "Tanh",
     "init",
 ]
 
-
-def __getattr__(name: str):
-    """``M.SyncBatchNorm`` lives in ``minigrad.distributed`` (it needs collectives); resolve it
-    lazily so importing ``minigrad.module`` never imports the distributed runtime."""
-    if name == "SyncBatchNorm":
-        from minigrad.distributed.sync_batch_norm import SyncBatchNorm  # noqa: PLC0415
-
-        return SyncBatchNorm
-    raise AttributeError(f"module 'minigrad.module' has no attribute {name!r}")

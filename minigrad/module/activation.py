@@ -7,9 +7,49 @@ from minigrad.module.module import Module
 from minigrad.tensor import Tensor
 
 
-class ReLU(Module):
+class _Activation(Module):
+    """A layer without parameters that applies ``function`` (one of ``F``'s activations) to its
+    input: the shared body of ReLU, GELU, SiLU, Sigmoid and Tanh."""
+
+    function = staticmethod(lambda x: x)
+
     def forward(self, x: Tensor) -> Tensor:
-        return F.relu(x)
+        return self.function(x)
+
+
+class ReLU(_Activation):
+    """``max(x, 0)``.
+
+    Example::
+
+        net = M.Sequential(M.Linear(784, 256), M.ReLU(), M.Linear(256, 10))
+    """
+
+    function = staticmethod(F.relu)
+
+
+class GELU(_Activation):
+    """Exact (erf-based) GELU, ``x * Phi(x)``."""
+
+    function = staticmethod(F.gelu)
+
+
+class SiLU(_Activation):
+    """``x * sigmoid(x)`` (a.k.a. swish)."""
+
+    function = staticmethod(F.silu)
+
+
+class Sigmoid(_Activation):
+    """``1 / (1 + exp(-x))``."""
+
+    function = staticmethod(F.sigmoid)
+
+
+class Tanh(_Activation):
+    """The hyperbolic tangent."""
+
+    function = staticmethod(F.tanh)
 
 
 class LeakyReLU(Module):
@@ -24,30 +64,6 @@ class LeakyReLU(Module):
 
     def extra_repr(self) -> str:
         return f"negative_slope={self.negative_slope}"
-
-
-class GELU(Module):
-    """Exact (erf-based) GELU."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.gelu(x)
-
-
-class SiLU(Module):
-    """``x * sigmoid(x)`` (a.k.a. swish)."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.silu(x)
-
-
-class Sigmoid(Module):
-    def forward(self, x: Tensor) -> Tensor:
-        return F.sigmoid(x)
-
-
-class Tanh(Module):
-    def forward(self, x: Tensor) -> Tensor:
-        return F.tanh(x)
 
 
 class Softmax(Module):

@@ -24,9 +24,12 @@ class MultiHeadAttention(Module):
     ``(L, N, E)``; returns ``(output, weights)`` where ``weights`` (the head-averaged attention
     matrix ``(N, L, S)``) is None unless ``need_weights``.
 
-    Masks: ``attn_mask`` is ``(L, S)`` or ``(N * num_heads, L, S)``, boolean (True = may *not*
-    attend, as in PyTorch) or float (added to the scores); ``key_padding_mask`` is ``(N, S)``
-    boolean (True = padding); ``is_causal`` hides future positions.
+    Masks (built by ``F.nn.attention_bias``, one meaning for all of minigrad): ``attn_mask`` is
+    ``(L, S)`` or ``(N * num_heads, L, S)``, boolean with **True = may attend** (as in
+    ``F.scaled_dot_product_attention`` and PyTorch's SDPA; PyTorch's ``nn.MultiheadAttention``
+    uses the opposite, so invert such a mask with ``~``) or float (added to the scores);
+    ``key_padding_mask`` is ``(N, S)`` boolean with True = padding (ignored);
+    ``is_causal`` hides future positions.
 
     Example::
 
@@ -64,33 +67,16 @@ class MultiHeadAttention(Module):
         y = F.linear(x, w, b).reshape(n, length, self.num_heads, self.head_dim)
         return y.transpose(0, 2, 1, 3)
 
-    def _mask(self, attn_mask, key_padding_mask, is_causal, n, length, s, like: Tensor):
-        """One additive float mask broadcastable to (N, H, L, S), or None."""
-        xp = like.xp
-        total = None
-
-        def add(m):
-            nonlocal total
-            total = m if total is None else total + m
-
-        if is_causal:
-            add(xp.triu(xp.full((length, s), -np.inf, np.float32), 1))
-        if attn_mask is not None:
-            m = attn_mask._data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
-            if m.dtype == bool:
-                m = xp.where(m, np.float32(-np.inf), np.float32(0))
-            if m.ndim == 3:
-                m = m.reshape(n, self.num_heads, length, s)
-            add(m.astype(np.float32))
-        if key_padding_mask is not None:
-            m = key_padding_mask._data if isinstance(key_padding_mask, Tensor) else xp.asarray(
-                key_padding_mask)
-            if m.shape != (n, s):
-                raise ValueError(
-                    f"MultiHeadAttention: key_padding_mask must have shape {(n, s)}, got {m.shape}"
-                )
-            add(xp.where(m.astype(bool), np.float32(-np.inf), np.float32(0))[:, None, None, :])
-        return None if total is None else Tensor._wrap(xp.asarray(total), like._device)
+    def _bias(self, attn_mask, key_padding_mask, is_causal, n, length, s, like: Tensor):
+        """One additive float bias broadcastable to (N, H, L, S), or None (F.nn.attention_bias)."""
+        if getattr(attn_mask, "ndim", None) == 3:  # (N * H, L, S) -> (N, H, L, S)
+            attn_mask = attn_mask.reshape(n, self.num_heads, length, s)
+        if key_padding_mask is not None and tuple(np.shape(key_padding_mask)) != (n, s):
+            raise ValueError(
+                f"MultiHeadAttention: key_padding_mask must have shape {(n, s)} (True = padding), "
+                f"got {tuple(np.shape(key_padding_mask))}"
+            )
+        return F.nn.attention_bias(length, s, attn_mask, is_causal, key_padding_mask, like=like)
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
                 attn_mask=None, key_padding_mask=None, is_causal: bool = False,
@@ -109,7 +95,7 @@ class MultiHeadAttention(Module):
         n, length, s = query.shape[0], query.shape[1], key.shape[1]
         q, k, v = self._project(query, 0), self._project(key, 1), self._project(value, 2)
         scores = F.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(self.head_dim))
-        mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, s, scores)
+        mask = self._bias(attn_mask, key_padding_mask, is_causal, n, length, s, scores)
         if mask is not None:
             scores = scores + mask
         weights = self.attn_dropout(F.softmax(scores, axis=-1))

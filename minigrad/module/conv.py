@@ -29,6 +29,8 @@ def _tuple(value, n: int, name: str, layer: str) -> tuple:
 
 
 class _ConvNd(Module):
+    """What the convolution layers share: argument checks, parameters, init and repr."""
+
     _nd = 2
     _transposed = False
 
@@ -61,12 +63,13 @@ class _ConvNd(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # the fan is computed here rather than from the weight's shape, which a grouped layout
-        # and a dense 3-D kernel would make ambiguous
+        """Draw fresh initial weights: Kaiming-uniform weight, ``U(+-1/sqrt(fan_in))`` bias. The fan
+        is computed from the layer's sizes rather than the weight's shape, which MegEngine's grouped
+        layout and a dense 3-D kernel would make ambiguous."""
         fan_in = self.in_channels // self.groups * math.prod(self.kernel_size)
         if self._transposed:
             fan_in = self.out_channels // self.groups * math.prod(self.kernel_size)
-        bound = init.calculate_gain("leaky_relu", math.sqrt(5)) * math.sqrt(3.0 / fan_in)
+        bound = init.calculate_gain("leaky_relu", init.DEFAULT_LAYER_A) * math.sqrt(3.0 / fan_in)
         init.uniform_(self.weight, -bound, bound)
         if self.bias is not None:
             bound = 1.0 / math.sqrt(fan_in) if fan_in else 0.0

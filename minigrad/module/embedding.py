@@ -27,7 +27,7 @@ class Embedding(Module):
         if initial_weight is None:
             init.normal_(self.weight)
             if padding_idx is not None:
-                self.weight._data[padding_idx] = 0
+                self.weight.data[padding_idx] = 0
         else:
             w = initial_weight.numpy() if isinstance(initial_weight, Tensor) else initial_weight
             if tuple(np.shape(w)) != self.weight.shape:
@@ -49,11 +49,11 @@ class Embedding(Module):
             ids = Tensor(np.asarray(ids), device=self.weight.device)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"Embedding: ids must be an integer tensor, got dtype {ids.dtype}")
-        if ids.size and (int(ids._data.min()) < 0 or int(ids._data.max()) >= self.num_embeddings):
+        if ids.size and (int(ids.data.min()) < 0 or int(ids.data.max()) >= self.num_embeddings):
             raise IndexError(
                 f"Embedding({self.num_embeddings}, {self.embedding_dim}): ids must be in "
-                f"[0, {self.num_embeddings}), got min {int(ids._data.min())} max "
-                f"{int(ids._data.max())}"
+                f"[0, {self.num_embeddings}), got min {int(ids.data.min())} max "
+                f"{int(ids.data.max())}"
             )
         return F.embedding(ids, self.weight, padding_idx=self.padding_idx)
 

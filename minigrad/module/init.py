@@ -1,5 +1,10 @@
 """In-place parameter initialisers (``M.init``), MegEngine names plus PyTorch aliases.
 
+Example::
+
+    M.init.xavier_uniform_(layer.weight)
+    M.init.zeros_(layer.bias)
+
 Every random draw goes through ``mg.random.get_rng`` so initialisation is reproducible under
 ``mg.random.seed``. Fans follow the usual convention: for a weight ``(out, in, *kernel)``,
 ``fan_in = in * prod(kernel)`` and ``fan_out = out * prod(kernel)``.
@@ -11,8 +16,13 @@ import math
 
 import numpy as np
 
-from minigrad import random as _random
+from minigrad.backend.rng import get_rng
 from minigrad.tensor import Tensor
+
+#: The ``a`` of the Kaiming-uniform initialisation Linear and Conv layers use (PyTorch's default,
+#: which MegEngine's layers match): the bound ``sqrt(6 / ((1 + a^2) fan_in))`` becomes
+#: ``1 / sqrt(fan_in)``, the same scale as the layers' default bias.
+DEFAULT_LAYER_A = math.sqrt(5)
 
 
 def _fill(tensor: Tensor, array: np.ndarray) -> Tensor:
@@ -21,25 +31,28 @@ def _fill(tensor: Tensor, array: np.ndarray) -> Tensor:
 
 
 def fill_(tensor: Tensor, value: float) -> Tensor:
+    """Fill ``tensor`` with ``value`` in place; returns it."""
     return _fill(tensor, np.full(tensor.shape, value, dtype=tensor.dtype))
 
 
 def zeros_(tensor: Tensor) -> Tensor:
+    """Fill ``tensor`` with zeros in place (e.g. a bias)."""
     return fill_(tensor, 0.0)
 
 
 def ones_(tensor: Tensor) -> Tensor:
+    """Fill ``tensor`` with ones in place (e.g. a normalisation scale)."""
     return fill_(tensor, 1.0)
 
 
 def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
     """Fill with draws from U(a, b)."""
-    return _fill(tensor, _random.get_rng("cpu0").uniform(a, b, size=tensor.shape))
+    return _fill(tensor, get_rng("cpu0").uniform(a, b, size=tensor.shape))
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
     """Fill with draws from N(mean, std^2)."""
-    return _fill(tensor, _random.get_rng("cpu0").normal(mean, std, size=tensor.shape))
+    return _fill(tensor, get_rng("cpu0").normal(mean, std, size=tensor.shape))
 
 
 def calculate_fan_in_and_fan_out(tensor: Tensor) -> tuple[int, int]:
@@ -92,6 +105,7 @@ def xavier_uniform_(tensor: Tensor, gain: float = 1.0) -> Tensor:
 
 
 def xavier_normal_(tensor: Tensor, gain: float = 1.0) -> Tensor:
+    """N(0, s^2) with ``s = gain * sqrt(2 / (fan_in + fan_out))`` (Glorot & Bengio)."""
     fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)
     return normal_(tensor, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)))
 
@@ -106,6 +120,7 @@ def msra_uniform_(tensor: Tensor, a: float = 0, mode: str = "fan_in",
 
 def msra_normal_(tensor: Tensor, a: float = 0, mode: str = "fan_in",
                  nonlinearity: str = "leaky_relu") -> Tensor:
+    """Kaiming/He normal: N(0, s^2) with ``s = gain / sqrt(fan)``."""
     gain = calculate_gain(nonlinearity, a)
     return normal_(tensor, 0.0, gain / math.sqrt(_fan(tensor, mode)))
 

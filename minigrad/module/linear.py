@@ -31,7 +31,8 @@ class Linear(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.msra_uniform_(self.weight, a=math.sqrt(5))
+        """Draw fresh initial weights (PyTorch's default scheme, see the class docstring)."""
+        init.msra_uniform_(self.weight, a=init.DEFAULT_LAYER_A)
         if self.bias is not None:
             bound = 1.0 / math.sqrt(self.in_features) if self.in_features else 0.0
             init.uniform_(self.bias, -bound, bound)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+import minigrad.functional as F
 from minigrad.backend.xp import to_numpy
 from minigrad.tensor import Parameter, Tensor
 
@@ -43,11 +44,24 @@ class HookHandler:
         self._key = key
 
     def remove(self) -> None:
+        """Unregister the hook (a second call does nothing)."""
         self._hooks.pop(self._key, None)
 
 
 class Module:
-    """Base class for layers and models (MegEngine's ``Module``)."""
+    """Base class for layers and models (MegEngine's ``Module``): subclasses set parameters and
+    sub-modules as attributes in ``__init__`` and define ``forward``.
+
+    Example::
+
+        class MLP(M.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1, self.fc2 = M.Linear(784, 128), M.Linear(128, 10)
+
+            def forward(self, x):
+                return self.fc2(F.relu(self.fc1(x)))
+    """
 
     # Class-level defaults: what makes a subclass without super().__init__() work.
     training: bool = True
@@ -60,6 +74,7 @@ class Module:
         self._forward_hooks: dict[int, Callable] = OrderedDict()
 
     def forward(self, *args, **kwargs):
+        """The layer's computation; ``module(x)`` calls it (with the forward hooks around it)."""
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
 
     # -- calling and hooks ------------------------------------------------------------------------
@@ -119,45 +134,46 @@ class Module:
                 seen_tensors.add(id(obj))
                 yield name, obj
 
-    def named_parameters(
-        self, prefix: str = "", recursive: bool = True
-    ) -> Iterator[tuple[str, Parameter]]:
+    def named_parameters(self, prefix: str = "",
+                         recursive: bool = True) -> Iterator[tuple[str, Parameter]]:
         """``(dotted name, Parameter)`` pairs in definition order (shared ones once)."""
         return self._named(lambda o: isinstance(o, Parameter), _dot(prefix), recursive)
 
     def parameters(self, recursive: bool = True) -> Iterator[Parameter]:
-        for _, p in self.named_parameters(recursive=recursive):
-            yield p
+        """The Parameters, what optimizers update, in definition order (shared ones once).
 
-    def named_buffers(
-        self, prefix: str = "", recursive: bool = True
-    ) -> Iterator[tuple[str, Tensor]]:
-        """Tensors that are state but not trained (BatchNorm running statistics)."""
+        Example::
+
+            opt = optim.SGD(model.parameters(), lr=0.1)
+        """
+        return _values(self.named_parameters(recursive=recursive))
+
+    def named_buffers(self, prefix: str = "",
+                      recursive: bool = True) -> Iterator[tuple[str, Tensor]]:
+        """Tensors that are state but not trained (BatchNorm running statistics), with names."""
         return self._named(_is_buffer, _dot(prefix), recursive)
 
     def buffers(self, recursive: bool = True) -> Iterator[Tensor]:
-        for _, b in self.named_buffers(recursive=recursive):
-            yield b
+        """The buffers of :meth:`named_buffers` without their names."""
+        return _values(self.named_buffers(recursive=recursive))
 
-    def named_tensors(
-        self, prefix: str = "", recursive: bool = True
-    ) -> Iterator[tuple[str, Tensor]]:
+    def named_tensors(self, prefix: str = "",
+                      recursive: bool = True) -> Iterator[tuple[str, Tensor]]:
         """Parameters and buffers together: everything a replica must share (``bcast_list_``)."""
         return self._named(lambda o: isinstance(o, Tensor), _dot(prefix), recursive)
 
     def tensors(self, recursive: bool = True) -> Iterator[Tensor]:
-        for _, t in self.named_tensors(recursive=recursive):
-            yield t
+        """Parameters and buffers without their names (``dist.bcast_list_(model.tensors())``)."""
+        return _values(self.named_tensors(recursive=recursive))
 
     def named_children(self) -> Iterator[tuple[str, "Module"]]:
-        """Direct sub-modules (one level)."""
-        for name, obj in self._walk("", False, {id(self)}):
-            if isinstance(obj, Module):
-                yield name, obj
+        """Direct sub-modules (one level), with their attribute names."""
+        return ((name, obj) for name, obj in self._walk("", False, {id(self)})
+                if isinstance(obj, Module))
 
     def children(self) -> Iterator["Module"]:
-        for _, m in self.named_children():
-            yield m
+        """Direct sub-modules (one level)."""
+        return _values(self.named_children())
 
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
         """This module (named ``prefix``) and every sub-module, depth first."""
@@ -167,8 +183,8 @@ class Module:
                 yield name, obj
 
     def modules(self) -> Iterator["Module"]:
-        for _, m in self.named_modules():
-            yield m
+        """This module and every sub-module, depth first."""
+        return _values(self.named_modules())
 
     def apply(self, fn: Callable[["Module"], Any]) -> "Module":
         """Call ``fn`` on every module (self included), e.g. a custom initialiser."""
@@ -189,18 +205,23 @@ class Module:
         return self.train(False)
 
     def zero_grad(self) -> None:
-        """Zero the accumulated gradients (MegEngine semantics; params without grad keep None)."""
+        """Set every parameter's existing gradient to zeros (parameters without one keep None).
+
+        *zero* fills with zeros, here and in ``Optimizer.zero_grad`` (MegEngine's meaning for
+        both); to drop gradients instead, use ``Optimizer.clear_grad``. The zeros are a new
+        array, so a tensor that shares the old gradient's memory is left alone.
+        """
         for p in self.parameters():
             if p.grad is not None:
-                p.grad = Tensor._wrap(p.grad.xp.zeros_like(p.grad._data), p.grad._device)
+                p.grad = F.zeros_like(p.grad)
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """Ordered ``name -> NumPy array`` copy of every parameter and buffer."""
         out: OrderedDict[str, np.ndarray] = OrderedDict()
         for name, t in self.named_tensors():
-            arr = to_numpy(t._data)
-            out[name] = arr.copy() if arr is t._data else arr
+            arr = to_numpy(t.data)
+            out[name] = arr.copy() if arr is t.data else arr
         return out
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> "Module":
@@ -244,7 +265,7 @@ class Module:
                 f"{type(self).__name__}.load_state_dict: " + "; ".join(problems)
             )
         for t, value in updates:
-            t.set_value(value._data if isinstance(value, Tensor) else value)
+            t.set_value(value.data if isinstance(value, Tensor) else value)
         return self
 
     # -- printing ---------------------------------------------------------------------------------
@@ -266,6 +287,8 @@ class Module:
 
 def _squeezed(shape) -> tuple:
     return tuple(n for n in shape if n != 1)
+def _values(named: Iterator[tuple[str, Any]]) -> Iterator[Any]:
+    return (obj for _, obj in named)
 
 
 def _is_buffer(obj) -> bool:

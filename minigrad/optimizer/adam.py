@@ -6,12 +6,47 @@ from minigrad.backend.xp import get_array_module
 from minigrad.optimizer.optimizer import Optimizer, required
 
 
+def check_betas_and_eps(name: str, group: dict) -> None:
+    """Validate the Adam-family hyper-parameters of a param group (errors name the optimizer)."""
+    b1, b2 = group["betas"]
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+        raise ValueError(f"{name}: betas must be in [0, 1), got {group['betas']}")
+    if group["eps"] < 0:
+        raise ValueError(f"{name}: eps must be >= 0, got {group['eps']}")
+
+
+def adam_moments(state: dict, grad, betas: tuple, xp):
+    """Advance Adam's moment estimates in ``state`` by one step, in place (no new arrays)::
+
+        m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g^2 ;  t += 1
+
+    and return ``(m, v, t)``. Shared by Adam, AdamW and LAMB, which differ only in how they turn
+    the moments into an update.
+    """
+    b1, b2 = betas
+    if "exp_avg" not in state:
+        state["step"] = 0
+        state["exp_avg"] = xp.zeros_like(grad)
+        state["exp_avg_sq"] = xp.zeros_like(grad)
+    state["step"] += 1
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    m *= b1
+    m += (1 - b1) * grad
+    v *= b2
+    v += (1 - b2) * (grad * grad)
+    return m, v, state["step"]
+
+
 class Adam(Optimizer):
     r"""Adam (Kingma & Ba), MegEngine/PyTorch rule::
 
         g = grad + weight_decay * p
         m = b1 * m + (1 - b1) * g ;  v = b2 * v + (1 - b2) * g^2 ;  t += 1
         p = p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+
+    Example::
+
+        opt = optim.Adam(model.parameters(), lr=1e-3)
     """
 
     _decoupled = False
@@ -23,11 +58,7 @@ class Adam(Optimizer):
 
     def _check_group(self, group: dict) -> None:
         super()._check_group(group)
-        b1, b2 = group["betas"]
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            raise ValueError(f"{self._name}: betas must be in [0, 1), got {group['betas']}")
-        if group["eps"] < 0:
-            raise ValueError(f"{self._name}: eps must be >= 0, got {group['eps']}")
+        check_betas_and_eps(self._name, group)
 
     def _update(self, p, g, state, group):
         xp = get_array_module(p)
@@ -35,17 +66,7 @@ class Adam(Optimizer):
         b1, b2 = group["betas"]
         if wd and not self._decoupled:
             g = g + wd * p
-        if "exp_avg" not in state:
-            state["step"] = 0
-            state["exp_avg"] = xp.zeros_like(p)
-            state["exp_avg_sq"] = xp.zeros_like(p)
-        state["step"] += 1
-        t = state["step"]
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= b1
-        m += (1 - b1) * g
-        v *= b2
-        v += (1 - b2) * (g * g)
+        m, v, t = adam_moments(state, g, (b1, b2), xp)
         delta = (m / (1 - b1**t)) / (xp.sqrt(v / (1 - b2**t)) + eps)
         if wd and self._decoupled:
             delta = delta + wd * p

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from minigrad.backend.xp import get_array_module
+from minigrad.optimizer.adam import adam_moments, check_betas_and_eps
 from minigrad.optimizer.optimizer import Optimizer, required
 
 
@@ -22,18 +23,15 @@ class LAMB(Optimizer):
                                       bias_correction=bias_correction,
                                       weight_decay=weight_decay, always_adapt=always_adapt))
 
+    def _check_group(self, group: dict) -> None:
+        super()._check_group(group)
+        check_betas_and_eps(self._name, group)
+
     def _update(self, p, g, state, group):
         xp = get_array_module(p)
         b1, b2 = group["betas"]
         wd = group["weight_decay"]
-        if "exp_avg" not in state:
-            state["step"] = 0
-            state["exp_avg"] = xp.zeros_like(p)
-            state["exp_avg_sq"] = xp.zeros_like(p)
-        state["step"] += 1
-        t = state["step"]
-        m = state["exp_avg"] = b1 * state["exp_avg"] + (1 - b1) * g
-        v = state["exp_avg_sq"] = b2 * state["exp_avg_sq"] + (1 - b2) * (g * g)
+        m, v, t = adam_moments(state, g, (b1, b2), xp)
         if group["bias_correction"]:
             m, v = m / (1 - b1**t), v / (1 - b2**t)
         update = m / (xp.sqrt(v) + group["eps"])

@@ -37,6 +37,7 @@ class LRScheduler:
         self.step()
 
     def lr_at(self, epoch: int) -> list[float]:
+        """The rate of each param group at ``epoch`` (a pure function: what subclasses define)."""
         raise NotImplementedError
 
     def get_lr(self) -> list[float]:
@@ -59,6 +60,7 @@ class LRScheduler:
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Restore what ``state_dict`` saved and apply the restored epoch's rates."""
         unknown = set(state_dict) - set(self.__dict__)
         if unknown:
             raise ValueError(
@@ -72,6 +74,22 @@ class LRScheduler:
                 self.__dict__[key] = value
         for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
             group["lr"] = lr
+
+    def extra_repr(self) -> str:
+        """The hyper-parameters ``repr`` shows; schedulers override this (as modules do)."""
+        return ""
+
+    def __repr__(self) -> str:
+        rates = ", ".join(f"{group['lr']:.6g}" for group in self.optimizer.param_groups)
+        head = self.extra_repr()
+        return (f"{type(self).__name__}({head + ', ' if head else ''}"
+                f"current_epoch={self.current_epoch}, lr=[{rates}])")
+
+
+def _positive(owner: str, name: str, value) -> int:
+    if value <= 0:
+        raise ValueError(f"{owner}: {name} must be > 0, got {value}")
+    return int(value)
 
 
 class MultiStepLR(LRScheduler):
@@ -91,20 +109,24 @@ class MultiStepLR(LRScheduler):
         factor = self.gamma ** bisect.bisect_right(self.milestones, epoch)
         return [base * factor for base in self.base_lrs]
 
+    def extra_repr(self) -> str:
+        return f"milestones={self.milestones}, gamma={self.gamma}"
+
 
 class StepLR(LRScheduler):
     """Multiply the rate by ``gamma`` every ``step_size`` epochs."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1,
                  current_epoch: int = -1):
-        if step_size <= 0:
-            raise ValueError(f"StepLR: step_size must be > 0, got {step_size}")
-        self.step_size = int(step_size)
+        self.step_size = _positive("StepLR", "step_size", step_size)
         self.gamma = float(gamma)
         super().__init__(optimizer, current_epoch)
 
     def lr_at(self, epoch: int) -> list[float]:
         return [base * self.gamma ** (epoch // self.step_size) for base in self.base_lrs]
+
+    def extra_repr(self) -> str:
+        return f"step_size={self.step_size}, gamma={self.gamma}"
 
 
 class CosineAnnealingLR(LRScheduler):
@@ -113,9 +135,7 @@ class CosineAnnealingLR(LRScheduler):
 
     def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0,  # noqa: N803
                  current_epoch: int = -1):
-        if T_max <= 0:
-            raise ValueError(f"CosineAnnealingLR: T_max must be > 0, got {T_max}")
-        self.T_max = int(T_max)
+        self.T_max = _positive("CosineAnnealingLR", "T_max", T_max)
         self.eta_min = float(eta_min)
         super().__init__(optimizer, current_epoch)
 
@@ -123,6 +143,9 @@ class CosineAnnealingLR(LRScheduler):
         e = min(max(epoch, 0), self.T_max)
         c = (1 + math.cos(math.pi * e / self.T_max)) / 2
         return [self.eta_min + (base - self.eta_min) * c for base in self.base_lrs]
+
+    def extra_repr(self) -> str:
+        return f"T_max={self.T_max}, eta_min={self.eta_min}"
 
 
 class LinearWarmup(LRScheduler):
@@ -152,3 +175,7 @@ class LinearWarmup(LRScheduler):
         super().step(epoch)
         if self.scheduler is not None:  # keep the wrapped counter meaningful for get_lr()
             self.scheduler.current_epoch = self.current_epoch - self.warmup_steps
+
+    def extra_repr(self) -> str:
+        return (f"warmup_steps={self.warmup_steps}, start_factor={self.start_factor}, "
+                f"scheduler={self.scheduler!r}")

@@ -1,8 +1,9 @@
 """``Optimizer``: parameter groups, per-parameter state and the ``step`` loop.
 
-Subclasses implement ``_update(param, grad, state, group)`` on raw backend arrays (NumPy or CuPy)
-and return the new parameter array; the base class skips parameters without a gradient, assigns
-the result and keeps state dicts that ``state_dict``/``load_state_dict`` save and restore.
+Subclasses implement ``_update(param, grad, state, group)`` on raw backend arrays (NumPy or CuPy):
+it updates ``param`` and the per-parameter ``state`` dict *in place* and returns nothing. The base
+class skips parameters without a gradient, makes read-only parameter arrays writable first, and
+keeps the state dicts that ``state_dict``/``load_state_dict`` save and restore.
 
 Example::
 
@@ -15,10 +16,11 @@ Example::
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
+import minigrad.functional as F
 from minigrad.backend.xp import to_numpy
 from minigrad.tensor import Parameter, Tensor
 
@@ -33,7 +35,13 @@ required = _Required()
 
 class Optimizer:
     """Base class. ``params`` is an iterable of Parameters or of dicts (param groups) that each
-    hold ``"params"`` and optional per-group hyper-parameters overriding ``defaults``."""
+    hold ``"params"`` and optional per-group hyper-parameters overriding ``defaults``.
+
+    Example::
+
+        opt = optim.SGD([{"params": body.parameters()},
+                         {"params": head.parameters(), "lr": 0.01}], lr=0.1)
+    """
 
     def __init__(self, params, defaults: dict):
         self._defaults = dict(defaults)
@@ -100,17 +108,16 @@ class Optimizer:
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad = p.grad._data if isinstance(p.grad, Tensor) else p.grad
+                grad = p.grad.data if isinstance(p.grad, Tensor) else p.grad
                 if grad.shape != p.shape:
                     raise ValueError(
                         f"{self._name}.step: gradient shape {grad.shape} does not match parameter "
                         f"shape {p.shape}"
                     )
                 state = self._state.setdefault(id(p), {})
-                data = p._data
-                if not getattr(data.flags, "writeable", True):  # e.g. a loaded read-only array
-                    data = p._data = data.copy()
-                self._update(data, grad, state, group)
+                if not getattr(p.data.flags, "writeable", True):  # e.g. a loaded read-only array
+                    p.set_value(p.data)  # set_value keeps a writable copy
+                self._update(p.data, grad, state, group)
         return self
 
     def _update(self, param, grad, state: dict, group: dict) -> None:
@@ -119,13 +126,39 @@ class Optimizer:
         raise NotImplementedError(f"{self._name}._update is not implemented")
 
     def clear_grad(self) -> "Optimizer":
-        """Drop every parameter's gradient (``.grad = None``) before the next backward."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                p.grad = None
+        """Drop every parameter's gradient (``.grad = None``) before the next backward: the usual
+        call, which frees the gradients' memory until backward writes new ones."""
+        for p in self._params():
+            p.grad = None
         return self
 
-    zero_grad = clear_grad
+    def zero_grad(self) -> "Optimizer":
+        """Set every existing gradient to zeros (parameters without one keep None).
+
+        Same meaning as ``Module.zero_grad`` and as both in MegEngine: *zero* fills with zeros,
+        *clear* (``clear_grad``) drops. Unlike ``clear_grad``, a parameter that receives no
+        gradient in the next backward still gets a step (with a zero gradient: momentum and
+        weight decay act), as with PyTorch's ``zero_grad(set_to_none=False)``.
+        """
+        for p in self._params():
+            if p.grad is not None:
+                p.grad = F.zeros_like(p.grad)
+        return self
+
+    # -- printing ---------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        """Hyper-parameters and parameter count per group, e.g.
+        ``SGD(lr=0.1, momentum=0.9, nesterov=False, weight_decay=0.0, params=4)``; one line per
+        group when there are several."""
+
+        def describe(group: dict) -> str:
+            hyper = ", ".join(f"{k}={v!r}" for k, v in group.items() if k != "params")
+            return f"{hyper}, params={len(group['params'])}"
+
+        if len(self.param_groups) == 1:
+            return f"{self._name}({describe(self.param_groups[0])})"
+        lines = [f"  ({i}): {describe(g)}" for i, g in enumerate(self.param_groups)]
+        return "\n".join([f"{self._name}({len(self.param_groups)} param groups", *lines, ")"])
 
     # -- state ------------------------------------------------------------------------------------
     def _params(self) -> list[Parameter]:
@@ -178,13 +211,13 @@ class Optimizer:
             restored = {}
             for name, value in st.items():
                 if _is_array(value):
-                    arr = to_numpy(value._data if isinstance(value, Tensor) else value)
+                    arr = to_numpy(value.data if isinstance(value, Tensor) else value)
                     if arr.ndim and arr.shape != p.shape:
                         raise ValueError(
                             f"{self._name}.load_state_dict: state {name!r} of parameter {idx} "
                             f"has shape {arr.shape}, expected {p.shape}"
                         )
-                    value = p._device.put(arr)
+                    value = p.device.put(arr)
                     value = value.copy() if value is arr else value
                 restored[name] = value
             new_state[id(p)] = restored
@@ -205,10 +238,6 @@ def _is_array(value: Any) -> bool:
 def _export(value):
     """Optimizer state as host NumPy copies (safe to save; never aliases the live buffers)."""
     if _is_array(value) and not isinstance(value, (int, float)):
-        arr = to_numpy(value._data if isinstance(value, Tensor) else value)
+        arr = to_numpy(value.data if isinstance(value, Tensor) else value)
         return np.array(arr, copy=True)
     return copy.deepcopy(value)
-
-
-def _as_list(params: Iterable) -> list:
-    return [params] if isinstance(params, Tensor) else list(params)

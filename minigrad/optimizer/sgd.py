@@ -12,6 +12,10 @@ class SGD(Optimizer):
         buf = momentum * buf + g                 (buf starts at g)
         d = g + momentum * buf if nesterov else buf   (d = g without momentum)
         p = p - lr * d
+
+    Example::
+
+        opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     """
 
     def __init__(self, params, lr: float = required, momentum: float = 0.0,

@@ -3,6 +3,8 @@ errors a GPU request gives on a machine without CuPy or CUDA (simulated, so they
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from minigrad.backend.device import Device, as_device
 def fresh_devices(monkeypatch):
     """Forget cached name lookups and any default set by earlier tests (restored afterwards)."""
     monkeypatch.setattr(device_mod, "_CACHE", {})
+    monkeypatch.setattr(device_mod, "_probe", None)
     monkeypatch.setattr(device_mod, "_default_name", None)
     monkeypatch.delenv("MINIGRAD_DEFAULT_DEVICE", raising=False)
 
@@ -71,8 +74,10 @@ def test_gpu_without_cupy_says_why(name, no_cupy):
 
 def test_gpu_with_cupy_but_no_cuda_device(monkeypatch, fresh_devices):
     monkeypatch.setattr(device_mod, "cupy_or_none", lambda: object())
-    monkeypatch.setattr(device_mod, "get_device_count", lambda kind="gpu": 0)
-    with pytest.raises(RuntimeError, match=r"gpu0 requested but CuPy sees no CUDA device"):
+    monkeypatch.setattr(device_mod, "probe_gpus",
+                        lambda: device_mod.GpuProbe(0, "CUDA reports no device"))
+    with pytest.raises(RuntimeError, match=r"gpu0 requested but CuPy sees no CUDA device: CUDA "
+                                           r"reports no device"):
         as_device("gpu0")
 
 
@@ -136,3 +141,87 @@ def test_gpu_device_roundtrip():
         TypeError, match="cannot convert a tensor on gpu0 to a NumPy array implicitly"
     ):
         np.asarray(t)
+
+
+# -- counting GPUs: never read a CUDA error as "0 GPUs" silently, never initialise CUDA to count --
+
+class FakeCUDAError(Exception):
+    def __init__(self, status, text):
+        super().__init__(f"{text}")
+        self.status = status
+
+
+def fake_cupy(count=None, error=None):
+    """A stand-in for CuPy whose runtime must not be asked unless the OS cannot tell."""
+
+    def get_device_count():
+        if error is not None:
+            raise error
+        if count is None:
+            raise AssertionError("CUDA was asked to count devices (that initialises CUDA)")
+        return count
+
+    def get_device():
+        raise AssertionError("CUDA was asked for its current device before it was initialised")
+
+    runtime = types.SimpleNamespace(getDeviceCount=get_device_count, getDevice=get_device,
+                                    CUDARuntimeError=FakeCUDAError)
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+
+
+@pytest.fixture
+def gpu_probe(monkeypatch, fresh_devices, tmp_path):
+    """Fresh GPU counting with a fake CuPy; no CUDA_VISIBLE_DEVICES and no driver entries."""
+    monkeypatch.setattr(device_mod, "_probe", None)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(device_mod, "NVIDIA_GPUS_DIR", str(tmp_path / "absent"))
+    monkeypatch.setattr(device_mod, "cuda_initialized", lambda: False)
+
+    def use(cupy):
+        monkeypatch.setattr(device_mod, "cupy_or_none", lambda: cupy)
+        monkeypatch.setattr(device_mod, "_probe", None)
+
+    return use
+
+
+def test_gpus_are_counted_from_the_os_without_initialising_cuda(gpu_probe, monkeypatch, tmp_path):
+    gpu_probe(fake_cupy())  # any call into the CUDA runtime fails the test
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    for bus in ("0000:01:00.0", "0000:02:00.0"):
+        (gpus / bus).mkdir()
+    monkeypatch.setattr(device_mod, "NVIDIA_GPUS_DIR", str(gpus))
+    assert mg.get_device_count("gpu") == 2 and mg.is_cuda_available()
+    assert as_device("xpux") == Device("gpu", 0)  # current device: 0 until CUDA is initialised
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setattr(device_mod, "_probe", None)
+    assert mg.get_device_count("gpu") == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,-1,1")  # CUDA stops at the invalid entry
+    monkeypatch.setattr(device_mod, "_probe", None)
+    assert mg.get_device_count("gpu") == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(device_mod, "_probe", None)
+    assert mg.get_device_count("gpu") == 0
+    assert "CUDA_VISIBLE_DEVICES='' hides every GPU" in device_mod.probe_gpus().reason
+
+
+def test_a_cuda_error_is_reported_not_read_as_no_gpu(gpu_probe):
+    gpu_probe(fake_cupy(error=FakeCUDAError(35, "cudaErrorInsufficientDriver: CUDA driver "
+                                                "version is insufficient for CUDA runtime")))
+    assert mg.get_device_count("gpu") == 0
+    probe = device_mod.probe_gpus()
+    assert probe.failed and "cudaErrorInsufficientDriver" in probe.reason
+    with pytest.warns(RuntimeWarning, match=r"xpux: using cpu0 because CUDA failed while "
+                                            r"counting devices: cudaErrorInsufficientDriver"):
+        assert as_device("xpux") == "cpu0"
+    with pytest.raises(RuntimeError, match=r"gpu0 requested but CuPy sees no CUDA device: CUDA "
+                                           r"failed while counting devices: cudaErrorInsuff"):
+        as_device("gpu0")
+
+
+def test_no_gpu_at_all_is_not_an_error(gpu_probe, recwarn):
+    gpu_probe(fake_cupy(error=FakeCUDAError(100, "cudaErrorNoDevice: no CUDA-capable device")))
+    assert as_device("xpux") == "cpu0" and not device_mod.probe_gpus().failed
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    gpu_probe(fake_cupy(count=0))
+    assert device_mod.probe_gpus().reason == "CUDA reports no device"

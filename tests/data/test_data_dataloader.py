@@ -264,3 +264,21 @@ def test_bad_arguments():
         DataLoader(Counter(3), SequentialSampler(ds))
     with pytest.raises(TypeError, match="apply_batch"):
         DataLoader(ds, transform=lambda x: x)
+
+
+def test_dataloader_repr_names_its_parts():
+    ds = ArrayDataset(np.zeros((10, 2), np.float32), np.arange(10))
+    loader = DataLoader(ds, RandomSampler(ds, batch_size=4, seed=3),
+                        transform=Compose([Normalize(1.0, 2.0)]), num_workers=2, timeout=5)
+    assert repr(loader) == (
+        "DataLoader(\n"
+        "  dataset=ArrayDataset(n=10, arrays=[(10, 2), (10,)]),\n"
+        "  sampler=RandomSampler(n=10, batch_size=4, drop_last=False, world_size=1, rank=0, "
+        "shuffle=True, seed=3, epoch=0),\n"
+        f"  transform={loader.transform!r},\n"
+        "  collator=Collator(),\n"
+        "  num_workers=2,\n"
+        "  prefetch_factor=2,\n"
+        "  timeout=5,\n"
+        ")")
+    assert "Normalize(" in repr(loader.transform)

@@ -7,6 +7,7 @@ import http.server
 import os
 import struct
 import threading
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -148,7 +149,7 @@ def test_download_wrong_md5_leaves_nothing(tmp_path, fake_mnist, server):
     bad = dict(md5s, **{"train-images-idx3-ubyte.gz": "0" * 32})
     root = tmp_path / "cache"
     with pytest.raises(RuntimeError) as info:
-        MNIST(root, train=True, mirrors=[server], md5s=bad, progress=False)
+        MNIST(root, train=True, mirrors=[server], md5s=bad, progress=False, fallback=False)
     msg = str(info.value)
     assert "MD5 mismatch" in msg and "0" * 32 in msg
     assert str(root / "train-images-idx3-ubyte.gz") in msg  # says where to put the file
@@ -164,8 +165,33 @@ def test_missing_without_download_names_exact_paths(tmp_path):
 
 
 def test_unreachable_mirror_lists_url(tmp_path):
-    with pytest.raises(RuntimeError, match=r"127\.0\.0\.1:9/t10k-images"):
-        MNIST(tmp_path, train=False, mirrors=["http://127.0.0.1:9/"], timeout=2, progress=False)
+    with pytest.raises(RuntimeError, match=r"127\.0\.0\.1:9/t10k-images") as info:
+        MNIST(tmp_path, train=False, mirrors=["http://127.0.0.1:9/"], timeout=2, progress=False,
+              fallback=False)
+    # download was on: the advice is where to put the files, not to turn download on
+    assert "download=True" not in str(info.value) and "subset='bundled'" in str(info.value)
+
+
+def test_no_network_and_no_cache_falls_back_to_the_bundled_split(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setenv("MINIGRAD_DATA", str(tmp_path))
+    with pytest.warns(UserWarning) as caught:
+        ds = MNIST(train=False)  # MegEngine's tutorial line, offline, no extra argument
+    assert ds.subset == "bundled" and len(ds) == 2000
+    np.testing.assert_array_equal(ds.labels, MNIST(train=False, subset="bundled").labels)
+    assert len(caught) == 1
+    text = str(caught[0].message)
+    assert "\n" not in text  # one line
+    assert text.startswith("MNIST: could not download t10k-images-idx3-ubyte.gz (https://")
+    assert "Temporary failure in name resolution" in text and "and 2 more mirror(s)" in text
+    assert "using the bundled 8000/2000 split of the official MNIST test set instead" in text
+    assert str(tmp_path / "t10k-images-idx3-ubyte.gz") in text and "download=True" not in text
+    assert caught[0].filename == __file__  # points at the caller's line
+    with pytest.warns(UserWarning, match="could not download train-images"):
+        assert len(MNIST(train=True)) == 8000
 
 
 def test_corrupt_cached_file_is_reported(tmp_path, fake_mnist):

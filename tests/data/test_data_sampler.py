@@ -7,13 +7,13 @@ import types
 import numpy as np
 import pytest
 
-import minigrad
 from minigrad.data.sampler import (
     Infinite,
     RandomSampler,
     ReplacementSampler,
     SequentialSampler,
     StreamSampler,
+    set_world_provider,
 )
 
 
@@ -117,22 +117,81 @@ def test_infinite_repeats_with_new_epochs():
     assert epochs == [b for _ in range(4) for b in ref]
 
 
-def test_default_world_comes_from_distributed(monkeypatch):
-    fake = types.ModuleType("minigrad.distributed")
-    fake.is_distributed = lambda: True
-    fake.get_rank = lambda: 1
-    fake.get_world_size = lambda: 3
-    monkeypatch.setitem(sys.modules, "minigrad.distributed", fake)
-    monkeypatch.setattr(minigrad, "distributed", fake, raising=False)
+@pytest.fixture
+def job(monkeypatch):
+    """Pretend to be rank ``job.rank`` of ``job.world`` (None: no process group) for samplers."""
+    state = types.SimpleNamespace(world=None, rank=0)
+    previous = set_world_provider(
+        lambda: None if state.world is None else (state.world, state.rank))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    yield state
+    set_world_provider(previous)
+
+
+def test_default_world_comes_from_the_process_group(job):
+    job.world, job.rank = 3, 1
     s = SequentialSampler(list(range(9)), batch_size=10)
     assert (s.world_size, s.rank) == (3, 1) and flat(s) == [1, 4, 7]
     r = RandomSampler(list(range(9)))  # seed=None must still agree across ranks
     r0 = RandomSampler(list(range(9)), rank=0)
     padded = interleave([flat(r0), flat(r), flat(RandomSampler(list(range(9)), rank=2))])
     assert sorted(padded) == list(range(9))
-    fake.is_distributed = lambda: False
+    assert RandomSampler(list(range(9)), world_size=3).rank == 1  # the group's own rank
+    job.world = None
     s = SequentialSampler(list(range(9)))
     assert (s.world_size, s.rank) == (1, 0)
+
+
+def test_missing_world_size_or_rank_is_an_error_not_a_guess(job, monkeypatch):
+    # without a process group, half a position would silently make every process rank 0
+    with pytest.raises(ValueError, match=r"RandomSampler: world_size=4 given without rank "
+                                         r"\(no process group is initialised\); pass rank="):
+        RandomSampler(list(range(8)), world_size=4)
+    with pytest.raises(ValueError, match=r"SequentialSampler: rank=1 given without world_size"):
+        SequentialSampler(list(range(8)), rank=1)
+    job.world, job.rank = 2, 1
+    with pytest.raises(ValueError, match=r"world_size=4 given without rank \(the process group "
+                                         r"has world size 2\)"):
+        StreamSampler(world_size=4)
+    assert SequentialSampler(list(range(8)), world_size=1).rank == 0  # one rank: no ambiguity
+    # a launched rank that builds its sampler before init_process_group would read everything
+    job.world = None
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(RuntimeError, match=r"RandomSampler: this process is rank 1 of 2 .* "
+                                           r"call dist.init_process_group\(\) before"):
+        RandomSampler(list(range(8)))
+    assert RandomSampler(list(range(8)), world_size=2, rank=1).rank == 1  # explicit is fine
+
+
+def test_epoch_is_the_current_pass(job):
+    s = RandomSampler(list(range(6)), batch_size=6, seed=3)
+    assert s.epoch == 0
+    first = next(iter(s))
+    assert s.epoch == 0  # while (and after) iterating epoch 0, epoch says 0
+    it = iter(s)
+    assert s.epoch == 1 and next(it) != first
+    s.set_epoch(0)
+    assert s.epoch == 0 and next(iter(s)) == first  # set_epoch(e): the next pass draws e
+    assert s.epoch == 0 and next(iter(s)) != first and s.epoch == 1
+    inf = Infinite(s)
+    assert inf.epoch == 1
+
+
+def test_reprs_show_position_batching_and_order(job):
+    ds = list(range(10))
+    assert repr(RandomSampler(ds, batch_size=4, world_size=2, rank=1, seed=7)) == (
+        "RandomSampler(n=10, batch_size=4, drop_last=False, world_size=2, rank=1, shuffle=True, "
+        "seed=7, epoch=0)")
+    assert repr(SequentialSampler(ds, batch_size=3, drop_last=True)) == (
+        "SequentialSampler(n=10, batch_size=3, drop_last=True, world_size=1, rank=0, "
+        "shuffle=False)")
+    assert "replacement=True, weighted=True" in repr(
+        ReplacementSampler(ds, 2, weights=[1] * 10, seed=0))
+    assert repr(StreamSampler(batch_size=8, world_size=4, rank=3)) == (
+        "StreamSampler(batch_size=8, drop_last=False, world_size=4, rank=3)")
+    assert repr(Infinite(SequentialSampler(ds))).startswith("Infinite(SequentialSampler(n=10")
 
 
 def test_bad_arguments():
@@ -155,3 +214,17 @@ def test_bad_arguments():
         Infinite([1, 2])
     with pytest.raises(ValueError, match="rank must be <"):
         StreamSampler(world_size=2, rank=3)
+
+
+def _shard_of_rank(n):
+    s = RandomSampler(list(range(n)), batch_size=n, seed=1)  # no world_size/rank given
+    return s.world_size, s.rank, flat(s)
+
+
+def test_sampler_takes_its_shard_from_a_real_process_group():
+    from minigrad.testing.distributed import run_workers
+
+    out = run_workers(_shard_of_rank, 2, 7)
+    assert [(w, r) for w, r, _ in out] == [(2, 0), (2, 1)]
+    padded = interleave([shard for _, _, shard in out])
+    assert sorted(padded[:7]) == list(range(7)) and padded[7:] == padded[:1]

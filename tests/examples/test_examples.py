@@ -1,6 +1,7 @@
 """Every example, run in reduced form, with assertions on what it produced."""
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -21,11 +22,18 @@ def _load(name):
     return module
 
 
-def test_train_mnist_trains_saves_and_resumes(tmp_path):
+def test_train_mnist_trains_saves_and_resumes(tmp_path, monkeypatch, capsys):
     ex = _load("train_mnist")
-    ckpt = tmp_path / "mlp.mgc"
-    first = ex.main(["--epochs", "1", "--save", str(ckpt), "--nproc", "2", "--device", "cpu"])
+    monkeypatch.chdir(tmp_path)  # outputs go to ./runs/train_mnist/, never next to tracked files
+    first = ex.main(["--epochs", "1", "--save", "mlp.mgc", "--nproc", "2", "--device", "cpu"])
     assert first["acc"] > 0.85  # one epoch of the MLP on the bundled 8k split
+    ckpt = tmp_path / "runs" / "train_mnist" / "mlp.mgc"
+    assert f"writing outputs to {os.path.join('runs', 'train_mnist')}{os.sep}" in (
+        capsys.readouterr().out)
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["mlp.mgc"]
+    ignored = subprocess.run(["git", "check-ignore", "-q", "runs/train_mnist/checkpoint.mgc"],
+                             cwd=ROOT, capture_output=True)
+    assert ignored.returncode == 0, "the README quick start's output folder must be git-ignored"
     saved = mg.load(str(ckpt))
     assert saved["epoch"] == 0 and saved["model"] == "mlp"
     assert saved["acc"] == pytest.approx(first["acc"])
@@ -34,7 +42,7 @@ def test_train_mnist_trains_saves_and_resumes(tmp_path):
             "--epochs",
             "2",
             "--resume",
-            str(ckpt),
+            "mlp.mgc",  # found in the run folder
             "--save",
             str(ckpt),
             "--nproc",
@@ -46,6 +54,25 @@ def test_train_mnist_trains_saves_and_resumes(tmp_path):
     assert len(resumed["history"]) == 1  # only the second epoch ran
     assert mg.load(str(ckpt))["epoch"] == 1
     assert resumed["acc"] > 0.88
+
+
+def test_train_mnist_resume_reads_the_model_kind_from_the_checkpoint(tmp_path):
+    ex = _load("train_mnist")
+    cnn = ex.build_model("cnn")
+    opt = ex.optim.Adam(cnn.parameters(), lr=1e-3)
+    path = str(tmp_path / "cnn.mgc")
+    mg.save({"net": cnn.state_dict(), "opt": opt.state_dict(), "epoch": 0, "acc": 0.5,
+             "model": "cnn"}, path)
+    # no --model: the CNN comes from the file (this used to fail with missing/unexpected keys)
+    out = ex.main(["--resume", path, "--epochs", "1", "--save", "", "--nproc", "2",
+                   "--device", "cpu"])
+    assert out["model"] == "cnn" and out["history"] == []  # epoch 0 was done: nothing to run
+    old = mg.load(path)
+    del old["model"]  # a checkpoint written before the kind was saved: told by its names
+    assert ex.checkpoint_model_kind(old, path) == "cnn"
+    with pytest.raises(ex.dist.LaunchError, match="holds a cnn model but --model mlp was given"):
+        ex.main(["--resume", path, "--model", "mlp", "--epochs", "1", "--save", "",
+                 "--nproc", "2", "--device", "cpu"])
 
 
 def test_megengine_dp_tutorial_matches_single_process(tmp_path):

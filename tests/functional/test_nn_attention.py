@@ -126,3 +126,35 @@ def test_multi_head_attention_errors(device):
         F.multi_head_attention(x, x, x, 4, _t(np.zeros((18, 6)), device))
     with pytest.raises(ValueError, match=r"in_proj_weight has shape \(12, 6\)"):
         F.multi_head_attention(x, x, x, 2, _t(np.zeros((12, 6)), device))
+
+
+def test_attention_bias_has_one_boolean_meaning():
+    like = mg.tensor(np.zeros((1,)), dtype="float64")
+    keep = np.array([[True, False], [False, True]])
+    bias = F.nn.attention_bias(2, 2, keep, like=like).numpy()
+    np.testing.assert_array_equal(bias, [[0.0, -np.inf], [-np.inf, 0.0]])  # True = may attend
+    causal = F.nn.attention_bias(2, 3, is_causal=True, like=like).numpy()
+    np.testing.assert_array_equal(causal, [[0, -np.inf, -np.inf], [0, 0, -np.inf]])
+    pad = F.nn.attention_bias(2, 3, key_padding_mask=np.array([[False, False, True]]),
+                              like=like).numpy()
+    assert pad.shape == (1, 1, 1, 3)  # (N, 1, 1, S): over heads and queries
+    np.testing.assert_array_equal(pad[0, 0, 0], [0.0, 0.0, -np.inf])  # True = padding
+    assert F.nn.attention_bias(2, 2, like=like) is None
+    with pytest.raises(ValueError, match=r"attention_bias: attn_mask shape \(3, 2\) does not "
+                                         r"broadcast to \(2, 2\)"):
+        F.nn.attention_bias(2, 2, np.ones((3, 2), bool), like=like)
+
+
+def test_module_and_functional_read_a_boolean_mask_the_same_way(rng):
+    import minigrad.module as M
+
+    mha = M.MultiHeadAttention(4, 1, bias=False)
+    mha.out_proj.weight.set_value(np.eye(4, dtype=np.float32))
+    mha.in_proj_weight.set_value(np.tile(np.eye(4, dtype=np.float32), (3, 1)))  # q = k = v = x
+    x = rng.standard_normal((1, 3, 4)).astype(np.float32)
+    keep = np.array([[True, False, False], [True, True, False], [False, True, True]])
+    out, _ = mha(mg.tensor(x), attn_mask=keep)
+    ref = ref_sdpa(x.astype(np.float64), x, x, mask=keep)  # True = may attend
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
+    same = F.scaled_dot_product_attention(mg.tensor(x), mg.tensor(x), mg.tensor(x), keep)
+    np.testing.assert_allclose(same.numpy(), out.numpy(), rtol=1e-5, atol=1e-6)

@@ -251,3 +251,34 @@ def test_against_torch(rng):
                                tf.avg_pool2d(torch.tensor(x), 3, 2, 1).numpy(), rtol=1e-12)
     np.testing.assert_allclose(F.adaptive_avg_pool2d(_t(x, "cpu0"), (4, 3)).numpy(),
                                tf.adaptive_avg_pool2d(torch.tensor(x), (4, 3)).numpy(), rtol=1e-12)
+
+
+def test_compute_mode_float32_and_unsupported_modes(rng):
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float16)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float16)
+    b = rng.standard_normal((4,)).astype(np.float16)
+    xt, wt, bt = mg.tensor(x), mg.tensor(w), mg.tensor(b)
+    wide = F.conv2d(xt, wt, bt, padding=1, compute_mode="float32")
+    assert wide.dtype == np.float16  # computed in float32, returned in the input dtype
+    ref = F.conv2d(xt.astype("float32"), wt.astype("float32"), bt.astype("float32"), padding=1)
+    np.testing.assert_array_equal(wide.numpy(), ref.numpy().astype(np.float16))
+    assert F.conv2d(xt, wt, bt, padding=1).dtype == np.float16  # "default": float16 throughout
+    tw = F.conv_transpose2d(xt, mg.tensor(w.transpose(1, 0, 2, 3)), compute_mode="FLOAT32")
+    assert tw.dtype == np.float16
+    y1 = F.conv1d(mg.tensor(x[:, :, 0]), mg.tensor(w[:, :, 0]), compute_mode="float32")
+    assert y1.dtype == np.float16
+    m = F.matmul(mg.tensor(x[0, 0]), mg.tensor(x[0, 1]), compute_mode="float32")
+    np.testing.assert_array_equal(
+        m.numpy(), (x[0, 0].astype(np.float32) @ x[0, 1].astype(np.float32)).astype(np.float16))
+    assert F.linear(mg.tensor(x[0, 0]), mg.tensor(x[0, 1]), compute_mode="float32").dtype == (
+        np.float16)
+    for call in (lambda: F.conv2d(xt, wt, compute_mode="float16"),
+                 lambda: F.conv1d(mg.tensor(x[:, :, 0]), mg.tensor(w[:, :, 0]), compute_mode="x"),
+                 lambda: F.matmul(xt, xt, compute_mode="tf32")):
+        with pytest.raises(ValueError, match=r"compute_mode must be 'default' or 'float32'"):
+            call()
+    with pytest.raises(NotImplementedError, match=r"conv2d: conv_mode 'convolution' is not "
+                                                  r"supported \(only 'cross_correlation'\)"):
+        F.conv2d(xt, wt, conv_mode="convolution")
+    with pytest.raises(ValueError, match=r"conv_transpose2d: need stride >= 1"):
+        F.conv_transpose2d(xt, wt, stride=0)

@@ -207,3 +207,49 @@ def test_in_place_updates_never_write_into_callers_arrays(cls, kw):
     for p in net.parameters():
         np.testing.assert_array_equal(p.grad.numpy(), grads[id(p)])
         assert not np.array_equal(p.numpy(), frozen["weight" if p.ndim == 2 else "bias"])
+
+
+def test_zero_grad_fills_zeros_and_clear_grad_drops_everywhere():
+    lin = M.Linear(3, 2)
+    unused = Parameter(np.ones(2, np.float32))
+    opt = optim.SGD([*lin.parameters(), unused], lr=0.1, weight_decay=0.5)
+    gm = ad.GradManager().attach(lin.parameters())
+    with gm:
+        gm.backward(lin(mg.tensor(np.ones((4, 3), np.float32))).sum())
+    grad_before = lin.weight.grad
+    opt.zero_grad()
+    np.testing.assert_array_equal(lin.weight.grad.numpy(), 0.0)
+    assert lin.weight.grad is not grad_before and grad_before.numpy().any()  # a new zero array
+    assert unused.grad is None  # no gradient stays no gradient
+    w = lin.weight.numpy()
+    opt.step()  # a zero gradient still steps: weight decay acts
+    np.testing.assert_allclose(lin.weight.numpy(), w * (1 - 0.1 * 0.5), rtol=1e-6)
+    lin.weight.grad = mg.tensor(np.ones((2, 3), np.float32))
+    lin.zero_grad()  # the module's zero_grad means the same
+    np.testing.assert_array_equal(lin.weight.grad.numpy(), 0.0)
+    opt.clear_grad()
+    assert all(p.grad is None for p in lin.parameters())
+    w = lin.weight.numpy()
+    opt.step()  # a cleared gradient skips the parameter
+    np.testing.assert_array_equal(lin.weight.numpy(), w)
+
+
+def test_optimizer_and_scheduler_reprs_show_hyper_parameters():
+    a, b = Parameter(np.zeros(3, np.float32)), Parameter(np.zeros(2, np.float32))
+    sgd = optim.SGD([a, b], lr=0.1, momentum=0.9)
+    assert repr(sgd) == "SGD(lr=0.1, momentum=0.9, nesterov=False, weight_decay=0.0, params=2)"
+    adam = optim.Adam([{"params": [a]}, {"params": [b], "weight_decay": 0.01}], lr=1e-3)
+    assert repr(adam) == (
+        "Adam(2 param groups\n"
+        "  (0): lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0, params=1\n"
+        "  (1): weight_decay=0.01, lr=0.001, betas=(0.9, 0.999), eps=1e-08, params=1\n)")
+    sched = optim.MultiStepLR(sgd, milestones=[2, 4], gamma=0.5)
+    assert repr(sched) == "MultiStepLR(milestones=[2, 4], gamma=0.5, current_epoch=0, lr=[0.1])"
+    sched.step(), sched.step()
+    assert repr(sched).endswith("current_epoch=2, lr=[0.05])")
+    assert repr(optim.StepLR(sgd, step_size=3)).startswith("StepLR(step_size=3, gamma=0.1, ")
+    cos = optim.CosineAnnealingLR(optim.SGD([a], lr=1.0), T_max=4)
+    warm = optim.LinearWarmup(cos.optimizer, warmup_steps=2, scheduler=cos)
+    assert repr(warm) == (
+        "LinearWarmup(warmup_steps=2, start_factor=0.0, scheduler=CosineAnnealingLR(T_max=4, "
+        "eta_min=0.0, current_epoch=-2, lr=[0]), current_epoch=0, lr=[0])")

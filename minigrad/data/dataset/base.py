@@ -33,6 +33,7 @@ class Dataset(ABC):
         """Number of samples."""
 
     def __add__(self, other: Dataset) -> ConcatDataset:
+        """``a + b``: the samples of ``a`` then those of ``b`` (a :class:`ConcatDataset`)."""
         return ConcatDataset([self, other])
 
 
@@ -44,6 +45,7 @@ class StreamDataset(ABC):
         """Yield samples one by one."""
 
     def __getitem__(self, index: int) -> Any:
+        """Refused: a stream has no random access."""
         raise TypeError(f"{type(self).__name__} is a StreamDataset: it can only be iterated")
 
 
@@ -60,7 +62,12 @@ def _check_index(index: Any, length: int, owner: str) -> int:
 
 
 class ArrayDataset(Dataset):
-    """Zip equally long arrays into a dataset whose items are tuples ``(a0[i], a1[i], ...)``."""
+    """Zip equally long arrays into a dataset whose items are tuples ``(a0[i], a1[i], ...)``.
+
+    Example::
+
+        ds = ArrayDataset(images, labels)   # ds[3] == (images[3], labels[3])
+    """
 
     def __init__(self, *arrays: Any) -> None:
         if not arrays:
@@ -76,6 +83,10 @@ class ArrayDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.arrays[0])
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(str(tuple(np.shape(a))) for a in self.arrays)
+        return f"ArrayDataset(n={len(self)}, arrays=[{shapes}])"
 
 
 class ConcatDataset(Dataset):
@@ -100,3 +111,6 @@ class ConcatDataset(Dataset):
 
     def __len__(self) -> int:
         return self.cumulative_sizes[-1]
+
+    def __repr__(self) -> str:
+        return f"ConcatDataset(n={len(self)}, datasets={self.datasets!r})"
