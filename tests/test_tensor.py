@@ -82,12 +82,17 @@ def test_empty_and_from_tensor_with_dtype(device):
     assert t.dtype == np.float16 and t.device == device
 
 
-def test_parameter_must_be_float():
+def test_parameter_is_float():
     p = mg.Parameter([1.0, 2.0])
     assert isinstance(p, mg.Tensor) and p.dtype == np.float32
     assert repr(p).startswith("Parameter(")
+    # MegEngine: integer data becomes a float32 parameter; an explicit integer dtype is refused
+    for data in (3, [1, 2], np.array([[1, 2]], np.int64), True):
+        q = mg.Parameter(data)
+        assert q.dtype == np.float32
+        np.testing.assert_array_equal(q.numpy(), np.asarray(data, np.float32))
     with pytest.raises(TypeError, match="Parameter: parameters must be float, got dtype int32"):
-        mg.Parameter([1, 2])
+        mg.Parameter([1, 2], dtype="int32")
 
 
 # -- operators ------------------------------------------------------------------------------------

@@ -1,8 +1,16 @@
-"""Automatic differentiation: ``Function`` (the op API), the backward engine and ``GradManager``."""
+"""Automatic differentiation: ``Function`` (the op API), the backward engine, ``GradManager`` and
+``checkpoint``.
+
+Module order (imports go one way): ``state`` (recording state, imports nothing) -> ``minigrad.tensor``
+-> ``function`` -> ``engine`` -> ``grad_manager`` -> ``checkpoint``.
+"""
 
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.grad_manager import (
+    GradHookHandle,
     GradManager,
+    GradManagerGroup,
+    WeightGradHandle,
     get_backwarding_grad_manager,
     register_grad_hook,
 )
@@ -10,7 +18,10 @@ from minigrad.autodiff.state import enable_grad, is_recording, no_grad
 
 __all__ = [
     "Function",
+    "GradHookHandle",
     "GradManager",
+    "GradManagerGroup",
+    "WeightGradHandle",
     "enable_grad",
     "get_backwarding_grad_manager",
     "is_recording",

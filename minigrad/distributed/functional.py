@@ -28,7 +28,7 @@ def _token(node_output: Tensor) -> Tensor:
     """Make a token an extra backward root of every manager recording now."""
     if node_output._node is not None:
         for gm in STATE.recorders:
-            gm._add_root(node_output)
+            gm.add_backward_root(node_output)
     return node_output
 
 

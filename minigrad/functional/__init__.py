@@ -4,6 +4,8 @@ Elementwise, reduction, shape and linear-algebra ops live at the top level; neur
 are in ``F.nn`` and also re-exported here (``F.relu``, ``F.conv2d``), as MegEngine does.
 """
 
+import sys
+
 from minigrad.functional import (
     nn,
     shape,
@@ -104,6 +106,7 @@ from minigrad.functional.shape import (
     topk,
     transpose,
 )
+from minigrad.tensor import install_functional
 
 __all__ = [
     "dot",
@@ -230,3 +233,6 @@ __all__ = [
     "zeros",
     "zeros_like",
 ]
+
+# Tensor's operators and methods delegate to this module: the one upward link (see minigrad/tensor.py)
+install_functional(sys.modules[__name__])
