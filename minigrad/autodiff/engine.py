@@ -14,8 +14,11 @@ walk over the part of the graph a pass wants:
    place.
 3. When a leaf has received all its gradients it is *final*: ``on_leaf(tensor, grad)`` runs at once,
    which is what lets data-parallel all-reduce overlap with the rest of backward.
-4. Once a node has no work left in this backward, ``release(node)`` runs right away (the manager
-   frees its saved buffers, or keeps them for another recording that still needs the node).
+4. A backward goes only through nodes of the recording it back-propagates (``Recording``, see
+   ``state.py``); other edges are dead ends. Once a node has no work left in this backward it is
+   released at once: its saved buffers are freed, unless another active recording still needs the
+   node (then it is only marked consumed for this one). A freed or consumed node cannot be
+   back-propagated again.
 
 ``run_backward`` is one pass over everything reachable. A *split* backward (zero-bubble pipelines)
 makes two passes over the same graph, given the tensors whose gradients are wanted first (the
@@ -44,107 +47,94 @@ import heapq
 
 import numpy as np
 
+from minigrad.autodiff.state import Recording
 from minigrad.backend.xp import get_array_module
 from minigrad.tensor import Tensor
 
 
-def run_backward(roots, visible, on_leaf, release) -> None:
-    """One pass over everything reachable from ``roots``.
+def run_backward(roots, rec: Recording, on_leaf) -> None:
+    """One pass over everything of ``rec``'s graph reachable from ``roots``.
 
     ``roots``: ``((target, idx), grad)`` pairs (target a node or a leaf Tensor, grad a Tensor);
-    ``visible(node)``: whether this backward may go through ``node`` (it belongs to the recording
-    being back-propagated; otherwise the edge is a dead end); ``on_leaf(tensor, grad)``: a leaf's
-    gradient is final; ``release(node)``: the node has no work left in this backward.
+    ``on_leaf(tensor, grad)``: a leaf's gradient is final.
     """
-    _walk(roots, [], lambda node: _followed(node, visible), on_leaf, _releasing(release))
+    _walk(roots, [], None, rec, on_leaf)
 
 
 class WeightPass:
     """The second half of a split backward, returned by ``run_backward_input``: the frontier nodes
-    with their output gradients and masks, and the roots left for the weight pass."""
+    with their output gradients and weight masks, and the roots left for the weight pass."""
 
-    __slots__ = ("roots", "frontier", "masks", "visible", "release")
+    __slots__ = ("roots", "frontier", "masks", "rec")
 
-    def __init__(self, roots, frontier, masks, visible, release):
-        self.roots, self.frontier, self.masks = roots, frontier, masks
-        self.visible, self.release = visible, release
+    def __init__(self, roots, frontier, masks, rec):
+        self.roots, self.frontier, self.masks, self.rec = roots, frontier, masks, rec
 
     def discard(self) -> None:
         """Drop the weight pass: release the frontier nodes without computing anything."""
         for node, _ in self.frontier:
-            self.release(node)
+            _release(node, self.rec)
         self.roots, self.frontier = [], []
 
 
-def run_backward_input(roots, visible, inputs, release, keep_weight_pass: bool = True):
+def run_backward_input(roots, rec: Recording, inputs, keep_weight_pass: bool = True):
     """The input pass of a split backward: the gradients of ``roots`` with respect to ``inputs``
     (Tensors; a list with None where no gradient arrives) and the ``WeightPass`` still to run
     (discarded at once when ``keep_weight_pass`` is False: a plain gradient computation)."""
     stops = {_input_key(t): i for i, t in enumerate(inputs)}
-    x_nodes = _nodes_reaching(roots, visible, stops)
+    x_nodes = _nodes_reaching(roots, rec, stops)
 
     def leads_to_input(edge):
-        return edge is not None and (
-            _key(edge) in stops or (not isinstance(edge[0], Tensor) and id(edge[0]) in x_nodes)
-        )
+        return edge is not None and (_key(edge) in stops or id(edge[0]) in x_nodes)
 
     first, later = [], []
     for root in roots:
         edge = root[0]
-        (first if _key(edge) in stops or id(edge[0]) in x_nodes else later).append(root)
+        (first if leads_to_input(edge) else later).append(root)
     frontier, masks = [], {}
 
-    def after_input_pass(node, grads, mask):
-        weight_mask = [
-            e is not None and not w and (isinstance(e[0], Tensor) or visible(e[0]))
-            for e, w in zip(node._edges, mask)
-        ]
-        if keep_weight_pass and any(weight_mask) and any(g is not None for g in grads):
+    def keep(node, grads, mask):
+        """Keep an X node with weight work, and its output gradients, for the weight pass."""
+        weight_mask = [w and not i for w, i in zip(_followed(node, rec), mask)]
+        if keep_weight_pass and any(weight_mask) and not _all_none(grads):
             frontier.append((node, grads))
             masks[id(node)] = weight_mask
-        else:
-            release(node)
+            return True
+        return False
 
-    collected = _walk(
-        first,
-        [],
-        lambda node: [leads_to_input(e) for e in node._edges],
-        None,
-        after_input_pass,
-        stops,
-        len(inputs),
-    )
-    weight_pass = WeightPass(later, frontier, masks, visible, release)
-    if not keep_weight_pass:
-        weight_pass.discard()
-    return collected, weight_pass
+    follow = lambda node: [leads_to_input(e) for e in node._edges]  # noqa: E731
+    collected = _walk(first, [], follow, rec, None, keep, stops, len(inputs))
+    return collected, WeightPass(later, frontier, masks, rec)
 
 
 def run_backward_weight(weight_pass: WeightPass, on_leaf) -> None:
     """The weight pass of a split backward (see ``run_backward_input``)."""
-    masks, visible = weight_pass.masks, weight_pass.visible
+    masks, rec = weight_pass.masks, weight_pass.rec
 
     def follow(node):
         mask = masks.get(id(node))
-        return mask if mask is not None else _followed(node, visible)
+        return mask if mask is not None else _followed(node, rec)
 
     ready, weight_pass.frontier = weight_pass.frontier, []
     roots, weight_pass.roots = weight_pass.roots, []
-    _walk(roots, ready, follow, on_leaf, _releasing(weight_pass.release))
+    _walk(roots, ready, follow, rec, on_leaf)
 
 
 # -------------------------------------------------------------------------------------------------
 # the walk
 
 
-def _walk(roots, ready, follow, on_leaf, done, stops=None, n_stops=0):
+def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
     """Deliver ``roots``, then run nodes newest-first until the graph (as far as ``follow`` goes)
     is done. ``ready`` holds ``(node, grads)`` pairs whose output gradients are already complete.
-    ``follow(node)`` gives the node's mask of wanted edges. Gradients reaching an edge listed in
-    ``stops`` are summed into the returned list instead of going further. ``done(node, grads,
-    mask)`` runs right after each node's backward."""
+    ``follow(node)`` gives the node's mask of wanted edges (by default every edge to a leaf or to a
+    node of ``rec``). Gradients reaching an edge listed in
+    ``stops`` are summed into the returned list instead of going further. After each node's
+    backward, ``keep(node, grads, mask)`` may claim it for a later pass; otherwise it is released.
+    """
     deps: dict[int, int] = {}
     masks: dict[int, list] = {}
+    consumed = rec.consumed
     stack = [node for node, _ in ready]
     for (target, idx), _ in roots:
         if not (stops and _key((target, idx)) in stops):
@@ -155,13 +145,20 @@ def _walk(roots, ready, follow, on_leaf, done, stops=None, n_stops=0):
         node = stack.pop()
         if id(node) in masks:
             continue
-        if node._edges is None:
+        edges = node._edges
+        if edges is None or (consumed is not None and node in consumed):
             raise RuntimeError(
                 f"backward through a {type(node).__name__} node that an earlier backward already "
                 "consumed (each recorded graph can be back-propagated once)"
             )
-        mask = masks[id(node)] = follow(node)
-        for edge, wanted in zip(node._edges, mask):
+        given = follow(node) if follow is not None else None
+        mask = masks[id(node)] = []
+        for i, edge in enumerate(edges):
+            if given is None:  # an ordinary pass: every edge to a leaf or into rec's graph
+                wanted = edge is not None and (isinstance(edge[0], Tensor) or rec in edge[0]._tape)
+            else:
+                wanted = given[i]
+            mask.append(wanted)
             if wanted and not (stops and _key(edge) in stops):
                 target = edge[0]
                 deps[id(target)] = deps.get(id(target), 0) + 1
@@ -204,18 +201,33 @@ def _walk(roots, ready, follow, on_leaf, done, stops=None, n_stops=0):
     while heap:
         _, key, node, grads = heapq.heappop(heap)
         edges, meta, mask = node._edges, node._in_meta, masks[key]
-        if all(g is None for g in grads):  # nothing flowed in: nothing flows out
+        if grads[0] is None and _all_none(grads):  # nothing flowed in: nothing flows out
             in_grads = [None] * len(edges)
         else:
             node._wanted = mask
-            in_grads = _checked(node, node.backward(*grads), len(edges))
-        done(node, grads, mask)
+            in_grads = node.backward(*grads)
+            if not isinstance(in_grads, (tuple, list)):
+                in_grads = (in_grads,)
+            if len(in_grads) != len(edges):
+                raise RuntimeError(
+                    f"{type(node).__name__}.backward returned {len(in_grads)} gradient(s) for "
+                    f"{len(edges)} input(s)"
+                )
+        if keep is None or not keep(node, grads, mask):
+            _release(node, rec)
         for edge, m, g, wanted in zip(edges, meta, in_grads, mask):
+            if g is not None and not isinstance(g, Tensor):
+                if not _is_array(g):
+                    raise TypeError(
+                        f"{type(node).__name__}.backward must return a Tensor, an array or None "
+                        f"for each input; got {type(g).__name__} for input "
+                        f"{[x is g for x in in_grads].index(True)}"
+                    )
+                if wanted:
+                    g = Tensor._wrap(g, m[2])  # a raw array from a fast backward path
             if not wanted:
                 continue
             if g is not None:
-                if not isinstance(g, Tensor):  # a raw array from a fast backward path
-                    g = Tensor._wrap(g, m[2])
                 if g._data.shape != m[0]:
                     g = g.sum_to(m[0])
                 if g._data.dtype != m[1]:
@@ -228,16 +240,26 @@ def _walk(roots, ready, follow, on_leaf, done, stops=None, n_stops=0):
 # helpers
 
 
-def _releasing(release):
-    """A ``done`` callback for ``_walk`` that releases every node it has run."""
-    return lambda node, _grads, _mask: release(node)
+def _followed(node, rec: Recording) -> list:
+    """The edges an ordinary pass follows: every edge to a leaf or to a node ``rec`` recorded."""
+    return [e is not None and (isinstance(e[0], Tensor) or rec in e[0]._tape) for e in node._edges]
 
 
-def _followed(node, visible) -> list:
-    """The edges an ordinary pass follows: every edge to a leaf or to a visible node."""
-    return [
-        e is not None and (isinstance(e[0], Tensor) or visible(e[0])) for e in node._edges
-    ]
+def _release(node, rec: Recording) -> None:
+    """``rec``'s backward is done with ``node``: free its buffers, unless another active recording
+    still needs it (then only remember that ``rec`` consumed it)."""
+    tape = node._tape
+    if len(tape) > 1 and any(r.active and r is not rec for r in tape):
+        rec.mark_consumed(node)
+    else:
+        node._free()
+
+
+def _all_none(grads) -> bool:
+    for g in grads:  # (not list.count: Tensor == is elementwise)
+        if g is not None:
+            return False
+    return True
 
 
 def _key(edge) -> tuple:
@@ -249,14 +271,14 @@ def _input_key(t: Tensor) -> tuple:
     return (id(t._node), t._out_idx) if t._node is not None else (id(t), 0)
 
 
-def _nodes_reaching(roots, visible, stops) -> set:
-    """Ids of the visible nodes reachable from ``roots`` (not through a stop) from which a stop can
-    be reached. Inputs of a node are older than the node, so one sweep in creation order does it."""
+def _nodes_reaching(roots, rec: Recording, stops) -> set:
+    """Ids of ``rec``'s nodes reachable from ``roots`` (not through a stop) from which a stop can be
+    reached. Inputs of a node are older than the node, so one sweep in creation order does it."""
     nodes, seen = [], set()
     stack = [edge[0] for edge, _ in roots if not isinstance(edge[0], Tensor)]
     while stack:
         node = stack.pop()
-        if id(node) in seen or not visible(node):
+        if id(node) in seen or rec not in node._tape:
             continue
         seen.add(id(node))
         nodes.append(node)
@@ -270,24 +292,6 @@ def _nodes_reaching(roots, visible, stops) -> set:
                 x_nodes.add(id(node))
                 break
     return x_nodes
-
-
-def _checked(node, in_grads, n_inputs: int):
-    """Validate what a ``backward`` returned: one Tensor, backend array or None per input."""
-    if not isinstance(in_grads, (tuple, list)):
-        in_grads = (in_grads,)
-    if len(in_grads) != n_inputs:
-        raise RuntimeError(
-            f"{type(node).__name__}.backward returned {len(in_grads)} gradient(s) for "
-            f"{n_inputs} input(s)"
-        )
-    for i, g in enumerate(in_grads):
-        if g is not None and not isinstance(g, Tensor) and not _is_array(g):
-            raise TypeError(
-                f"{type(node).__name__}.backward must return a Tensor, an array or None for each "
-                f"input; got {type(g).__name__} for input {i}"
-            )
-    return in_grads
 
 
 def _is_array(value) -> bool:

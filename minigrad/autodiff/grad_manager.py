@@ -168,7 +168,7 @@ class GradManager:
         roots = self._roots(rec, "backward", y, dy, take_extra=release or y is None)
         try:
             self._leaf_pass(
-                rec, lambda on_leaf: run_backward(roots, _visible(rec), on_leaf, _release(rec))
+                rec, lambda on_leaf: run_backward(roots, rec, on_leaf)
             )
         finally:
             if release:
@@ -203,7 +203,7 @@ class GradManager:
         STATE.backwarding.append(self)
         try:
             with recording_for(_seeing(rec)):
-                grads, weight_pass = run_backward_input(roots, _visible(rec), inputs, _release(rec))
+                grads, weight_pass = run_backward_input(roots, rec, inputs)
         finally:
             STATE.backwarding.pop()
         return WeightGradHandle(self, rec, grads, weight_pass)
@@ -270,7 +270,7 @@ class GradManager:
             g = t._ones_like() if g is None else _as_grad(g, t, op)
             node = t._node
             if node is not None and rec in node._tape:
-                if node._edges is None or node in rec.consumed:
+                if node._edges is None or (rec.consumed is not None and node in rec.consumed):
                     raise RuntimeError(
                         f"GradManager.{op}: the graph of {_describe(t)} was already "
                         "back-propagated by an earlier backward (each graph can be back-propagated "
@@ -416,36 +416,6 @@ class WeightGradHandle:
 def _seeing(rec: Recording) -> tuple:
     """The active recordings that see the backward of ``rec``: those entered before it."""
     return tuple(r for r in STATE.tape if r.level < rec.level)
-
-
-def _visible(rec: Recording):
-    """Whether a backward of ``rec`` may go through a node: only nodes ``rec`` recorded, and not
-    twice (a node kept for another recording after this one's backward raises)."""
-
-    def visible(node) -> bool:
-        if rec not in node._tape:
-            return False
-        if rec.consumed and node in rec.consumed:
-            raise RuntimeError(
-                f"backward through a {type(node).__name__} node that an earlier backward of the "
-                "same recording already consumed (each graph can be back-propagated once)"
-            )
-        return True
-
-    return visible
-
-
-def _release(rec: Recording):
-    """After ``rec``'s backward is done with a node: free it, unless another active recording
-    still needs it (then only remember that ``rec`` consumed it)."""
-
-    def release(node) -> None:
-        if any(r.active and r is not rec for r in node._tape):
-            rec.consumed.add(node)
-        else:
-            node._free()
-
-    return release
 
 
 def _describe(t: Tensor) -> str:

@@ -39,7 +39,13 @@ class Recording:
         self._manager = weakref.ref(manager) if manager is not None else None
         self.level = level
         self.active = True
-        self.consumed = weakref.WeakSet()
+        self.consumed = None  # a WeakSet once needed
+
+    def mark_consumed(self, node) -> None:
+        """Remember that this recording's backward went through ``node`` (kept for another one)."""
+        if self.consumed is None:
+            self.consumed = weakref.WeakSet()
+        self.consumed.add(node)
 
     @property
     def manager(self):
