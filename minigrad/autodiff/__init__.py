@@ -2,9 +2,11 @@
 ``checkpoint``.
 
 Module order (imports go one way): ``state`` (recording state, imports nothing) -> ``minigrad.tensor``
--> ``function`` -> ``engine`` -> ``grad_manager`` -> ``checkpoint``.
+-> ``function`` -> ``engine`` -> ``grad_manager``; ``checkpointing`` also uses ``minigrad.random``
+(which imports only backend and tensor).
 """
 
+from minigrad.autodiff.checkpointing import checkpoint
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.grad_manager import (
     GradHookHandle,
@@ -22,6 +24,7 @@ __all__ = [
     "GradManager",
     "GradManagerGroup",
     "WeightGradHandle",
+    "checkpoint",
     "enable_grad",
     "get_backwarding_grad_manager",
     "is_recording",

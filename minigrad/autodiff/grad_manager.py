@@ -194,10 +194,16 @@ class GradManager:
         """
         rec = self._live_recording("backward_input")
         inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
-        for t in inputs:
+        for i, t in enumerate(inputs):
             if not isinstance(t, Tensor):
                 raise TypeError(
                     f"GradManager.backward_input: inputs must be Tensors, got {type(t).__name__}"
+                )
+            if t._node is None and not t._requires_grad:
+                raise ValueError(
+                    f"GradManager.backward_input: inputs[{i}] ({_describe(t)}) cannot receive a "
+                    "gradient: it was neither attached to a GradManager nor computed by recorded "
+                    "ops; attach it before computing with it"
                 )
         roots = self._roots(rec, "backward_input", y, dy, take_extra=y is None)
         STATE.backwarding.append(self)
