@@ -1,9 +1,9 @@
 """Automatic differentiation: ``Function`` (the op API), the backward engine, ``GradManager`` and
 ``checkpoint``.
 
-Module order (imports go one way): ``state`` (recording state, imports nothing) -> ``minigrad.tensor``
--> ``function`` -> ``engine`` -> ``grad_manager``; ``checkpointing`` also uses ``minigrad.random``
-(which imports only backend and tensor).
+Module order (imports go one way): ``state`` (recording state, imports nothing) ->
+``minigrad.tensor`` -> ``function`` -> ``engine`` -> ``grad_manager``; ``checkpointing`` also uses
+``minigrad.random`` (which imports only backend and tensor).
 """
 
 from minigrad.autodiff.checkpointing import checkpoint

@@ -31,7 +31,19 @@ from minigrad.autodiff.state import STATE, Recording, recording_for
 from minigrad.tensor import Tensor
 
 
-class GradManager:
+class _WithRecords:
+    """``with x:`` runs ``x.record()`` on entry and ``x.release()`` on exit."""
+
+    def __enter__(self):
+        self.record()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.release()
+        return False
+
+
+class GradManager(_WithRecords):
     """Records operations on attached tensors and computes their gradients.
 
     Example::
@@ -117,14 +129,6 @@ class GradManager:
         self._after_backward = []
         STATE.tape = tuple(r for r in STATE.tape if r is not rec)
         STATE.recorders.remove(self)
-
-    def __enter__(self) -> "GradManager":
-        self.record()
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.release()
-        return False
 
     def __or__(self, other) -> "GradManagerGroup":
         if isinstance(other, (GradManager, GradManagerGroup)):
@@ -248,8 +252,9 @@ class GradManager:
 
     def _roots(self, rec: Recording, op: str, y, dy, take_extra: bool) -> list:
         """``((target, idx), grad)`` roots for the engine: ``y`` and, when ``take_extra``, the
-        ``add_backward_root`` tensors. Raises for a ``y`` whose recording has ended or whose graph
-        an earlier backward consumed; skips a ``y`` that depends on nothing this manager recorded."""
+        ``add_backward_root`` tensors. Raises for a ``y`` whose recording has ended or whose
+        graph an earlier backward consumed; skips a ``y`` that depends on nothing this manager
+        recorded."""
         ys = [] if y is None else ([y] if isinstance(y, Tensor) else list(y))
         if dy is None:
             dys = [None] * len(ys)
@@ -341,7 +346,7 @@ class GradManager:
         )
 
 
-class GradManagerGroup:
+class GradManagerGroup(_WithRecords):
     """Managers that record together as peers (MegEngine's ``gm1 | gm2``): entering the group
     records all of them at one visibility level, so none sees the others' backward.
 
@@ -390,14 +395,6 @@ class GradManagerGroup:
         """``gm.backward(y, dy)`` for each manager in turn (each releases its recording)."""
         for gm in self.managers:
             gm.backward(y, dy)
-
-    def __enter__(self) -> "GradManagerGroup":
-        self.record()
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        self.release()
-        return False
 
     def __repr__(self) -> str:
         return f"GradManagerGroup({self.managers})"

@@ -1,9 +1,9 @@
 """The recording state shared by ``GradManager``, ``Function`` and ``Tensor``: the bottom of the
 autodiff layer (it imports nothing from minigrad, so ``tensor.py`` can use it).
 
-Each ``GradManager.record()`` opens a ``Recording``. ``STATE.tape`` is the tuple of recordings that an
-op executed now is recorded for (outermost first); every recorded node keeps that tuple, which is
-what makes liveness *per graph*:
+Each ``GradManager.record()`` opens a ``Recording``. ``STATE.tape`` is the tuple of recordings
+that an op executed now is recorded for (outermost first); every recorded node keeps that tuple,
+which is what makes liveness *per graph*:
 
 - a node is alive while one of its recordings is active; once they have all ended, tensors it
   produced are constants in any later recording (their graph is dead, not reused);

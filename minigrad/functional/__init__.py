@@ -234,5 +234,5 @@ __all__ = [
     "zeros_like",
 ]
 
-# Tensor's operators and methods delegate to this module: the one upward link (see minigrad/tensor.py)
+# Tensor's operators and methods delegate to this module (the one upward link; see tensor.py)
 install_functional(sys.modules[__name__])

@@ -66,7 +66,7 @@ def test_backward_through_a_consumed_graph_raises():
                            "was already back-propagated"):
             gm.backward(y, release=False)
         z = (h * 2.0).sum()  # a new graph that reuses a consumed one
-        with pytest.raises(RuntimeError, match="Exp node that an earlier backward already consumed"):
+        with pytest.raises(RuntimeError, match="Exp node that an earlier backward already"):
             gm.backward(z)
 
 

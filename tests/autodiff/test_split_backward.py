@@ -207,7 +207,7 @@ def test_split_backward_errors():
             gm.backward_weight(handle)
         pending = gm.backward_input((w * 3).sum(), inputs=[])
     with gm:
-        with pytest.raises(RuntimeError, match="recording of this handle's backward_input has ended"):
+        with pytest.raises(RuntimeError, match="recording of this handle's backward_input has"):
             gm.backward_weight(pending)
     with pytest.raises(TypeError, match="inputs must be Tensors"):
         with gm:
