@@ -127,8 +127,8 @@ def run_backward_weight(weight_pass: WeightPass, on_leaf) -> None:
 def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
     """Deliver ``roots``, then run nodes newest-first until the graph (as far as ``follow`` goes)
     is done. ``ready`` holds ``(node, grads)`` pairs whose output gradients are already complete.
-    ``follow(node)`` gives the node's mask of wanted edges (by default every edge to a leaf or to a
-    node of ``rec``). Gradients reaching an edge listed in
+    ``follow(node)`` gives the node's mask of wanted edges (None: ``_followed``, every edge to a
+    leaf or to a node of ``rec``). Gradients reaching an edge listed in
     ``stops`` are summed into the returned list instead of going further. After each node's
     backward, ``keep(node, grads, mask)`` may claim it for a later pass; otherwise it is released.
     """
@@ -151,14 +151,8 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
                 f"backward through a {type(node).__name__} node that an earlier backward already "
                 "consumed (each recorded graph can be back-propagated once)"
             )
-        given = follow(node) if follow is not None else None
-        mask = masks[id(node)] = []
-        for i, edge in enumerate(edges):
-            if given is None:  # an ordinary pass: every edge to a leaf or into rec's graph
-                wanted = edge is not None and (isinstance(edge[0], Tensor) or rec in edge[0]._tape)
-            else:
-                wanted = given[i]
-            mask.append(wanted)
+        mask = masks[id(node)] = _followed(node, rec) if follow is None else follow(node)
+        for edge, wanted in zip(edges, mask):
             if wanted and not (stops and _key(edge) in stops):
                 target = edge[0]
                 deps[id(target)] = deps.get(id(target), 0) + 1
@@ -214,7 +208,10 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
                     f"{len(edges)} input(s)"
                 )
         if keep is None or not keep(node, grads, mask):
-            _release(node, rec)
+            if len(node._tape) == 1:  # recorded for this backward's recording alone
+                node._free()
+            else:
+                _release(node, rec)
         for edge, m, g, wanted in zip(edges, meta, in_grads, mask):
             if g is not None and not isinstance(g, Tensor):
                 if not _is_array(g):

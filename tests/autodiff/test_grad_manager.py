@@ -342,3 +342,14 @@ def test_mixed_dtype_gradient_keeps_parameter_dtype():
         gm.backward((w * mg.tensor(np.arange(3.0))).sum())  # float64 operand -> float64 result
     assert w.grad.dtype == np.float32
     np.testing.assert_allclose(w.grad.numpy(), [0, 1, 2])
+
+
+def test_split_slices_without_gradient_get_zeros():
+    """F.split is a built-in multi-output op: its backward fills the outputs that got no
+    gradient (None) with zeros."""
+    x = mg.Parameter(np.arange(6.0, dtype="float32"))
+    gm = ad.GradManager().attach(x)
+    with gm:
+        _a, b, _c = F.split(x, 3)
+        gm.backward((b * b).sum())
+    np.testing.assert_array_equal(x.grad.numpy(), [0, 0, 4, 6, 0, 0])
