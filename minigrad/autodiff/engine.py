@@ -102,7 +102,9 @@ def run_backward_input(roots, rec: Recording, inputs, keep_weight_pass: bool = T
             return True
         return False
 
-    follow = lambda node: [leads_to_input(e) for e in node._edges]  # noqa: E731
+    def follow(node):
+        return [leads_to_input(e) for e in node._edges]
+
     collected = _walk(first, [], follow, rec, None, keep, stops, len(inputs))
     return collected, WeightPass(later, frontier, masks, rec)
 
@@ -128,9 +130,9 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
     """Deliver ``roots``, then run nodes newest-first until the graph (as far as ``follow`` goes)
     is done. ``ready`` holds ``(node, grads)`` pairs whose output gradients are already complete.
     ``follow(node)`` gives the node's mask of wanted edges (None: ``_followed``, every edge to a
-    leaf or to a node of ``rec``). Gradients reaching an edge listed in
-    ``stops`` are summed into the returned list instead of going further. After each node's
-    backward, ``keep(node, grads, mask)`` may claim it for a later pass; otherwise it is released.
+    leaf or to a node of ``rec``). Gradients reaching an edge listed in ``stops`` are summed into
+    the returned list instead of going further. After each node's backward, ``keep(node, grads,
+    mask)`` may claim the node for a later pass; otherwise it is released.
     """
     deps: dict[int, int] = {}
     masks: dict[int, list] = {}
@@ -199,32 +201,15 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
             in_grads = [None] * len(edges)
         else:
             node._wanted = mask
-            in_grads = node.backward(*grads)
-            if not isinstance(in_grads, (tuple, list)):
-                in_grads = (in_grads,)
-            if len(in_grads) != len(edges):
-                raise RuntimeError(
-                    f"{type(node).__name__}.backward returned {len(in_grads)} gradient(s) for "
-                    f"{len(edges)} input(s)"
-                )
+            in_grads = _checked(node, node.backward(*grads))
         if keep is None or not keep(node, grads, mask):
-            if len(node._tape) == 1:  # recorded for this backward's recording alone
-                node._free()
-            else:
-                _release(node, rec)
+            _release(node, rec)
         for edge, m, g, wanted in zip(edges, meta, in_grads, mask):
-            if g is not None and not isinstance(g, Tensor):
-                if not _is_array(g):
-                    raise TypeError(
-                        f"{type(node).__name__}.backward must return a Tensor, an array or None "
-                        f"for each input; got {type(g).__name__} for input "
-                        f"{[x is g for x in in_grads].index(True)}"
-                    )
-                if wanted:
-                    g = Tensor._wrap(g, m[2])  # a raw array from a fast backward path
             if not wanted:
                 continue
             if g is not None:
+                if not isinstance(g, Tensor):  # a raw array from a fast backward path
+                    g = Tensor._wrap(g, m[2])
                 if g._data.shape != m[0]:
                     g = g.sum_to(m[0])
                 if g._data.dtype != m[1]:
@@ -250,6 +235,24 @@ def _release(node, rec: Recording) -> None:
         rec.mark_consumed(node)
     else:
         node._free()
+
+
+def _checked(node, in_grads):
+    """What ``node.backward`` returned, as a sequence of one Tensor, array or None per input."""
+    if not isinstance(in_grads, (tuple, list)):
+        in_grads = (in_grads,)
+    if len(in_grads) != len(node._edges):
+        raise RuntimeError(
+            f"{type(node).__name__}.backward returned {len(in_grads)} gradient(s) for "
+            f"{len(node._edges)} input(s)"
+        )
+    for i, g in enumerate(in_grads):
+        if g is not None and not isinstance(g, Tensor) and not _is_array(g):
+            raise TypeError(
+                f"{type(node).__name__}.backward must return a Tensor, an array or None for each "
+                f"input; got {type(g).__name__} for input {i}"
+            )
+    return in_grads
 
 
 def _all_none(grads) -> bool:

@@ -18,6 +18,7 @@ other's backward.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Callable
 
@@ -171,9 +172,7 @@ class GradManager(_WithRecords):
         rec = self._live_recording("backward")
         roots = self._roots(rec, "backward", y, dy, take_extra=release or y is None)
         try:
-            self._leaf_pass(
-                rec, lambda on_leaf: run_backward(roots, rec, on_leaf)
-            )
+            self._leaf_pass(rec, lambda on_leaf: run_backward(roots, rec, on_leaf))
         finally:
             if release:
                 self._backward_done = True
@@ -210,12 +209,8 @@ class GradManager(_WithRecords):
                     "ops; attach it before computing with it"
                 )
         roots = self._roots(rec, "backward_input", y, dy, take_extra=y is None)
-        STATE.backwarding.append(self)
-        try:
-            with recording_for(_seeing(rec)):
-                grads, weight_pass = run_backward_input(roots, rec, inputs)
-        finally:
-            STATE.backwarding.pop()
+        with self._backward_context(rec):
+            grads, weight_pass = run_backward_input(roots, rec, inputs)
         return WeightGradHandle(self, rec, grads, weight_pass)
 
     def backward_weight(self, handle: "WeightGradHandle") -> None:
@@ -319,17 +314,24 @@ class GradManager(_WithRecords):
                     grad = hook(tensor, grad)
             final.append((tensor, grad))
 
+        with self._backward_context(rec):
+            run(on_leaf)
+            callbacks, self._after_backward = self._after_backward, []
+            for cb in callbacks:
+                cb()
+            for tensor, grad in final:
+                if not isinstance(grad, Tensor):
+                    grad = Tensor._wrap(grad, tensor._device)
+                tensor.grad = grad if tensor.grad is None else tensor.grad + grad
+
+    @contextlib.contextmanager
+    def _backward_context(self, rec: Recording):
+        """While a pass runs: ``get_backwarding_grad_manager()`` is this manager, and ops are
+        recorded only for the managers that see this backward (entered before it)."""
         STATE.backwarding.append(self)
         try:
-            with recording_for(_seeing(rec)):  # record the backward for the managers that see it
-                run(on_leaf)
-                callbacks, self._after_backward = self._after_backward, []
-                for cb in callbacks:
-                    cb()
-                for tensor, grad in final:
-                    if not isinstance(grad, Tensor):
-                        grad = Tensor._wrap(grad, tensor._device)
-                    tensor.grad = grad if tensor.grad is None else tensor.grad + grad
+            with recording_for(tuple(r for r in STATE.tape if r.level < rec.level)):
+                yield
         finally:
             STATE.backwarding.pop()
 
@@ -414,11 +416,6 @@ class WeightGradHandle:
 
     def __repr__(self) -> str:
         return f"WeightGradHandle(inputs={len(self.input_grads)}, done={self.done})"
-
-
-def _seeing(rec: Recording) -> tuple:
-    """The active recordings that see the backward of ``rec``: those entered before it."""
-    return tuple(r for r in STATE.tape if r.level < rec.level)
 
 
 def _describe(t: Tensor) -> str:
