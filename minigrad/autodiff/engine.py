@@ -153,7 +153,24 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
                 f"backward through a {type(node).__name__} node that an earlier backward already "
                 "consumed (each recorded graph can be back-propagated once)"
             )
-        mask = masks[id(node)] = _followed(node, rec) if follow is None else follow(node)
+        if follow is None:  # an ordinary pass: every edge to a leaf or to a node of rec
+            mask = masks[id(node)] = []
+            for edge in edges:
+                if edge is None:
+                    mask.append(False)
+                    continue
+                target = edge[0]
+                if isinstance(target, Tensor):
+                    mask.append(True)
+                elif rec in target._tape:
+                    mask.append(True)
+                    stack.append(target)
+                else:
+                    mask.append(False)
+                    continue
+                deps[id(target)] = deps.get(id(target), 0) + 1
+            continue
+        mask = masks[id(node)] = follow(node)
         for edge, wanted in zip(edges, mask):
             if wanted and not (stops and _key(edge) in stops):
                 target = edge[0]
@@ -201,15 +218,22 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
             in_grads = [None] * len(edges)
         else:
             node._wanted = mask
-            in_grads = _checked(node, node.backward(*grads))
+            in_grads = node.backward(*grads)
+            if type(in_grads) is not tuple and type(in_grads) is not list:
+                in_grads = (in_grads,)
+            if len(in_grads) != len(edges):
+                raise RuntimeError(
+                    f"{type(node).__name__}.backward returned {len(in_grads)} gradient(s) for "
+                    f"{len(edges)} input(s)"
+                )
         if keep is None or not keep(node, grads, mask):
             _release(node, rec)
         for edge, m, g, wanted in zip(edges, meta, in_grads, mask):
+            if g is not None and not isinstance(g, Tensor):
+                g = _wrap_array(node, in_grads, g, m[2])  # a raw array from a fast backward path
             if not wanted:
                 continue
             if g is not None:
-                if not isinstance(g, Tensor):  # a raw array from a fast backward path
-                    g = Tensor._wrap(g, m[2])
                 if g._data.shape != m[0]:
                     g = g.sum_to(m[0])
                 if g._data.dtype != m[1]:
@@ -237,22 +261,15 @@ def _release(node, rec: Recording) -> None:
         node._free()
 
 
-def _checked(node, in_grads):
-    """What ``node.backward`` returned, as a sequence of one Tensor, array or None per input."""
-    if not isinstance(in_grads, (tuple, list)):
-        in_grads = (in_grads,)
-    if len(in_grads) != len(node._edges):
-        raise RuntimeError(
-            f"{type(node).__name__}.backward returned {len(in_grads)} gradient(s) for "
-            f"{len(node._edges)} input(s)"
+def _wrap_array(node, in_grads, g, device) -> Tensor:
+    """A backend array returned by ``node.backward`` as a Tensor; anything else is an error."""
+    if not _is_array(g):
+        i = next(i for i, x in enumerate(in_grads) if x is g)
+        raise TypeError(
+            f"{type(node).__name__}.backward must return a Tensor, an array or None for each "
+            f"input; got {type(g).__name__} for input {i}"
         )
-    for i, g in enumerate(in_grads):
-        if g is not None and not isinstance(g, Tensor) and not _is_array(g):
-            raise TypeError(
-                f"{type(node).__name__}.backward must return a Tensor, an array or None for each "
-                f"input; got {type(g).__name__} for input {i}"
-            )
-    return in_grads
+    return Tensor._wrap(g, device)
 
 
 def _all_none(grads) -> bool:
