@@ -70,17 +70,12 @@ class WeightPass:
     def __init__(self, roots, frontier, masks, rec):
         self.roots, self.frontier, self.masks, self.rec = roots, frontier, masks, rec
 
-    def discard(self) -> None:
-        """Drop the weight pass: release the frontier nodes without computing anything."""
-        for node, _ in self.frontier:
-            _release(node, self.rec)
-        self.roots, self.frontier = [], []
-
 
 def run_backward_input(roots, rec: Recording, inputs, keep_weight_pass: bool = True):
     """The input pass of a split backward: the gradients of ``roots`` with respect to ``inputs``
-    (Tensors; a list with None where no gradient arrives) and the ``WeightPass`` still to run
-    (discarded at once when ``keep_weight_pass`` is False: a plain gradient computation)."""
+    (Tensors; a list with None where no gradient arrives) and the ``WeightPass`` still to run.
+    With ``keep_weight_pass=False`` nothing is kept for a weight pass (every node is released at
+    once): a plain gradient computation, as ``checkpoint`` needs."""
     stops = {_input_key(t): i for i, t in enumerate(inputs)}
     x_nodes = _nodes_reaching(roots, rec, stops)
 
@@ -153,7 +148,7 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
                 f"backward through a {type(node).__name__} node that an earlier backward already "
                 "consumed (each recorded graph can be back-propagated once)"
             )
-        if follow is None:  # an ordinary pass: every edge to a leaf or to a node of rec
+        if follow is None:  # an ordinary pass: ``_followed``, written out (the hot path)
             mask = masks[id(node)] = []
             for edge in edges:
                 if edge is None:
@@ -219,7 +214,7 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
         else:
             node._wanted = mask
             in_grads = node.backward(*grads)
-            if type(in_grads) is not tuple and type(in_grads) is not list:
+            if not isinstance(in_grads, (tuple, list)):
                 in_grads = (in_grads,)
             if len(in_grads) != len(edges):
                 raise RuntimeError(

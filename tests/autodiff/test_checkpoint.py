@@ -9,9 +9,10 @@ import minigrad.autodiff as ad
 import minigrad.functional as F
 
 
-def _params(seed=0):
+def _params(seed=0, device="cpu0"):
     rng = np.random.default_rng(seed)
-    return [mg.Parameter(rng.standard_normal(s)) for s in ((6, 4), (6,), (4, 6), (4,), (2, 4))]
+    shapes = ((6, 4), (6,), (4, 6), (4,), (2, 4))
+    return [mg.Parameter(rng.standard_normal(s), device=device) for s in shapes]
 
 
 def _block(h, w1, b1, w2, b2):
@@ -33,22 +34,23 @@ def _model(x, params, use_checkpoint, calls=None):
     return (F.linear(h, head) ** 2).mean()
 
 
-def _grads(use_checkpoint, backward=None, seed=0):
-    params = _params()
-    x = mg.tensor(np.random.default_rng(5).standard_normal((3, 4)))
+def _grads(use_checkpoint, backward=None, seed=0, device="cpu0"):
+    params = _params(device=device)
+    x = mg.tensor(np.random.default_rng(5).standard_normal((3, 4)), device=device)
     gm = ad.GradManager().attach([x, *params])
     mg.random.seed(seed)
     calls = []
     with gm:
         loss = _model(x, params, use_checkpoint, calls)
         (backward or gm.backward)(gm, loss) if backward else gm.backward(loss)
-    after = mg.random.get_rng("cpu0").random(4)  # the generator's stream is not disturbed
+    after = mg.random.get_rng(device).random(4)  # the generator's stream is not disturbed
+    after = after.get() if hasattr(after, "get") else after
     return [x.grad.numpy(), *(p.grad.numpy() for p in params)], loss.item(), len(calls), after
 
 
-def test_gradients_with_dropout_are_bitwise_those_without_checkpointing():
-    ref, ref_loss, ref_calls, ref_after = _grads(False)
-    got, loss, calls, after = _grads(True)
+def test_gradients_with_dropout_are_bitwise_those_without_checkpointing(device):
+    ref, ref_loss, ref_calls, ref_after = _grads(False, device=device)
+    got, loss, calls, after = _grads(True, device=device)
     assert loss == ref_loss
     for g, r in zip(got, ref):
         assert np.array_equal(g, r)
