@@ -1,7 +1,13 @@
 """``Tensor``: a backend array, its device, its gradient and its place in the recorded graph.
 
-A Tensor only holds data; every computation goes through ``minigrad.functional`` (the Python
-operators below delegate there), so there is one place where an op is defined.
+A Tensor only holds data; every computation goes through ``minigrad.functional``, so there is one
+place where an op is defined. That is the one link in the package that points upwards, and it is
+made here, in one documented place: Tensor's operators and methods call the module installed by
+``install_functional``, which ``minigrad.functional`` calls once it is imported. Imports stay
+one-way: backend -> ``minigrad.recording`` -> tensor -> the rest of autodiff -> functional -> ...
+
+Graph-related behaviour (``requires_grad``, ``backward``) asks the node that produced the tensor,
+so this module needs nothing from autodiff but its recording state.
 """
 
 from __future__ import annotations
@@ -10,9 +16,30 @@ import numbers
 
 import numpy as np
 
-from minigrad.autodiff.state import STATE
 from minigrad.backend.device import Device, as_device, get_default_device_obj
 from minigrad.backend.xp import cupy_or_none, get_array_module, to_numpy
+from minigrad.recording import is_recording
+
+
+class _FunctionalNotInstalled:
+    """Stands in for ``minigrad.functional`` until it registers itself."""
+
+    def __getattr__(self, name):
+        raise RuntimeError(
+            f"Tensor operations need minigrad.functional (asked for {name!r}); import minigrad"
+        )
+
+
+_F = _FunctionalNotInstalled()
+
+
+def install_functional(module) -> None:
+    """Install the module implementing Tensor's operators and methods (``minigrad.functional``
+    calls this once, at the end of its import). The seam that keeps ``tensor.py`` from importing
+    the layer above it."""
+    global _F
+    _F = module
+
 
 _DTYPE_ALIASES = {"float": "float32", "int": "int32", "half": "float16", "double": "float64"}
 
@@ -45,12 +72,17 @@ def _default_dtype(data) -> np.dtype | None:
 
 
 class Tensor:
-    """An n-dimensional array on a device, with autodiff support.
+    """An n-dimensional array on a device, with autodiff support. ``mg.tensor`` is this class.
 
     Example::
 
         x = mg.tensor([[1.0, 2.0]], device="cpu0")
         (x * 2).sum().item()  # 6.0
+
+    What ops and the autodiff engine read and write (the op protocol): ``_data`` (the backend
+    array), ``_device``, ``_node``/``_out_idx`` (the recorded node that produced this tensor and
+    which of its outputs it is), ``_requires_grad`` (attached to a GradManager) and ``_wrap``.
+    Tensors also take ad-hoc attributes (``param.grad_backup = ...``), as MegEngine's do.
     """
 
     __slots__ = (
@@ -62,6 +94,7 @@ class Tensor:
         "grad",
         "name",
         "__weakref__",
+        "__dict__",
     )
     __array_priority__ = 1000  # make ndarray (+) Tensor defer to Tensor.__radd__
 
@@ -116,22 +149,27 @@ class Tensor:
     # -- basic properties -------------------------------------------------------------------------
     @property
     def shape(self) -> tuple:
+        """The shape, a tuple of ints."""
         return self._data.shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The NumPy dtype of the elements."""
         return self._data.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return self._data.ndim
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return self._data.size
 
     @property
     def device(self) -> Device:
+        """The device holding the data."""
         return self._device
 
     @property
@@ -146,7 +184,31 @@ class Tensor:
 
     @property
     def requires_grad(self) -> bool:
-        return self._requires_grad or (self._node is not None and self._node._epoch == STATE.epoch)
+        """True for a tensor attached to a GradManager or produced by an op of a live recording."""
+        node = self._node
+        return self._requires_grad or (node is not None and node.is_live)
+
+    def backward(self, dy=None) -> None:
+        """Back-propagate from this tensor (``dy`` defaults to ones) with the most recently entered
+        GradManager that recorded it and is still recording: ``gm.backward(self, dy)``, which
+        releases that manager's recording. OneFlow and PyTorch users write ``loss.backward()``.
+
+        Example::
+
+            with gm:
+                loss = model(x).mean()
+                loss.backward()  # same as gm.backward(loss)
+        """
+        node = self._node
+        recordings = () if node is None else node._tape
+        managers = [r.manager for r in recordings if r.active and r.manager is not None]
+        if not managers:
+            raise RuntimeError(
+                f"Tensor.backward: this tensor (shape {self.shape}, dtype {self.dtype}) was not "
+                "produced by an op recorded by a GradManager that is still recording (compute "
+                "it inside `with gm:` and call backward before the recording ends)"
+            )
+        managers[-1].backward(self, dy)
 
     def __len__(self) -> int:
         if self._data.ndim == 0:
@@ -171,6 +233,7 @@ class Tensor:
         return out.copy() if out is self._data else out
 
     def item(self):
+        """The single element as a Python number."""
         if self._data.size != 1:
             raise ValueError(
                 f"Tensor.item: only one-element tensors can be converted, got shape {self.shape}"
@@ -178,6 +241,7 @@ class Tensor:
         return self.numpy().reshape(()).item()
 
     def tolist(self):
+        """The data as nested Python lists."""
         return self.numpy().tolist()
 
     def __array__(self, dtype=None, copy=None):
@@ -211,6 +275,7 @@ class Tensor:
         return _F.copy(self, device)
 
     def cpu(self) -> "Tensor":
+        """A copy on ``cpu0`` (differentiable)."""
         return self.to("cpu0")
 
     def detach(self) -> "Tensor":
@@ -218,6 +283,7 @@ class Tensor:
         return Tensor._wrap(self._data, self._device)
 
     def astype(self, dtype) -> "Tensor":
+        """A copy converted to ``dtype`` (differentiable between float dtypes)."""
         return _F.astype(self, dtype)
 
     def set_value(self, value) -> "Tensor":
@@ -241,70 +307,82 @@ class Tensor:
     def _ones_like(self) -> "Tensor":
         return Tensor._wrap(self.xp.ones(self.shape, self.dtype), self._device)
 
-    @staticmethod
-    def _zeros_for(node, idx) -> "Tensor":
-        shape, dtype, device = node._out_meta[idx]
-        return Tensor._wrap(device.xp.zeros(shape, dtype), device)
-
     # -- shape methods -----------------------------------------------------------------------------
     def reshape(self, *shape) -> "Tensor":
+        """``F.reshape``: ``t.reshape(2, 3)`` or ``t.reshape((2, 3))``."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         return _F.reshape(self, shape)
 
     def transpose(self, *axes) -> "Tensor":
+        """``F.transpose``: permute the axes (reverse them when none are given)."""
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
         return _F.transpose(self, axes or None)
 
     @property
     def T(self) -> "Tensor":
+        """The tensor with its axes reversed."""
         return _F.transpose(self, None)
 
     def flatten(self, start_axis: int = 0, end_axis: int = -1) -> "Tensor":
+        """``F.flatten``: merge axes ``start_axis`` .. ``end_axis`` into one."""
         return _F.flatten(self, start_axis, end_axis)
 
     def __getitem__(self, index) -> "Tensor":
         return _F.getitem(self, index)
 
     def __setitem__(self, index, value) -> None:
-        if self.requires_grad and STATE.recording and STATE.enabled:
+        if self.requires_grad and is_recording():
             raise RuntimeError(
                 "Tensor.__setitem__: cannot modify a tensor in place while it is being recorded "
                 "for gradients; use F.where / F.scatter instead"
             )
-        index = _F.shape._raw_index(index)
+        index = raw_index(index)
         if isinstance(value, Tensor):
             value = value._data
         self._data[index] = value
 
     # -- reductions as methods ------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False):
+        """``F.sum`` over ``axis`` (all axes when None)."""
         return _F.sum(self, axis, keepdims)
 
     def mean(self, axis=None, keepdims=False):
+        """``F.mean`` over ``axis`` (all axes when None)."""
         return _F.mean(self, axis, keepdims)
 
     def max(self, axis=None, keepdims=False):
+        """``F.max`` over ``axis`` (all axes when None)."""
         return _F.max(self, axis, keepdims)
 
     def min(self, axis=None, keepdims=False):
+        """``F.min`` over ``axis`` (all axes when None)."""
         return _F.min(self, axis, keepdims)
 
     def prod(self, axis=None, keepdims=False):
+        """``F.prod`` over ``axis`` (all axes when None)."""
         return _F.prod(self, axis, keepdims)
 
     def var(self, axis=None, keepdims=False):
+        """``F.var`` (population variance) over ``axis``."""
         return _F.var(self, axis, keepdims)
 
     def std(self, axis=None, keepdims=False):
+        """``F.std`` (population standard deviation) over ``axis``."""
         return _F.std(self, axis, keepdims)
 
     def argmax(self, axis=None, keepdims=False):
+        """``F.argmax``: indices of the maxima along ``axis``."""
         return _F.argmax(self, axis, keepdims)
 
     def argmin(self, axis=None, keepdims=False):
+        """``F.argmin``: indices of the minima along ``axis``."""
         return _F.argmin(self, axis, keepdims)
+
+    def sum_to(self, shape) -> "Tensor":
+        """``F.sum_to``: sum a broadcast tensor back down to ``shape`` (broadcasting's adjoint)."""
+        return _F.sum_to(self, shape)
 
     # -- operators ------------------------------------------------------------------------------
     def __add__(self, other):
@@ -392,23 +470,38 @@ class Tensor:
         return _F.not_equal(self, other)
 
 
+tensor = Tensor  # MegEngine: ``mge.tensor is mge.Tensor`` (``isinstance(x, mge.tensor)`` works)
+
+
 class Parameter(Tensor):
-    """A Tensor that is a trainable weight: modules collect these, optimizers update them."""
+    """A Tensor that is a trainable weight: modules collect these, optimizers update them.
+    Parameters are float: integer or boolean data without an explicit dtype becomes float32, as in
+    MegEngine.
+
+    Example::
+
+        w = mg.Parameter([[1, 2], [3, 4]])  # float32
+    """
 
     __slots__ = ()
 
     def __init__(self, data=None, dtype=None, device=None, name: str | None = None):
         super().__init__(data, dtype=dtype, device=device, name=name)
         if self.dtype.kind != "f":
-            raise TypeError(f"Parameter: parameters must be float, got dtype {self.dtype}")
+            if dtype is not None:
+                raise TypeError(f"Parameter: parameters must be float, got dtype {self.dtype}")
+            self._data = self._data.astype(np.float32)
 
     def __repr__(self) -> str:
         return "Parameter" + super().__repr__()[len("Tensor") :]
 
 
-def tensor(data, dtype=None, device=None) -> Tensor:
-    """Create a tensor (copying ``data``). Python floats become float32, Python ints int32."""
-    return Tensor(data, dtype=dtype, device=device)
-
-
-from minigrad import functional as _F  # noqa: E402  (functional needs Tensor defined first)
+def raw_index(index):
+    """An index with the Tensors inside it replaced by their backend arrays."""
+    if isinstance(index, Tensor):
+        return index._data
+    if isinstance(index, tuple):
+        return tuple(i._data if isinstance(i, Tensor) else i for i in index)
+    if isinstance(index, list) and any(isinstance(i, Tensor) for i in index):
+        return [i._data if isinstance(i, Tensor) else i for i in index]
+    return index

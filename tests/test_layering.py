@@ -26,11 +26,12 @@ PACKAGE = ROOT / "minigrad"
 
 # The layer order; a module belongs to the layer of the longest prefix that names it.
 LAYERS = [
-    ("minigrad.backend",),
-    ("minigrad.autodiff", "minigrad.tensor", "minigrad.random"),
+    ("minigrad.backend", "minigrad.device"),
+    ("minigrad.recording", "minigrad.autodiff", "minigrad.tensor", "minigrad.random"),
     ("minigrad.functional",),
     ("minigrad.module",),
-    ("minigrad.optimizer", "minigrad.data", "minigrad.serialization"),
+    ("minigrad.optimizer", "minigrad.data", "minigrad.serialization",
+     "minigrad.megengine_checkpoint"),
     ("minigrad.distributed",),
     ("minigrad.testing",),
 ]
@@ -38,7 +39,12 @@ FACADE = "minigrad"  # the top-level package: re-exports only, nothing imports i
 # Deliberate exceptions, each with its reason: {(importing module, imported module): why}. The
 # static checks skip these pairs; keep it empty unless a link is documented in the code as the one
 # unavoidable exception.
-ALLOWED: dict[tuple[str, str], str] = {}
+ALLOWED: dict[tuple[str, str], str] = {
+    ("minigrad.functional.distributed", "minigrad.distributed.functional"): (
+        "MegEngine's module path megengine.functional.distributed: an alias module that nothing "
+        "in minigrad imports, loaded only by a user's explicit import"
+    ),
+}
 LAYER_NAMES = ["/".join(p.split(".")[-1] for p in layer) for layer in LAYERS]
 
 
@@ -91,7 +97,9 @@ print(json.dumps(loaded_by))
 
 @pytest.mark.parametrize("index", range(len(LAYERS)), ids=LAYER_NAMES)
 def test_importing_a_layer_loads_nothing_above_it(index):
-    modules = [m for m in all_modules() if m != FACADE and layer_of(m) == index]
+    aliases = {importer for importer, _ in ALLOWED}  # documented upward links, checked below
+    modules = [m for m in all_modules()
+               if m != FACADE and m not in aliases and layer_of(m) == index]
     proc = subprocess.run(
         [sys.executable, "-c", _PROBE, str(PACKAGE), json.dumps(modules)],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
@@ -196,3 +204,12 @@ def test_the_whole_package_imports_in_a_fresh_interpreter():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "minigrad.module.normalization"
+
+
+def test_tensor_operators_work_in_a_fresh_interpreter():
+    """``Tensor``'s operators reach ``minigrad.functional`` through the ``install_functional``
+    seam (no import of a higher layer), so they work however the first import happens."""
+    code = "from minigrad.tensor import Tensor; print((Tensor([1.0, 2.0]) * 2 + 1).tolist())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[3.0, 5.0]"

@@ -82,12 +82,17 @@ def test_empty_and_from_tensor_with_dtype(device):
     assert t.dtype == np.float16 and t.device == device
 
 
-def test_parameter_must_be_float():
+def test_parameter_is_float():
     p = mg.Parameter([1.0, 2.0])
     assert isinstance(p, mg.Tensor) and p.dtype == np.float32
     assert repr(p).startswith("Parameter(")
+    # MegEngine: integer data becomes a float32 parameter; an explicit integer dtype is refused
+    for data in (3, [1, 2], np.array([[1, 2]], np.int64), True):
+        q = mg.Parameter(data)
+        assert q.dtype == np.float32
+        np.testing.assert_array_equal(q.numpy(), np.asarray(data, np.float32))
     with pytest.raises(TypeError, match="Parameter: parameters must be float, got dtype int32"):
-        mg.Parameter([1, 2])
+        mg.Parameter([1, 2], dtype="int32")
 
 
 # -- operators ------------------------------------------------------------------------------------
@@ -354,3 +359,40 @@ def test_methods_delegate_to_functional(device, rng):
     np.testing.assert_array_equal(t.transpose((1, 0, 2)).numpy(), x.transpose(1, 0, 2))
     np.testing.assert_array_equal(t.reshape((4, 6)).numpy(), x.reshape(4, 6))
     np.testing.assert_array_equal(t.flatten().numpy(), x.ravel())
+
+
+# -- MegEngine compatibility ----------------------------------------------------------------------
+
+
+def test_tensor_is_the_tensor_class():
+    assert mg.tensor is mg.Tensor
+    t = mg.tensor([1, 2])
+    assert isinstance(t, mg.tensor) and t.dtype == np.int32 and t.tolist() == [1, 2]
+    assert isinstance(mg.Parameter([1.0]), mg.tensor)
+
+
+def test_tensors_and_parameters_take_ad_hoc_attributes():
+    p = mg.Parameter([1.0, 2.0])
+    p.grad_backup = mg.tensor([3.0, 4.0])
+    assert p.grad_backup.tolist() == [3.0, 4.0]
+    t = mg.tensor([1.0])
+    t.tag = "activation"
+    assert t.tag == "activation" and not hasattr(mg.tensor([1.0]), "tag")
+    y = t * 2  # results of ops are plain tensors again
+    y.note = 1
+    assert y.note == 1
+
+
+@pytest.mark.parametrize("op", [operator.add, operator.sub, operator.mul, operator.truediv,
+                                operator.pow, operator.matmul])
+def test_operators_with_none_raise_type_error(op):
+    t = mg.tensor([1.0, 2.0])
+    with pytest.raises(TypeError, match="unsupported operand None"):
+        op(t, None)
+    with pytest.raises(TypeError, match="unsupported operand None"):
+        op(None, t)
+
+
+def test_tensor_backward_outside_a_recording_raises():
+    with pytest.raises(RuntimeError, match="Tensor.backward: this tensor"):
+        (mg.tensor([1.0]) * 2).backward()

@@ -1,12 +1,42 @@
-"""The backward engine: an iterative walk over the recorded graph.
+"""The backward engine: iterative walks over a recorded graph.
 
-1. Count, for every node and leaf reachable from the roots, how many edges point at it.
-2. Pop ready nodes newest-first from a heap (a valid reverse-topological order, deterministic),
-   run their ``backward``, and route each input gradient along its edge. A broadcast input gets its
-   gradient summed back to its shape here, in this one place.
+A graph is made of nodes (``Function`` calls). Each node has one *edge* per input, pointing at the
+node and output index that produced it, at a leaf tensor, or at nothing. A backward *pass* is one
+walk over the part of the graph a pass wants:
+
+1. Discover: from the roots, follow the wanted edges and count, for every node and leaf reached,
+   how many gradients will be delivered to it.
+2. Pop ready nodes newest-first from a heap. Nodes are numbered in creation order, so this is a
+   valid reverse-topological order, and a deterministic one: every gradient is summed from the
+   same contributions in the same order on every run. Run the node's ``backward`` with the mask of
+   the inputs this pass wants (``Function.needs_input_grad``) and route each wanted input gradient
+   along its edge. A broadcast input gets its gradient summed back to its shape here, in this one
+   place.
 3. When a leaf has received all its gradients it is *final*: ``on_leaf(tensor, grad)`` runs at once,
    which is what lets data-parallel all-reduce overlap with the rest of backward.
-4. A node's saved buffers are freed right after its backward unless the graph must be kept.
+4. A backward goes only through nodes of the recording it back-propagates (``Recording``, see
+   ``minigrad.recording``); other edges are dead ends. Once a node has no work left in this backward it is
+   released at once: its saved buffers are freed, unless another active recording still needs the
+   node (then it is only marked consumed for this one). A freed or consumed node cannot be
+   back-propagated again.
+
+``run_backward`` is one pass over everything reachable. A *split* backward (zero-bubble pipelines)
+makes two passes over the same graph, given the tensors whose gradients are wanted first (the
+``inputs``, e.g. a pipeline stage's input activation):
+
+- X is the set of nodes from which an input can be reached. Every consumer of an X node is itself in
+  X, so the input pass (``run_backward_input``) walks X alone, each X node receiving its complete
+  output gradient; the pass stops at the inputs (it never goes through an input into what produced
+  it) and returns their gradients. Each X node computes only the gradients of its inputs that lead
+  to an input.
+- An X node with other inputs that want gradients (weights) keeps its output gradients: it is on the
+  *frontier*. The weight pass (``run_backward_weight``) starts from the frontier, wanting exactly
+  those other inputs, and from the roots outside X, and walks the rest of the graph to the leaves.
+
+Both passes visit nodes in the same descending creation order as a single pass, and every gradient
+slot receives the same contributions in the same order, so the input and weight passes together give
+bitwise the gradients of ``run_backward`` (ops compute each input's gradient the same way whatever
+the mask; ``backward`` must not modify the gradients it is given).
 
 No recursion anywhere, so a chain of 50,000 ops is fine.
 """
@@ -15,38 +45,146 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
 
-def run_backward(roots, root_grads, on_leaf, keep_graph: bool) -> None:
-    """Propagate ``root_grads`` (Tensors) from ``roots`` (``(node_or_leaf, out_idx)`` pairs)."""
-    from minigrad.functional.shape import sum_to  # noqa: PLC0415
-    from minigrad.tensor import Tensor  # noqa: PLC0415
+from minigrad.backend.xp import get_array_module
+from minigrad.recording import Recording
+from minigrad.tensor import Tensor
 
+
+def run_backward(roots, rec: Recording, on_leaf) -> None:
+    """One pass over everything of ``rec``'s graph reachable from ``roots``.
+
+    ``roots``: ``((target, idx), grad)`` pairs (target a node or a leaf Tensor, grad a Tensor);
+    ``on_leaf(tensor, grad)``: a leaf's gradient is final.
+    """
+    _walk(roots, [], None, rec, on_leaf)
+
+
+class WeightPass:
+    """The second half of a split backward, returned by ``run_backward_input``: the frontier nodes
+    with their output gradients and weight masks, and the roots left for the weight pass."""
+
+    __slots__ = ("roots", "frontier", "masks", "rec")
+
+    def __init__(self, roots, frontier, masks, rec):
+        self.roots, self.frontier, self.masks, self.rec = roots, frontier, masks, rec
+
+
+def run_backward_input(roots, rec: Recording, inputs, keep_weight_pass: bool = True):
+    """The input pass of a split backward: the gradients of ``roots`` with respect to ``inputs``
+    (Tensors; a list with None where no gradient arrives) and the ``WeightPass`` still to run.
+    With ``keep_weight_pass=False`` nothing is kept for a weight pass (every node is released at
+    once): a plain gradient computation, as ``checkpoint`` needs."""
+    stops = {_input_key(t): i for i, t in enumerate(inputs)}
+    x_nodes = _nodes_reaching(roots, rec, stops)
+
+    def leads_to_input(edge):
+        return edge is not None and (_key(edge) in stops or id(edge[0]) in x_nodes)
+
+    first, later = [], []
+    for root in roots:
+        edge = root[0]
+        (first if leads_to_input(edge) else later).append(root)
+    frontier, masks = [], {}
+
+    def keep(node, grads, mask):
+        """Keep an X node with weight work, and its output gradients, for the weight pass."""
+        weight_mask = [w and not i for w, i in zip(_followed(node, rec), mask)]
+        if keep_weight_pass and any(weight_mask) and not _all_none(grads):
+            frontier.append((node, grads))
+            masks[id(node)] = weight_mask
+            return True
+        return False
+
+    def follow(node):
+        return [leads_to_input(e) for e in node._edges]
+
+    collected = _walk(first, [], follow, rec, None, keep, stops, len(inputs))
+    return collected, WeightPass(later, frontier, masks, rec)
+
+
+def run_backward_weight(weight_pass: WeightPass, on_leaf) -> None:
+    """The weight pass of a split backward (see ``run_backward_input``)."""
+    masks, rec = weight_pass.masks, weight_pass.rec
+
+    def follow(node):
+        mask = masks.get(id(node))
+        return mask if mask is not None else _followed(node, rec)
+
+    ready, weight_pass.frontier = weight_pass.frontier, []
+    roots, weight_pass.roots = weight_pass.roots, []
+    _walk(roots, ready, follow, rec, on_leaf)
+
+
+# -------------------------------------------------------------------------------------------------
+# the walk
+
+
+def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
+    """Deliver ``roots``, then run nodes newest-first until the graph (as far as ``follow`` goes)
+    is done. ``ready`` holds ``(node, grads)`` pairs whose output gradients are already complete.
+    ``follow(node)`` gives the node's mask of wanted edges (None: ``_followed``, every edge to a
+    leaf or to a node of ``rec``). Gradients reaching an edge listed in ``stops`` are summed into
+    the returned list instead of going further. After each node's backward, ``keep(node, grads,
+    mask)`` may claim the node for a later pass; otherwise it is released.
+    """
     deps: dict[int, int] = {}
-    seen = set()
-    stack = [target for target, _ in roots]
-    while stack:  # count incoming edges of everything reachable
-        target = stack.pop()
-        if id(target) in seen:
+    masks: dict[int, list] = {}
+    consumed = rec.consumed
+    stack = [node for node, _ in ready]
+    for (target, idx), _ in roots:
+        if not (stops and _key((target, idx)) in stops):
+            deps[id(target)] = deps.get(id(target), 0) + 1
+            if not isinstance(target, Tensor):
+                stack.append(target)
+    while stack:  # count the deliveries each node and leaf will receive
+        node = stack.pop()
+        if id(node) in masks:
             continue
-        seen.add(id(target))
-        if isinstance(target, Tensor):
-            continue
-        if target._edges is None:
+        edges = node._edges
+        if edges is None or (consumed is not None and node in consumed):
             raise RuntimeError(
-                f"backward through {type(target).__name__} whose buffers were already freed "
-                "(a recorded graph can be used for one backward only)"
+                f"backward through a {type(node).__name__} node that an earlier backward already "
+                "consumed (each recorded graph can be back-propagated once)"
             )
-        for edge in target._edges:
-            if edge is not None:
-                k = id(edge[0])
-                deps[k] = deps.get(k, 0) + 1
-                stack.append(edge[0])
+        if follow is None:  # an ordinary pass: ``_followed``, written out (the hot path)
+            mask = masks[id(node)] = []
+            for edge in edges:
+                if edge is None:
+                    mask.append(False)
+                    continue
+                target = edge[0]
+                if isinstance(target, Tensor):
+                    mask.append(True)
+                elif rec in target._tape:
+                    mask.append(True)
+                    stack.append(target)
+                else:
+                    mask.append(False)
+                    continue
+                deps[id(target)] = deps.get(id(target), 0) + 1
+            continue
+        mask = masks[id(node)] = follow(node)
+        for edge, wanted in zip(edges, mask):
+            if wanted and not (stops and _key(edge) in stops):
+                target = edge[0]
+                deps[id(target)] = deps.get(id(target), 0) + 1
+                if not isinstance(target, Tensor):
+                    stack.append(target)
 
+    collected = [None] * n_stops
     pending: dict[int, list] = {}
     heap: list = []
 
     def deliver(target, idx, grad):
         """Add ``grad`` (or nothing, when None) to an edge target; schedule it once complete."""
+        if stops:
+            i = stops.get(_key((target, idx)))
+            if i is not None:
+                if grad is not None:
+                    collected[i] = grad if collected[i] is None else collected[i] + grad
+                return
         key = id(target)
         slot = pending.get(key)
         if slot is None:
@@ -63,20 +201,18 @@ def run_backward(roots, root_grads, on_leaf, keep_graph: bool) -> None:
         else:
             heapq.heappush(heap, (-target._seq, key, target, slot))
 
-    for target, _ in roots:
-        deps[id(target)] = deps.get(id(target), 0) + 1
-    for (target, idx), g in zip(roots, root_grads):
+    for node, grads in ready:
+        heapq.heappush(heap, (-node._seq, id(node), node, grads))
+    for (target, idx), g in roots:
         deliver(target, idx, g)
 
     while heap:
-        _, _, node, grads = heapq.heappop(heap)
-        edges, meta = node._edges, node._in_meta
-        missing = [i for i, g in enumerate(grads) if g is None]
-        if len(missing) == len(grads):  # nothing flowed in: nothing flows out
+        _, key, node, grads = heapq.heappop(heap)
+        edges, meta, mask = node._edges, node._in_meta, masks[key]
+        if grads[0] is None and _all_none(grads):  # nothing flowed in: nothing flows out
             in_grads = [None] * len(edges)
         else:
-            for i in missing:
-                grads[i] = Tensor._zeros_for(node, i)
+            node._wanted = mask
             in_grads = node.backward(*grads)
             if not isinstance(in_grads, (tuple, list)):
                 in_grads = (in_grads,)
@@ -85,16 +221,90 @@ def run_backward(roots, root_grads, on_leaf, keep_graph: bool) -> None:
                     f"{type(node).__name__}.backward returned {len(in_grads)} gradient(s) for "
                     f"{len(edges)} input(s)"
                 )
-        if not keep_graph:
-            node._free()
-        for edge, m, g in zip(edges, meta, in_grads):
-            if edge is None:
+        if keep is None or not keep(node, grads, mask):
+            _release(node, rec)
+        for edge, m, g, wanted in zip(edges, meta, in_grads, mask):
+            if g is not None and not isinstance(g, Tensor):
+                g = _wrap_array(node, in_grads, g, m[2])  # a raw array from a fast backward path
+            if not wanted:
                 continue
             if g is not None:
-                if not isinstance(g, Tensor):  # a raw array from a fast backward path
-                    g = Tensor._wrap(g, m[2])
                 if g._data.shape != m[0]:
-                    g = sum_to(g, m[0])
+                    g = g.sum_to(m[0])
                 if g._data.dtype != m[1]:
                     g = g.astype(m[1])
             deliver(edge[0], edge[1], g)
+    return collected
+
+
+# -------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _followed(node, rec: Recording) -> list:
+    """The edges an ordinary pass follows: every edge to a leaf or to a node ``rec`` recorded."""
+    return [e is not None and (isinstance(e[0], Tensor) or rec in e[0]._tape) for e in node._edges]
+
+
+def _release(node, rec: Recording) -> None:
+    """``rec``'s backward is done with ``node``: free its buffers, unless another active recording
+    still needs it (then only remember that ``rec`` consumed it)."""
+    tape = node._tape
+    if len(tape) > 1 and any(r.active and r is not rec for r in tape):
+        rec.mark_consumed(node)
+    else:
+        node._free()
+
+
+def _wrap_array(node, in_grads, g, device) -> Tensor:
+    """A backend array returned by ``node.backward`` as a Tensor; anything else is an error."""
+    if not _is_array(g):
+        i = next(i for i, x in enumerate(in_grads) if x is g)
+        raise TypeError(
+            f"{type(node).__name__}.backward must return a Tensor, an array or None for each "
+            f"input; got {type(g).__name__} for input {i}"
+        )
+    return Tensor._wrap(g, device)
+
+
+def _all_none(grads) -> bool:
+    for g in grads:  # (not list.count: Tensor == is elementwise)
+        if g is not None:
+            return False
+    return True
+
+
+def _key(edge) -> tuple:
+    return id(edge[0]), edge[1]
+
+
+def _input_key(t: Tensor) -> tuple:
+    """The edge through which gradients reach ``t``: its producing node's output, or the leaf."""
+    return (id(t._node), t._out_idx) if t._node is not None else (id(t), 0)
+
+
+def _nodes_reaching(roots, rec: Recording, stops) -> set:
+    """Ids of ``rec``'s nodes reachable from ``roots`` (not through a stop) from which a stop can be
+    reached. Inputs of a node are older than the node, so one sweep in creation order does it."""
+    nodes, seen = [], set()
+    stack = [edge[0] for edge, _ in roots if not isinstance(edge[0], Tensor)]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or rec not in node._tape:
+            continue
+        seen.add(id(node))
+        nodes.append(node)
+        for e in node._edges or ():
+            if e is not None and not isinstance(e[0], Tensor) and _key(e) not in stops:
+                stack.append(e[0])
+    x_nodes = set()
+    for node in sorted(nodes, key=lambda n: n._seq):
+        for e in node._edges or ():
+            if e is not None and (_key(e) in stops or id(e[0]) in x_nodes):
+                x_nodes.add(id(node))
+                break
+    return x_nodes
+
+
+def _is_array(value) -> bool:
+    return isinstance(value, (np.ndarray, np.generic)) or get_array_module(value) is not np

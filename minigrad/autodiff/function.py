@@ -1,47 +1,75 @@
 """``Function``: the one op API. Every differentiable op (built-in or user-defined) subclasses it.
 
 ``forward`` receives the inputs as given (Tensors and Python constants) and returns backend arrays
-or Tensors; it never records. ``backward`` receives one gradient Tensor per output and returns one
-gradient (Tensor, array or None) per input. Because backward is written with Tensor ops, it is
-itself recorded when an outer GradManager is still recording: that is how second-order gradients
-work. Whatever an op stores on ``self`` for backward is dropped as soon as backward has run.
+or Tensors (a tuple of them for several outputs); it never records. ``backward`` receives one
+gradient per output (``None`` for an output that received none) and returns one gradient per input:
+a Tensor, a backend array or ``None``. Because backward is written with Tensor ops, it is itself
+recorded when a manager that sees this backward is recording: that is how second-order gradients
+work. Whatever an op stores on ``self`` for backward is dropped once the graph is done with it.
 
-Example::
-
-    class Square(ad.Function):
-        def forward(self, x):
-            self.x = x
-            return x * x
-        def backward(self, dy):
-            return 2 * self.x * dy
+Calling a Function records a graph node when a GradManager is recording and some input needs a
+gradient: the node keeps one *edge* per input (the producing node and output index, the attached
+leaf tensor, or None), the inputs' shapes, dtypes and devices, a creation number ``_seq`` (a
+topological order) and the tape of recordings it belongs to (see ``minigrad.recording``).
 """
 
 from __future__ import annotations
 
-from minigrad.autodiff.state import STATE
+from minigrad.backend.device import get_default_device_obj
+from minigrad.recording import STATE, shares_recording
+from minigrad.tensor import Tensor
 
 
 class Function:
+    """Base class of differentiable ops: subclass it, write ``forward`` and ``backward``, call an
+    instance on the inputs (one instance per call).
+
+    Example::
+
+        class Square(ad.Function):
+            def forward(self, x):
+                self.x = x          # saved for backward, freed after it
+                return x * x
+            def backward(self, dy):
+                return 2 * self.x * dy
+
+        y = Square()(x)
+    """
+
     # Bookkeeping lives in slots; everything an op saves for backward lives in __dict__, which the
-    # engine clears after running backward (that is what frees intermediate buffers).
-    __slots__ = ("_edges", "_in_meta", "_seq", "_epoch", "_n_out", "__dict__", "__weakref__")
+    # engine clears once no backward pass needs the node any more (that frees the buffers).
+    __slots__ = ("_edges", "_in_meta", "_seq", "_tape", "_n_out", "_wanted", "__dict__",
+                 "__weakref__")
 
     def forward(self, *inputs):
+        """Compute the outputs from the inputs (arrays or Tensors; a tuple for several outputs)."""
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
 
     def backward(self, *grads):
+        """Gradients of the inputs (one per input, None where there is none) given one gradient
+        per output (None for an output that received no gradient). Must not modify ``grads``
+        in place: a split backward hands the same gradients to this node twice."""
         raise NotImplementedError(f"{type(self).__name__}.backward is not implemented")
 
     def needs_input_grad(self, i: int) -> bool:
-        """Inside ``backward``: whether input ``i`` leads to anything that wants a gradient, so an
-        op can skip products nobody uses (e.g. the input gradient of a network's first layer)."""
+        """Inside ``backward``: whether the running backward pass wants the gradient of input
+        ``i``, so an op can skip products nobody uses (the input gradient of a network's first
+        layer; the weight gradients during ``GradManager.backward_input``)."""
+        wanted = getattr(self, "_wanted", None)
+        if wanted is not None:
+            return wanted[i]
         edges = self._edges
         return edges is None or edges[i] is not None
 
+    @property
+    def is_live(self) -> bool:
+        """Whether a recording this node belongs to is still active (its graph can be used)."""
+        return any(r.active for r in self._tape)
+
     def __call__(self, *inputs):
-        Tensor = _tensor_class()
         state = STATE
-        may_record = state.recording > 0 and state.enabled
+        tape = state.tape
+        may_record = state.enabled and tape
         record = False
         device = first = None
         for x in inputs:
@@ -56,10 +84,11 @@ class Function:
                     )
                 if may_record and not record:
                     node = x._node
-                    record = x._requires_grad or (node is not None and node._epoch == state.epoch)
+                    record = x._requires_grad or (
+                        node is not None
+                        and (node._tape is tape or shares_recording(node._tape, tape))
+                    )
         if device is None:
-            from minigrad.backend.device import get_default_device_obj  # noqa: PLC0415
-
             device = get_default_device_obj()
         if may_record:  # a user-defined forward written with Tensor ops must not record itself
             state.enabled = False
@@ -80,15 +109,15 @@ class Function:
         return y
 
     def _record(self, inputs, outputs):
-        Tensor = _tensor_class()
+        """Make this call a node of the graph recorded for ``STATE.tape``."""
         state = STATE
-        epoch = state.epoch
+        tape = state.tape
         edges = []
         meta = []
         for x in inputs:
             if isinstance(x, Tensor) and x._data.dtype.kind == "f":
                 node = x._node
-                if node is not None and node._epoch == epoch:
+                if node is not None and (node._tape is tape or shares_recording(node._tape, tape)):
                     edges.append((node, x._out_idx))
                 else:
                     edges.append((x, 0) if x._requires_grad else None)
@@ -100,10 +129,8 @@ class Function:
         self._in_meta = meta
         state.seq += 1
         self._seq = state.seq
-        self._epoch = epoch
+        self._tape = tape
         self._n_out = len(outputs)
-        if len(outputs) > 1:  # the engine fills a missing output gradient with zeros of this meta
-            self._out_meta = [(t._data.shape, t._data.dtype, t._device) for t in outputs]
         for i, t in enumerate(outputs):
             if t._data.dtype.kind == "f":
                 t._node = self
@@ -113,15 +140,3 @@ class Function:
         """Drop everything saved for backward and the edges into the graph."""
         self.__dict__.clear()
         self._edges = None
-
-
-_TENSOR = []
-
-
-def _tensor_class():
-    """``minigrad.tensor.Tensor``, imported on first use (tensor.py imports this package)."""
-    if not _TENSOR:
-        from minigrad.tensor import Tensor  # noqa: PLC0415
-
-        _TENSOR.append(Tensor)
-    return _TENSOR[0]

@@ -10,9 +10,9 @@ communication of all ranks in mirrored order.
 from __future__ import annotations
 
 from minigrad.autodiff.function import Function
-from minigrad.autodiff.state import STATE, is_recording
 from minigrad.distributed import comm
 from minigrad.distributed.group import WORLD, get_rank
+from minigrad.recording import STATE, is_recording
 from minigrad.tensor import Tensor
 
 
@@ -28,7 +28,7 @@ def _token(node_output: Tensor) -> Tensor:
     """Make a token an extra backward root of every manager recording now."""
     if node_output._node is not None:
         for gm in STATE.recorders:
-            gm._add_root(node_output)
+            gm.add_backward_root(node_output)
     return node_output
 
 

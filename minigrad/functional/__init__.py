@@ -11,6 +11,8 @@ Example::
     y = F.relu(F.linear(x, w, b))
 """
 
+import sys
+
 from minigrad.functional import (
     elemwise,
     nn,
@@ -72,6 +74,7 @@ from minigrad.functional.shape import (
     topk,
     transpose,
 )
+from minigrad.tensor import install_functional
 
 __all__ = [
     "abs",
@@ -231,3 +234,6 @@ __all__ = [
     "zeros",
     "zeros_like",
 ]
+
+# Tensor's operators and methods delegate to this module (the one upward link; see tensor.py)
+install_functional(sys.modules[__name__])

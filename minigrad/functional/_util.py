@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from minigrad.autodiff.state import STATE
+from minigrad.recording import is_recording
 from minigrad.tensor import Tensor, as_dtype
 
 FLOAT32 = np.dtype(np.float32)
@@ -40,6 +40,8 @@ def binary_args(a, b, op: str, broadcast: bool = True):
         a = as_tensor(a)
         ta = True
     t, s = (a, b) if ta else (b, a)
+    if s is None:
+        raise TypeError(f"{op}: unsupported operand None (expected a Tensor, an array or a number)")
     if isinstance(s, numbers.Number) and not isinstance(s, np.ndarray):
         if isinstance(s, (float, np.floating)) and t._data.dtype.kind != "f":
             t = t.astype(FLOAT32)
@@ -105,7 +107,7 @@ def data(x):
 
 def recording_backward() -> bool:
     """True inside a backward whose ops are being recorded for a higher-order gradient."""
-    return STATE.enabled and STATE.recording > 0
+    return is_recording()
 
 
 def normalize_axis(axis, ndim: int, op: str):

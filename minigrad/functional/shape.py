@@ -9,7 +9,7 @@ import numpy as np
 from minigrad.autodiff.function import Function
 from minigrad.backend.xp import scatter_add
 from minigrad.functional._util import accumulate_dtype, check_compatible, normalize_axis
-from minigrad.tensor import Tensor
+from minigrad.tensor import Tensor, raw_index
 
 
 def _t(x) -> Tensor:
@@ -191,17 +191,6 @@ def flatten(inp, start_axis: int = 0, end_axis: int = -1) -> Tensor:
 # indexing
 
 
-def _raw_index(index):
-    """Replace Tensors inside an index by their arrays."""
-    if isinstance(index, Tensor):
-        return index._data
-    if isinstance(index, tuple):
-        return tuple(i._data if isinstance(i, Tensor) else i for i in index)
-    if isinstance(index, list) and any(isinstance(i, Tensor) for i in index):
-        return [i._data if isinstance(i, Tensor) else i for i in index]
-    return index
-
-
 def _is_basic(index) -> bool:
     """Whether ``index`` has no arrays (so it selects each element at most once)."""
     items = index if isinstance(index, tuple) else (index,)
@@ -240,7 +229,7 @@ def getitem(inp, index) -> Tensor:
     """``inp[index]`` for basic, integer-array and boolean indices, differentiable (what
     ``Tensor.__getitem__`` runs)."""
     x = _t(inp)
-    raw = _raw_index(index)
+    raw = raw_index(index)
     try:
         return GetItem()(x, raw)
     except IndexError as exc:
@@ -308,12 +297,19 @@ class Split(Function):
     into a zero tensor of the full shape and then be summed."""
 
     def forward(self, x, axis, bounds):
-        self.axis = axis
+        self.axis, self.bounds = axis, bounds
         lead = (slice(None),) * axis
         return tuple(x._data[lead + (slice(a, b),)] for a, b in zip(bounds[:-1], bounds[1:]))
 
     def backward(self, *dys):
-        return concat(list(dys), self.axis), None, None
+        like = next(d for d in dys if d is not None)  # slices that got no gradient get zeros
+        parts = []
+        for d, a, b in zip(dys, self.bounds[:-1], self.bounds[1:]):
+            if d is None:
+                shape = like.shape[: self.axis] + (b - a,) + like.shape[self.axis + 1 :]
+                d = Tensor._wrap(like.xp.zeros(shape, like.dtype), like._device)
+            parts.append(d)
+        return concat(parts, self.axis), None, None
 
 
 def split(inp, nsplits_or_sections, axis: int = 0) -> list:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.grad_manager import GradManager
-from minigrad.autodiff.state import no_grad
+from minigrad.recording import no_grad
 from minigrad.tensor import Tensor
 
 #: Nested managers compute the first derivative with the same ops as a plain backward, so in
