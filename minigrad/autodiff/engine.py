@@ -15,10 +15,10 @@ walk over the part of the graph a pass wants:
 3. When a leaf has received all its gradients it is *final*: ``on_leaf(tensor, grad)`` runs at once,
    which is what lets data-parallel all-reduce overlap with the rest of backward.
 4. A backward goes only through nodes of the recording it back-propagates (``Recording``, see
-   ``minigrad.recording``); other edges are dead ends. Once a node has no work left in this backward it is
-   released at once: its saved buffers are freed, unless another active recording still needs the
-   node (then it is only marked consumed for this one). A freed or consumed node cannot be
-   back-propagated again.
+   ``minigrad.recording``); other edges are dead ends. Once a node has no work left in this
+   backward it is released at once: its saved buffers are freed, unless another active recording
+   still needs the node (then it is only marked consumed for this one). A freed or consumed node
+   cannot be back-propagated again.
 
 ``run_backward`` is one pass over everything reachable. A *split* backward (zero-bubble pipelines)
 makes two passes over the same graph, given the tensors whose gradients are wanted first (the
