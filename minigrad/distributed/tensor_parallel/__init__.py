@@ -43,6 +43,7 @@ from minigrad.distributed.tensor_parallel.layouts import (
     current_layout,
     gather_output,
     input_layout,
+    reset_layout,
     split_input,
 )
 from minigrad.distributed.tensor_parallel.loss import cross_entropy, vocab_parallel_cross_entropy
@@ -148,6 +149,7 @@ __all__ = [
     "reduce_from_region",
     "reduce_scatter_region",
     "reduce_step",
+    "reset_layout",
     "split_input",
     "split_to_region",
     "tensor_parallel_context",

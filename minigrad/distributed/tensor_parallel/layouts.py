@@ -20,6 +20,7 @@ Layers that change the layout (1D column/row Linear; every 3D Linear, which swap
 the input and output axes) advance the context's ``activation_layout`` as they are *built*, so a
 model built in the order it runs chains by itself (Colossal-AI's convention): :func:`split_input`
 cuts a batch for the first layer and :func:`gather_output` reassembles what the last one returned.
+:func:`reset_layout` starts the chain again for another model.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "current_layout",
     "gather_output",
     "input_layout",
+    "reset_layout",
     "split_input",
 ]
 
@@ -104,6 +106,13 @@ def current_layout(ctx: ParallelContext) -> Layout:
 def advance_layout(ctx: ParallelContext, layout: Layout) -> None:
     """Record that the layer just built returns activations in ``layout``."""
     ctx.activation_layout = layout
+
+
+def reset_layout() -> None:
+    """Start a new model: the next layer built receives the mode's input layout again."""
+    ctx = get_parallel_context(required=False)
+    if ctx is not None:
+        ctx.activation_layout = None
 
 
 def active_context(op: str) -> ParallelContext | None:
