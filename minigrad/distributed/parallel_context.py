@@ -66,7 +66,8 @@ def _int_root(n: int, k: int) -> int | None:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """A validated parallel configuration: pipeline size, tensor size, mode and (2.5D) depth.
+    """A parallel configuration, checked when made: pipeline size, tensor size, mode and (2.5D)
+    depth. Everything that does not need the world size is validated here.
 
     Build it with :meth:`from_dict` from Colossal-AI's form ``dict(pipeline=2, tensor=dict(size=8,
     mode="2.5d", depth=2))``; every key is optional (sizes default to 1, mode to None).
@@ -77,9 +78,15 @@ class ParallelConfig:
     mode: str | None = None
     depth: int = 1
 
+    def __post_init__(self):
+        for field, where in (("pipeline", "pipeline size"), ("tensor", "tensor size"),
+                             ("depth", "tensor depth")):
+            object.__setattr__(self, field, _size(where, getattr(self, field)))
+        self._check_mode()
+
     @classmethod
     def from_dict(cls, parallel: dict | None) -> "ParallelConfig":
-        """Parse and check the configuration (everything that does not need the world size)."""
+        """Parse Colossal-AI's dict (``pipeline`` may be a size or ``dict(size=)``)."""
         if parallel is None:
             return cls()
         if isinstance(parallel, ParallelConfig):
@@ -111,14 +118,8 @@ class ParallelConfig:
             raise ValueError(
                 f"init_parallel: unknown keys {extra} in tensor; allowed: {list(_TENSOR_KEYS)}"
             )
-        config = cls(
-            pipeline=_size("pipeline size", pipe),
-            tensor=_size("tensor size", tensor.get("size", 1)),
-            mode=tensor.get("mode"),
-            depth=_size("tensor depth", tensor.get("depth", 1)),
-        )
-        config._check_mode()
-        return config
+        return cls(pipeline=pipe, tensor=tensor.get("size", 1), mode=tensor.get("mode"),
+                   depth=tensor.get("depth", 1))
 
     def _check_mode(self) -> None:
         mode, size, depth = self.mode, self.tensor, self.depth
@@ -150,7 +151,7 @@ class ParallelConfig:
                     f"with depth {depth} ({size} / {depth} = {per_layer:g} is not a square)"
                 )
         if mode == "3d" and _int_root(size, 3) is None:
-            lo = _int_root(size, 3) or int(size ** (1 / 3))
+            lo = int(size ** (1 / 3))
             raise ValueError(
                 f"init_parallel: mode '3d' needs a cubic tensor size q × q × q, got {size} "
                 f"(nearest cubes {lo**3} and {(lo + 1) ** 3})"
@@ -289,14 +290,6 @@ class ParallelContext:
     def axis_rank(self, axis: str) -> int:
         """This rank's coordinate on a topology axis (``"row"``, ``"dep"``, ``"input"`` ...)."""
         return getattr(self.coord, axis)
-
-    @property
-    def tensor_size(self) -> int:
-        return self.config.tensor
-
-    @property
-    def pipeline_size(self) -> int:
-        return self.config.pipeline
 
     # -- random streams ----------------------------------------------------------------------
     def rng(self, stream: str, device=None):

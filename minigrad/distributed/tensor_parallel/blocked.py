@@ -23,7 +23,13 @@ from minigrad.distributed.tensor_parallel.regions import all_gather_region, all_
 from minigrad.distributed.tensor_parallel.sharding import ParallelModule, ShardSpec
 from minigrad.tensor import Tensor
 
-__all__ = ["BlockedEmbedding", "BlockedLayerNorm", "feature_spec", "gather_feature_param"]
+__all__ = [
+    "BlockedEmbedding",
+    "BlockedLayerNorm",
+    "add_feature_bias",
+    "feature_spec",
+    "gather_feature_param",
+]
 
 
 def feature_spec(length: int, layout: Layout, leading: tuple = (), chunks: int = 1) -> ShardSpec:
@@ -46,6 +52,12 @@ def gather_feature_param(p: Tensor, layout: Layout, ctx: ParallelContext,
         axes = tuple(range(len(lead))) + (len(lead) + 1, len(lead), len(lead) + 2)
         out = out.transpose(*axes).reshape(*lead, n)
     return out
+
+
+def add_feature_bias(y: Tensor, bias: Tensor | None, layout: Layout, ctx: ParallelContext,
+                     chunks: int = 1) -> Tensor:
+    """``y + bias`` for a bias that is a feature parameter of ``layout`` (``y`` when None)."""
+    return y if bias is None else y + gather_feature_param(bias, layout, ctx, chunks)
 
 
 class BlockedLayerNorm(ParallelModule):

@@ -23,8 +23,8 @@ __all__ = ["Dropout"]
 class Dropout(Module):
     """Inverted dropout with probability ``drop_prob``. ``sharded`` picks the stream: True for an
     activation split across the tensor-parallel ranks ("tensor" stream), False for a replicated one
-    ("replicated" stream); None (default) decides from the layout the layer is built in. Without a
-    parallel context it is ``M.Dropout``.
+    ("replicated" stream); None (default) decides from the layout the layer is built in (always
+    split in mode "sequence"). Without a parallel context it is ``M.Dropout``.
 
     Example::
 
@@ -38,8 +38,8 @@ class Dropout(Module):
         self.drop_prob = float(drop_prob)
         self.ctx = get_parallel_context(required=False)
         if sharded is None and self.ctx is not None:
-            layout = current_layout(self.ctx)
-            sharded = bool(layout.batch_axes or layout.feature_axis)
+            layout = current_layout(self.ctx)  # sequence parallelism splits every activation
+            sharded = self.ctx.mode == "sequence" or bool(layout.batch_axes or layout.feature_axis)
         self.stream = "tensor" if sharded else "replicated"
 
     def forward(self, x: Tensor) -> Tensor:

@@ -22,41 +22,24 @@ from __future__ import annotations
 
 import minigrad.module as M
 from minigrad.distributed.parallel_context import ParallelContext, get_parallel_context
+from minigrad.distributed.tensor_parallel import (
+    parallel_1d,
+    parallel_2d,
+    parallel_2p5d,
+    parallel_3d,
+)
 from minigrad.distributed.tensor_parallel.layouts import REPLICATED, current_layout
-from minigrad.distributed.tensor_parallel.parallel_1d import (
-    LayerNorm1D,
-    Linear1DCol,
-    Linear1DRow,
-    VocabParallelClassifier1D,
-    VocabParallelEmbedding1D,
-)
-from minigrad.distributed.tensor_parallel.parallel_2d import (
-    Classifier2D,
-    Embedding2D,
-    LayerNorm2D,
-    Linear2D,
-)
-from minigrad.distributed.tensor_parallel.parallel_2p5d import (
-    Classifier2p5D,
-    Embedding2p5D,
-    LayerNorm2p5D,
-    Linear2p5D,
-)
-from minigrad.distributed.tensor_parallel.parallel_3d import (
-    Classifier3D,
-    Embedding3D,
-    LayerNorm3D,
-    Linear3D,
-)
 
 __all__ = ["Classifier", "Embedding", "LayerNorm", "Linear", "tensor_parallel_context"]
 
-_LINEAR = {"2d": Linear2D, "2.5d": Linear2p5D, "3d": Linear3D}
-_LAYER_NORM = {"1d": LayerNorm1D, "2d": LayerNorm2D, "2.5d": LayerNorm2p5D, "3d": LayerNorm3D}
-_EMBEDDING = {"1d": VocabParallelEmbedding1D, "2d": Embedding2D, "2.5d": Embedding2p5D,
-              "3d": Embedding3D}
-_CLASSIFIER = {"1d": VocabParallelClassifier1D, "2d": Classifier2D, "2.5d": Classifier2p5D,
-               "3d": Classifier3D}
+_LINEAR = {"2d": parallel_2d.Linear2D, "2.5d": parallel_2p5d.Linear2p5D,
+           "3d": parallel_3d.Linear3D}
+_LAYER_NORM = {"1d": parallel_1d.LayerNorm1D, "2d": parallel_2d.LayerNorm2D,
+               "2.5d": parallel_2p5d.LayerNorm2p5D, "3d": parallel_3d.LayerNorm3D}
+_EMBEDDING = {"1d": parallel_1d.VocabParallelEmbedding1D, "2d": parallel_2d.Embedding2D,
+              "2.5d": parallel_2p5d.Embedding2p5D, "3d": parallel_3d.Embedding3D}
+_CLASSIFIER = {"1d": parallel_1d.VocabParallelClassifier1D, "2d": parallel_2d.Classifier2D,
+               "2.5d": parallel_2p5d.Classifier2p5D, "3d": parallel_3d.Classifier3D}
 
 
 def tensor_parallel_context() -> ParallelContext | None:
@@ -87,10 +70,11 @@ def Linear(in_features: int, out_features: int, bias: bool = True,
     if ctx.mode != "1d":
         return _LINEAR[ctx.mode](in_features, out_features, bias, out_chunks=out_chunks, ctx=ctx)
     if current_layout(ctx) is REPLICATED:
-        return Linear1DCol(in_features, out_features, bias, out_chunks=out_chunks, ctx=ctx)
+        return parallel_1d.Linear1DCol(in_features, out_features, bias, out_chunks=out_chunks,
+                                       ctx=ctx)
     if out_chunks != 1:
         raise ValueError("tp.Linear: out_chunks needs a column-parallel layer in 1D (whole input)")
-    return Linear1DRow(in_features, out_features, bias, ctx=ctx)
+    return parallel_1d.Linear1DRow(in_features, out_features, bias, ctx=ctx)
 
 
 def LayerNorm(normalized_shape: int, eps: float = 1e-5, affine: bool = True) -> M.Module:
@@ -100,7 +84,7 @@ def LayerNorm(normalized_shape: int, eps: float = 1e-5, affine: bool = True) -> 
         return M.LayerNorm(normalized_shape, eps, affine)
     if ctx.mode == "1d":
         _whole_input_1d(ctx, "LayerNorm")
-        return LayerNorm1D(normalized_shape, eps, affine)
+        return parallel_1d.LayerNorm1D(normalized_shape, eps, affine)
     return _LAYER_NORM[ctx.mode](normalized_shape, eps, affine, ctx=ctx)
 
 

@@ -166,17 +166,14 @@ class VocabParallelEmbedding1D(ParallelModule):
 
 
 class VocabParallelClassifier1D(Linear1DCol):
-    """The output layer of a language model, split by vocabulary: logits ``(..., V/P)`` per rank
-    (the full logits never exist on one rank). Pair it with ``tp.cross_entropy``.
+    """The output layer of a language model, split by vocabulary: ``(in_features, num_classes)``,
+    logits ``(..., V/P)`` per rank (the full logits never exist on one rank). Pair it with
+    ``tp.cross_entropy``.
 
     Example::
 
         head = tp.VocabParallelClassifier1D(256, 50304, bias=False)
     """
-
-    def __init__(self, in_features: int, num_classes: int, bias: bool = True,
-                 ctx: ParallelContext | None = None):
-        super().__init__(in_features, num_classes, bias, gather_output=False, ctx=ctx)
 
 
 class LayerNorm1D(M.LayerNorm):

@@ -27,8 +27,8 @@ from minigrad.distributed.parallel_context import ParallelContext
 from minigrad.distributed.tensor_parallel.blocked import (
     BlockedEmbedding,
     BlockedLayerNorm,
+    add_feature_bias,
     feature_spec,
-    gather_feature_param,
 )
 from minigrad.distributed.tensor_parallel.layouts import GRID_2D, advance_layout
 from minigrad.distributed.tensor_parallel.regions import (
@@ -110,9 +110,7 @@ class Linear2D(ParallelModule):
         self.check_features(x, self.in_features // self.row.size)
         weight = copy_to_region(self.weight, self.depth)  # 2.5D: sum dW over the depth
         y = SummaLinear()(x, weight, self.row, self.col)
-        if self.bias is None:
-            return y
-        return y + gather_feature_param(self.bias, self.layout, self.ctx, self.out_chunks)
+        return add_feature_bias(y, self.bias, self.layout, self.ctx, self.out_chunks)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -120,12 +118,8 @@ class Linear2D(ParallelModule):
 
 
 class Classifier2D(Linear2D):
-    """The output layer of the 2D mode: logits blocked ``(B/q, classes/q)``; pair it with
-    ``tp.cross_entropy`` (the full logits never exist on one rank)."""
-
-    def __init__(self, in_features: int, num_classes: int, bias: bool = True,
-                 ctx: ParallelContext | None = None):
-        super().__init__(in_features, num_classes, bias, ctx=ctx)
+    """The output layer of the 2D mode, ``(in_features, num_classes)``: logits blocked ``(B/q,
+    classes/q)``; pair it with ``tp.cross_entropy`` (the full logits never exist on one rank)."""
 
 
 class LayerNorm2D(BlockedLayerNorm):

@@ -11,7 +11,6 @@ out; here it is part of the layer. Feature parameters are cut over the d·q batc
 
 from __future__ import annotations
 
-from minigrad.distributed.parallel_context import ParallelContext
 from minigrad.distributed.tensor_parallel.blocked import BlockedEmbedding, BlockedLayerNorm
 from minigrad.distributed.tensor_parallel.layouts import GRID_2P5D
 from minigrad.distributed.tensor_parallel.parallel_2d import Linear2D
@@ -35,11 +34,8 @@ class Linear2p5D(Linear2D):
 
 
 class Classifier2p5D(Linear2p5D):
-    """The output layer of the 2.5D mode: logits blocked ``(B/(d·q), classes/q)``."""
-
-    def __init__(self, in_features: int, num_classes: int, bias: bool = True,
-                 ctx: ParallelContext | None = None):
-        super().__init__(in_features, num_classes, bias, ctx=ctx)
+    """The output layer of the 2.5D mode, ``(in_features, num_classes)``: logits blocked
+    ``(B/(d·q), classes/q)``."""
 
 
 class LayerNorm2p5D(BlockedLayerNorm):

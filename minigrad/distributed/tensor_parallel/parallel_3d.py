@@ -24,8 +24,8 @@ from minigrad.distributed.parallel_context import ParallelContext
 from minigrad.distributed.tensor_parallel.blocked import (
     BlockedEmbedding,
     BlockedLayerNorm,
+    add_feature_bias,
     feature_spec,
-    gather_feature_param,
 )
 from minigrad.distributed.tensor_parallel.layouts import (
     CUBE_3D_A,
@@ -82,9 +82,7 @@ class Linear3D(ParallelModule):
         x = all_gather_region(x, self.gather_x, 0)
         weight = all_gather_region(self.weight, self.gather_w, 1)
         y = reduce_scatter_region(F.linear(x, weight), self.scatter_y, 0)
-        if self.bias is None:
-            return y
-        return y + gather_feature_param(self.bias, self.output_layout, self.ctx, self.out_chunks)
+        return add_feature_bias(y, self.bias, self.output_layout, self.ctx, self.out_chunks)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -92,11 +90,8 @@ class Linear3D(ParallelModule):
 
 
 class Classifier3D(Linear3D):
-    """The output layer of the 3D mode: logits ``(B/q², classes/q)`` in the swapped layout."""
-
-    def __init__(self, in_features: int, num_classes: int, bias: bool = True,
-                 ctx: ParallelContext | None = None, layout: Layout | None = None):
-        super().__init__(in_features, num_classes, bias, ctx=ctx, layout=layout)
+    """The output layer of the 3D mode, ``(in_features, num_classes)``: logits ``(B/q²,
+    classes/q)`` in the swapped layout."""
 
 
 class LayerNorm3D(BlockedLayerNorm):
