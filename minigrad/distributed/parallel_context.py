@@ -7,7 +7,8 @@ A job of ``W`` ranks is laid out as data × pipeline × tensor, tensor fastest::
 and the tensor-parallel ranks are laid out further by the mode: a ``q × q`` grid (row, col) for
 "2d", ``d × q × q`` (dep, row, col) for "2.5d", ``q × q × q`` (weight, input, output) for "3d".
 All of it is one :class:`~minigrad.distributed.topology.ProcessTopology` whose axes are
-``data, pipeline`` and the mode's tensor axes, so every group is a slice of one grid.
+``data, pipe`` and the mode's tensor axes, so every group is a slice of one grid (``pipe`` as in
+DeepSpeed's topologies, so ``ctx.topology`` can be handed to the pipeline code).
 
 :func:`init_parallel` validates the configuration against the world size *before* any
 communication (every rank raises the same error, with the numbers), then creates every group of
@@ -188,7 +189,7 @@ class ParallelConfig:
         ``"2d_row"`` varies the ``col`` axis, as in Colossal-AI.
         """
         tensor_axes = self.tensor_axes()[0]
-        groups = {"data": ("data",), "pipeline": ("pipeline",), "tensor": tensor_axes}
+        groups = {"data": ("data",), "pipeline": ("pipe",), "tensor": tensor_axes}
         groups.update({
             "1d": {"1d": ("tensor",)},
             "2d": {"2d_row": ("col",), "2d_col": ("row",)},
@@ -216,7 +217,7 @@ class ParallelContext:
     """Which group is my data / pipeline / tensor / 2d_row ... group: one topology answers all.
 
     Attributes: ``config`` (:class:`ParallelConfig`), ``mode``, ``data_size``, ``topology`` (the
-    :class:`ProcessTopology` with axes ``data, pipeline, *tensor axes``), ``coord`` (this rank's
+    :class:`ProcessTopology` with axes ``data, pipe, *tensor axes``), ``coord`` (this rank's
     coordinates on it) and ``activation_layout`` (maintained by
     :mod:`minigrad.distributed.tensor_parallel`: the activation layout the next parallel layer
     built will receive).
@@ -233,7 +234,7 @@ class ParallelContext:
         self.data_size = config.data_size(world)
         tensor_axes, tensor_dims = config.tensor_axes()
         self.topology = ProcessTopology(
-            ["data", "pipeline", *tensor_axes], [self.data_size, config.pipeline, *tensor_dims]
+            ["data", "pipe", *tensor_axes], [self.data_size, config.pipeline, *tensor_dims]
         )
         self.coord = self.topology.get_coord(me)
         self.seed = int(seed)
@@ -305,7 +306,7 @@ class ParallelContext:
         gen = self._rngs.get(key)
         if gen is None:
             c = self.coord
-            entropy = [self.seed, c.data, c.pipeline]
+            entropy = [self.seed, c.data, c.pipe]
             if stream == "tensor":
                 entropy.append(1 + self.group("tensor").rank)
             seq = np.random.SeedSequence(entropy)

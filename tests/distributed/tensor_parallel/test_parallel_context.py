@@ -91,7 +91,7 @@ def _expect(world, pp, axes, dims, group_axes):
     """Independent reference: ranks laid out data-major, then pipeline, then the tensor axes
     (``dims``, slowest first); a group varies ``group_axes`` (names from ``axes``)."""
     tp = int(np.prod(dims))
-    names = ["data", "pipeline", *axes]
+    names = ["data", "pipe", *axes]
     sizes = [world // (pp * tp), pp, *dims]
     strides = [int(np.prod(sizes[i + 1:])) for i in range(len(sizes))]
     coords = {r: {n: r // s % d for n, s, d in zip(names, strides, sizes)} for r in range(world)}
@@ -107,7 +107,7 @@ def _expect(world, pp, axes, dims, group_axes):
 
 LAYOUTS = [
     (dict(pipeline=2, tensor=dict(size=2, mode="1d")), ("tensor",), (2,),
-     {"data": ["data"], "pipeline": ["pipeline"], "tensor": ["tensor"], "1d": ["tensor"]}),
+     {"data": ["data"], "pipeline": ["pipe"], "tensor": ["tensor"], "1d": ["tensor"]}),
     (dict(tensor=dict(size=4, mode="2d")), ("row", "col"), (2, 2),
      {"data": ["data"], "tensor": ["row", "col"], "2d_row": ["col"], "2d_col": ["row"]}),
     (dict(tensor=dict(size=8, mode="2.5d", depth=2)), ("dep", "row", "col"), (2, 2, 2),
@@ -134,11 +134,11 @@ def test_groups_follow_the_rank_layout_tensor_fastest(parallel, axes, dims, grou
             mine = members[rank]
             assert ranks == mine, (name, rank, ranks, mine)
             assert (index, size, total) == (mine.index(rank), len(mine), sum(mine))
-        assert f"world={world}" in text and f"rank {rank}:" in text
+        assert f"world={world}" in text and f"rank {rank}:" in text and " pipe=" in text
 
 
 def test_global_rank_is_data_times_pipe_tensor_plus_pipe_times_tensor_plus_tensor():
-    groups = _expect(24, 3, ("tensor",), (2,), {"tensor": ["tensor"], "pipeline": ["pipeline"]})
+    groups = _expect(24, 3, ("tensor",), (2,), {"tensor": ["tensor"], "pipeline": ["pipe"]})
     for d, p, t in itertools.product(range(4), range(3), range(2)):
         rank = d * (3 * 2) + p * 2 + t
         assert groups["tensor"][rank].index(rank) == t
