@@ -68,6 +68,7 @@ E = 4  # float32
 
 
 def linears(h: int):
+    """``(K, N)`` of the block's Linears: q/k/v, output projection, MLP in and out."""
     return [(h, 3 * h), (h, h), (h, 4 * h), (4 * h, h)]
 
 
@@ -208,6 +209,7 @@ def _pct(samples, p):
 
 
 def main(argv=None) -> dict:
+    """Run both measurements, print the tables and write the JSON results."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)

@@ -50,12 +50,14 @@ def windows(corpus: np.ndarray, step: int, replica: int, batch: int, seq: int, s
 
 
 def build_model(args):
+    """The LM from the seed: tensor-parallel under a parallel context, single-device without."""
     mg.random.seed(args.seed)
     tp.reset_layout()
     return tp.TransformerLM(VOCAB, args.dim, args.heads, args.layers, args.seq)
 
 
 def parallel_config(args) -> dict:
+    """Colossal-AI's ``parallel`` dict for the command line."""
     tensor = dict(size=args.tp, mode=None if args.mode == "none" else args.mode)
     if args.mode == "2.5d":
         tensor["depth"] = args.depth
@@ -63,6 +65,7 @@ def parallel_config(args) -> dict:
 
 
 def train(args, corpus):
+    """One rank: set up the groups, train, save the (logical) checkpoint; returns the losses."""
     ctx = dist.init_parallel(parallel_config(args))
     if dist.get_rank() == 0:
         print(ctx)
@@ -104,6 +107,7 @@ def sample(args, length: int = 300) -> str:
 
 
 def parse_args(argv=None):
+    """The command line (see the module doc)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tp", type=int, default=4, help="tensor-parallel size")
     p.add_argument("--mode", choices=["1d", "2d", "2.5d", "3d", "none"], default="2d")
@@ -123,6 +127,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> dict:
+    """Train on ``dp × tp`` CPU ranks, then sample from the checkpoint in this process."""
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     print(f"writing to {os.path.abspath(args.out)}")

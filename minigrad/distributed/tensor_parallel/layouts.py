@@ -71,12 +71,15 @@ class Layout:
         return ctx.group_of_axes(self.feature_axis) if self.feature_axis else None
 
     def batch_blocks(self, ctx: ParallelContext) -> int:
+        """How many blocks the batch is cut into."""
         return math.prod(ctx.topology.get_dim(a) for a in self.batch_axes)
 
     def feature_blocks(self, ctx: ParallelContext) -> int:
+        """How many blocks the features are cut into."""
         return ctx.topology.get_dim(self.feature_axis) if self.feature_axis else 1
 
     def feature_index(self, ctx: ParallelContext) -> int:
+        """Which feature block this rank holds."""
         return ctx.axis_rank(self.feature_axis) if self.feature_axis else 0
 
     def __repr__(self) -> str:
