@@ -2,6 +2,7 @@
 the dropout streams."""
 
 import numpy as np
+import pytest
 
 import minigrad as mg
 import minigrad.autodiff as ad
@@ -214,3 +215,16 @@ def test_without_parallel_context_tp_layers_are_the_single_device_ones():
     labels = np.array([[0, 1, 2], [4, 3, 0]])
     expected = F.nn.cross_entropy(logits.reshape(6, 5), mg.tensor(labels.reshape(6)))
     assert tp.cross_entropy(logits, labels).item() == expected.item()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_with_dropout_path_equals_the_fused_path(causal):
+    # a drop probability so small that nothing is dropped: the composed path (used with dropout)
+    # must give what the fused scaled_dot_product_attention gives
+    mg.random.seed(0)
+    attn = _float64(tp.SelfAttention(DIM, HEADS, dropout=0.5, causal=causal))
+    x = mg.tensor(np.random.default_rng(1).standard_normal((2, 5, DIM)))
+    fused = attn.eval()(x).numpy()
+    attn.train()
+    attn.attn_dropout.drop_prob = 1e-300
+    np.testing.assert_allclose(attn(x).numpy(), fused, rtol=1e-12, atol=1e-12)
