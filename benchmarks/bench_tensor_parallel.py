@@ -34,8 +34,9 @@ to each peer below 64 KiB or with 2 ranks, a reduce-scatter + all-gather above: 
 here both equal the ring's ``2(P-1)/P·n``).
 
 **Time.** Median and p10 over interleaved rounds of the per-step time of the same block (float32):
-one process vs tensor size 2 (1D, two processes, one BLAS thread each), plus PyTorch's block in
-one process when PyTorch is installed.
+one process with one BLAS thread and with one per core, tensor size 2 (1D: two processes, one
+thread each), and PyTorch's block in one process with the same thread counts when PyTorch is
+installed. Needs threadpoolctl.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import statistics
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 import minigrad as mg
 import minigrad.autodiff as ad
@@ -159,12 +161,13 @@ def _tp_time_job(batch, seq, h, heads, steps):
     return _time_steps(block, x, steps)
 
 
-def _torch_step_time(batch, seq, h, heads, steps):
+def _torch_step_time(batch, seq, h, heads, steps, threads):
     try:
         import torch  # noqa: PLC0415  (optional baseline)
     except ImportError:
         return None
     nn = torch.nn
+    torch.set_num_threads(threads)
 
     class Block(nn.Module):
         def __init__(self):
@@ -239,22 +242,25 @@ def main(argv=None) -> dict:
               f"{(max(logged) - exact) / exact:8.1e} {paper / 1e6:9.4f} "
               f"{(max(logged) - paper) / paper:7.2%}")
 
-    single, tensor2, torch_times = [], [], []
+    cores = os.cpu_count()
+    timing: dict[str, list] = {}
     mg_x = mg.tensor(np.random.default_rng(0).standard_normal((b, s, h)), dtype="float32")
     tp_job = launcher(_tp_time_job, n_gpus=2, device_type="cpu")
     for _ in range(args.rounds):
-        single.append(_time_steps(_block(h, heads), mg_x, args.steps))
-        tensor2.append(max(tp_job(b, s, h, heads, args.steps)))
-        t = _torch_step_time(b, s, h, heads, args.steps)
-        if t is not None:
-            torch_times.append(t)
-    timing = {"one process (minigrad)": single, "tensor size 2, 1D (minigrad)": tensor2}
-    if torch_times:
-        timing["one process (PyTorch)"] = torch_times
+        for threads in sorted({1, cores}):
+            with threadpool_limits(threads):
+                t = _time_steps(_block(h, heads), mg_x, args.steps)
+            timing.setdefault(f"minigrad, 1 process × {threads} thread(s)", []).append(t)
+        t = max(tp_job(b, s, h, heads, args.steps))
+        timing.setdefault("minigrad, tensor size 2 (1D), 2 × 1", []).append(t)
+        for threads in sorted({1, cores}):
+            t = _torch_step_time(b, s, h, heads, args.steps, threads)
+            if t is not None:
+                timing.setdefault(f"PyTorch, 1 process × {threads} thread(s)", []).append(t)
     print(f"\nstep time of the block over {args.rounds} interleaved rounds of {args.steps} steps")
-    print(f"{'':32} {'median ms':>10} {'p10 ms':>8}")
+    print(f"{'':40} {'median ms':>10} {'p10 ms':>8}")
     for name, samples in timing.items():
-        print(f"{name:32} {statistics.median(samples) * 1e3:10.2f} {_pct(samples, 10) * 1e3:8.2f}")
+        print(f"{name:40} {statistics.median(samples) * 1e3:10.2f} {_pct(samples, 10) * 1e3:8.2f}")
     result = dict(cpu=_cpu_name(), cores=os.cpu_count(), batch=b, seq=s, dim=h, heads=heads,
                   bytes=rows, step_seconds=timing)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
