@@ -122,31 +122,30 @@ def _layer_logs(data):
 
 def _param_elements(model):
     """Elements of (Linear weights, everything else) this rank stores."""
-    weights = sum(p.size for n, p in model.named_parameters() if p.ndim == 2)
+    weights = sum(p.size for p in model.parameters() if p.ndim == 2)
     return weights, sum(p.size for p in model.parameters()) - weights
 
 
-def _mode_job(parallel):
-    dist.init_parallel(parallel)
-    data = _data()
+def _train_all(data):
+    """What both sides compute: the MLP and LM runs and the parameter sizes."""
     mg.random.seed(1)
     tp.reset_layout()
-    block = tp.TransformerBlock(DIM, HEADS)
-    return dict(
-        mlp=_train_mlp(_mlp(), data), lm=_train_lm(_lm(), data), logs=_layer_logs(data),
-        elements=dict(mlp=_param_elements(_mlp()), block=_param_elements(block)),
-    )
-
-
-@lru_cache(maxsize=None)
-def _reference():
-    data = _data()
-    mg.random.seed(1)
     block = tp.TransformerBlock(DIM, HEADS)
     return dict(
         mlp=_train_mlp(_mlp(), data), lm=_train_lm(_lm(), data),
         elements=dict(mlp=_param_elements(_mlp()), block=_param_elements(block)),
     )
+
+
+def _mode_job(parallel):
+    dist.init_parallel(parallel)
+    data = _data()
+    return dict(_train_all(data), logs=_layer_logs(data))
+
+
+@lru_cache(maxsize=None)
+def _reference():
+    return _train_all(_data())
 
 
 @lru_cache(maxsize=None)
