@@ -113,7 +113,7 @@ def parse_args(argv=None):
     p.add_argument("--mode", choices=["1d", "2d", "2.5d", "3d", "none"], default="2d")
     p.add_argument("--depth", type=int, default=2, help="2.5D depth")
     p.add_argument("--dp", type=int, default=1, help="data-parallel size")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=16, help="sequences per data-parallel replica")
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--dim", type=int, default=64)
