@@ -36,6 +36,7 @@ from minigrad.distributed.group import (
     new_group,
 )
 from minigrad.distributed.launcher import LaunchError, launcher
+from minigrad.distributed.parallel_context import get_parallel_context, init_parallel  # noqa: F401
 from minigrad.distributed.store import Client, Server, StoreError, StoreTimeout
 
 __all__ = [

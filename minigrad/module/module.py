@@ -217,12 +217,26 @@ class Module:
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Ordered ``name -> NumPy array`` copy of every parameter and buffer."""
+        """Ordered ``name -> NumPy array`` copy of every parameter and buffer, in logical form
+        (see :meth:`state_to_logical`)."""
         out: OrderedDict[str, np.ndarray] = OrderedDict()
         for name, t in self.named_tensors():
             arr = to_numpy(t.data)
             out[name] = arr.copy() if arr is t.data else arr
+        for prefix, module in self.named_modules():
+            module.state_to_logical(out, _dot(prefix))
         return out
+
+    def state_to_logical(self, state: dict, prefix: str) -> None:
+        """Hook of :meth:`state_dict`: replace this module's entries (``prefix + name``) of
+        ``state`` by their logical values. Layers whose tensors are shards of larger ones (tensor
+        parallelism) return the full tensors, so checkpoints do not depend on how a model is
+        split. The default leaves ``state`` as it is."""
+
+    def state_from_logical(self, state: dict, prefix: str) -> None:
+        """Hook of :meth:`load_state_dict`, the inverse of :meth:`state_to_logical`: replace this
+        module's logical entries of ``state`` (a copy of the caller's) by the local values to
+        load. The default leaves ``state`` as it is."""
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> "Module":
         """Copy values (NumPy arrays or Tensors) into the parameters and buffers by name.
@@ -237,6 +251,9 @@ class Module:
                 f"{type(self).__name__}.load_state_dict: expected a dict of name -> array, got "
                 f"{type(state_dict).__name__}"
             )
+        state_dict = dict(state_dict)  # the hooks replace entries; the caller's dict stays
+        for prefix, module in self.named_modules():
+            module.state_from_logical(state_dict, _dot(prefix))
         own = OrderedDict(self.named_tensors())
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
