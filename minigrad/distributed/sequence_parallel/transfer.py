@@ -25,6 +25,7 @@ from __future__ import annotations
 import queue
 import threading
 
+from minigrad.backend.device import as_device
 from minigrad.distributed import comm
 from minigrad.distributed.group import Group, get_p2p, get_world_size
 from minigrad.distributed.sequence_parallel.groups import position_in
@@ -102,8 +103,9 @@ class _ShiftPending:
 
 class RingExchange:
     """Hops around the ring of ``group`` (global ranks in group order; rank i sends to i+1 and
-    receives from i−1, cyclically), overlapped with compute unless ``overlap=False``. Received
-    arrays land on ``device`` (None: the default device).
+    receives from i−1, cyclically), overlapped with compute unless ``overlap=False``. The
+    transfers run with ``device`` current and received arrays land on it (None: the default
+    device).
 
     Use it as a context manager so its threads end with the ring::
 
@@ -118,7 +120,8 @@ class RingExchange:
         ranks = group.ranks
         self.next_rank = ranks[(index + 1) % size]
         self.prev_rank = ranks[(index - 1) % size]
-        self.size, self.device, self.overlap = size, device, bool(overlap)
+        self.size, self.overlap = size, bool(overlap)
+        self.device = None if device is None else as_device(device)
         self._workers = None
         if size > 1:
             if get_world_size() > 1:
@@ -128,11 +131,19 @@ class RingExchange:
     # -- the seam: torch.distributed.isend / irecv semantics -------------------------------------
     def isend(self, array, dst: int) -> Pending:
         """Start sending ``array`` to global rank ``dst``; it must not be modified until done."""
-        return self._workers[0].submit(comm.send, array, dst)
+        return self._workers[0].submit(self._on_device, comm.send, array, dst)
 
     def irecv(self, src: int) -> Pending:
         """Start receiving the next array from global rank ``src``."""
-        return self._workers[1].submit(comm.recv, src, self.device)
+        return self._workers[1].submit(self._on_device, comm.recv, src, self.device)
+
+    def _on_device(self, fn, *args):
+        """Run ``fn`` on a worker thread with this exchange's device current (CUDA's current
+        device is per thread)."""
+        if self.device is None:
+            return fn(*args)
+        with self.device.context():
+            return fn(*args)
 
     # -- ring hops -------------------------------------------------------------------------------
     def shift(self, arrays) -> _ShiftPending:

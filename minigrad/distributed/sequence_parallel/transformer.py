@@ -33,7 +33,7 @@ from minigrad.distributed.sequence_parallel.ulysses import UlyssesAttention
 from minigrad.tensor import Parameter, Tensor
 
 __all__ = ["ATTENTIONS", "DenseAttention", "SelfAttention", "SequenceParallelLM",
-           "TransformerBlock"]
+           "TransformerBlock", "make_attention"]
 
 ATTENTIONS = ("ring", "ulysses", "dense")
 

@@ -39,7 +39,7 @@ def _reference(q, k, v, dout, causal):
 
 
 def _attention_body(q, k, v, dout):
-    """Every case on this rank: the gathered output, the summed input gradients, the score blocks."""
+    """Every case on this rank: gathered output, summed input gradients, the score blocks."""
     results = {}
     for impl, causal, zigzag in CASES:
         ts = [mg.Tensor(a) for a in (q, k, v)]
@@ -79,7 +79,8 @@ def test_attention_equals_single_device(world):
             case = f"{impl} causal={causal} zigzag={zigzag} rank {r}"
             np.testing.assert_allclose(got["out"], out, rtol=1e-10, atol=1e-12, err_msg=case)
             for name, g, ref in zip("qkv", got["grads"], (dq, dk, dv)):
-                np.testing.assert_allclose(g, ref, rtol=1e-10, atol=1e-12, err_msg=f"d{name} {case}")
+                np.testing.assert_allclose(g, ref, rtol=1e-10, atol=1e-12,
+                                           err_msg=f"d{name} {case}")
         if impl == "ulysses":
             assert all(not got["blocks"] for got in per_rank)
             continue
@@ -135,7 +136,7 @@ def _error_body(heads):
 
 def test_errors_reach_every_rank():
     res = run_workers(_error_body, 4, 6, timeout=60, collective_timeout=20)
-    for rank, messages in enumerate(res):
+    for messages in res:
         assert len(messages) == 4, messages
         assert messages[0] == (
             "UlyssesAttention: heads=6 is not divisible by N=4 (the ranks of the sequence group); "

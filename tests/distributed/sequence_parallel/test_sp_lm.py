@@ -145,7 +145,7 @@ def test_three_steps_sequence2_data2_equal_one_process():
 
 
 def test_lm_arguments_are_checked():
-    with pytest.raises(ValueError, match=r"attention must be one of \('ring', 'ulysses', 'dense'\)"):
+    with pytest.raises(ValueError, match=r"must be one of \('ring', 'ulysses', 'dense'\)"):
         sp.SequenceParallelLM(VOCAB, DIM, 4, 1, MAX_LEN, attention="flash")
     model = _model("ring", True)
     with pytest.raises(ValueError, match="sequence length 17 exceeds max_len 16"):

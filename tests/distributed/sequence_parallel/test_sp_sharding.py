@@ -1,7 +1,6 @@
 """Sequence sharding: layouts, positions, split/gather (and their gradients), the ring block plan,
 and the errors, on one process and across ranks."""
 
-import itertools
 
 import numpy as np
 import pytest
