@@ -11,7 +11,7 @@ from the context.
     python examples/sequence_parallel_lm.py --sp 2 --dp 2 --sp-impl ulysses --causal
     python examples/sequence_parallel_lm.py --sp 2 --steps 3 --dtype float64 --check
 
-The loss per step, the configuration and the trained weights go to ``--out`` (printed at start).
+The loss per step, the configuration and the trained weights go to ``--out-dir`` (named on screen).
 ``--check`` trains the same model in one process with dense attention and prints the largest
 difference of the final weights (rounding level: ~1e-15 in float64).
 """
@@ -107,12 +107,12 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/sequence_parallel_lm", help="output folder")
+    p.add_argument("--out-dir", default="runs/sequence_parallel_lm", help="output folder")
     p.add_argument("--check", action="store_true", help="compare with a one-process run")
     args = p.parse_args(argv)
     if args.batch % args.dp:
         p.error(f"--batch {args.batch} is not divisible by --dp {args.dp}")
-    out = Path(args.out).resolve()
+    out = Path(args.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"sequence parallel {args.sp} ({args.sp_impl}) x data parallel {args.dp}: "
           f"writing to {out}")

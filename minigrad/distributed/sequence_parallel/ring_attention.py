@@ -26,7 +26,8 @@ times the work of rank 0. With **zigzag** shards (rank r holds chunks r and 2N�
 :mod:`.sharding`) every off-diagonal block is half visible: for s < r all of my queries see the
 sender's early chunk (its late chunk is entirely in my future), for s > r only my late chunk sees
 the sender's two chunks. So every rank computes the diagonal plus N−1 half blocks — the same work —
-and the halves the mask removes are never computed. :func:`ring_block_plan` is that table.
+and the halves the mask removes are never computed (only inside the diagonal block is the mask
+applied element by element). :func:`ring_block_plan` is that table.
 
 :func:`record_score_blocks` logs every score-sized array the kernel allocates (shape and bytes):
 tests use it to check the c × c bound and the balance of the causal work, benchmarks to measure
@@ -125,8 +126,8 @@ def _scores(xp, q_scaled, k, diagonal: bool):
 
 
 def _fold(xp, s, v, o, m, l) -> None:
-    """Fold one score block ``s`` (overwritten) and its values into the running ``o, m, l``
-    (views of this rank's state, updated in place)."""
+    """Fold one score block ``s`` (overwritten) and its values ``v`` into the running output
+    ``o``, row maximum ``m`` and normaliser ``l`` (views of this rank's state, updated in place)."""
     m_new = xp.maximum(m, s.max(axis=-1, keepdims=True))
     s -= m_new
     xp.exp(s, out=s)
@@ -206,7 +207,7 @@ def ring_backward(dout, q_scaled, k, v, out, lse, ring: RingExchange, rank: int,
     n, c = ring.size, q_scaled.shape[-2]
     delta = (dout * out).sum(axis=-1, keepdims=True)
     dq = xp.zeros_like(q_scaled)
-    kv, grads, pending_grads = [k, v], None, None
+    kv, pending_grads = [k, v], None
     for step in range(n):
         source = (rank - step) % n
         pending_kv = ring.shift(kv) if step < n - 1 else None

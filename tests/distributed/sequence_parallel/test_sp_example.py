@@ -25,7 +25,7 @@ def test_example_trains_like_one_process_and_writes_its_outputs(tmp_path, capsys
     out = tmp_path / "run"
     res = ex.main(["--sp", "2", "--dp", "2", "--sp-impl", "ulysses", "--causal", "--zigzag",
                    "--steps", "3", "--seq-len", "16", "--dtype", "float64", "--check",
-                   "--out", str(out)])
+                   "--out-dir", str(out)])
     assert f"writing to {out.resolve()}" in capsys.readouterr().out
     assert res["max_diff"] < 1e-10
     np.testing.assert_allclose(res["losses"], res["reference"]["losses"], rtol=1e-10)
