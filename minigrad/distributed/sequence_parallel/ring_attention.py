@@ -139,10 +139,23 @@ def _fold(xp, s, v, o, m, l) -> None:
     m[...] = m_new
 
 
-def _shard_mismatch(ring: RingExchange, rank: int, step: int, k, v, kv) -> str | None:
+def _ring_blocks(ring: RingExchange, rank: int, kv: list, causal: bool, zigzag: bool):
+    """Yield ``(step, source, plan, kv)`` for the N ring steps: the K/V block held at each step
+    (that of group rank ``source``) and what to compute with it. The hop bringing the next block
+    starts before the step is handed out and is waited for only when the next one is asked for,
+    so it overlaps the caller's compute."""
+    n, c = ring.size, kv[0].shape[-2]
+    for step in range(n):
+        source = (rank - step) % n
+        pending = ring.shift(kv) if step < n - 1 else None
+        yield step, source, ring_block_plan(rank, source, n, c, causal, zigzag), kv
+        if pending is not None:
+            kv = pending.wait()
+
+
+def _shard_mismatch(rank: int, source: int, k, v, kv) -> str | None:
     if kv[0].shape == k.shape and kv[1].shape == v.shape:
         return None
-    source = (rank - step) % ring.size
     return (
         f"RingAttention: the shards differ across the sequence group: group rank {rank} holds k "
         f"{k.shape} and v {v.shape}, group rank {source} holds k {kv[0].shape} and v "
@@ -154,25 +167,19 @@ def ring_forward(q_scaled, k, v, ring: RingExchange, rank: int, causal: bool, zi
     """Raw-array forward on this rank's shards; returns ``(out, lse)``. ``q_scaled`` is ``q``
     times the softmax scale."""
     xp = get_array_module(q_scaled)
-    n, c = ring.size, q_scaled.shape[-2]
     o = xp.zeros(q_scaled.shape[:-1] + v.shape[-1:], q_scaled.dtype)
     m = xp.full(q_scaled.shape[:-1] + (1,), -xp.inf, q_scaled.dtype)
     l = xp.zeros_like(m)
-    kv, error = [k, v], None
-    for step in range(n):
-        source = (rank - step) % n
-        pending = ring.shift(kv) if step < n - 1 else None
-        plan = ring_block_plan(rank, source, n, c, causal, zigzag)
+    error = None
+    for step, source, plan, kv in _ring_blocks(ring, rank, [k, v], causal, zigzag):
+        # after a mismatch keep passing the blocks on, so that every rank sees it and raises
+        error = error or _shard_mismatch(rank, source, k, v, kv)
         if plan is not None and error is None:
             rows, cols = (..., plan.rows, slice(None)), (..., plan.cols, slice(None))
             s = _scores(xp, q_scaled[rows], kv[0][cols], plan.diagonal)
             _note("forward", step, source, s)
             _fold(xp, s, kv[1][cols], o[rows], m[rows], l[rows])
             del s
-        if pending is not None:
-            kv = pending.wait()
-            # keep passing blocks on after a mismatch, so that every rank sees it and raises
-            error = error or _shard_mismatch(ring, rank, step + 1, k, v, kv)
     if error:
         raise ValueError(error)
     return o / l, m + xp.log(l)
@@ -204,14 +211,10 @@ def ring_backward(dout, q_scaled, k, v, out, lse, ring: RingExchange, rank: int,
     """Raw-array backward replaying the ring; returns ``(dq_scaled, dk, dv)`` where ``dq_scaled``
     still needs the softmax scale (the gradient with respect to ``q_scaled``)."""
     xp = get_array_module(q_scaled)
-    n, c = ring.size, q_scaled.shape[-2]
     delta = (dout * out).sum(axis=-1, keepdims=True)
     dq = xp.zeros_like(q_scaled)
-    kv, pending_grads = [k, v], None
-    for step in range(n):
-        source = (rank - step) % n
-        pending_kv = ring.shift(kv) if step < n - 1 else None
-        plan = ring_block_plan(rank, source, n, c, causal, zigzag)
+    pending_grads = None
+    for step, source, plan, kv in _ring_blocks(ring, rank, [k, v], causal, zigzag):
         grads = None
         if plan is not None:
             grads = _block_grads(xp, q_scaled, kv[0], kv[1], dout, lse, delta, dq, plan, step,
@@ -223,11 +226,9 @@ def ring_backward(dout, q_scaled, k, v, out, lse, ring: RingExchange, rank: int,
             else:
                 grads[0] += arrived[0]
                 grads[1] += arrived[1]
-        if n > 1:  # pass them on; after the last step they travel home to the block's owner
+        if ring.size > 1:  # pass them on; after the last step they travel home to their owner
             pending_grads = ring.shift(grads)
-        if pending_kv is not None:
-            kv = pending_kv.wait()
-    dk, dv = pending_grads.wait() if n > 1 else grads
+    dk, dv = pending_grads.wait() if ring.size > 1 else grads
     return dq, dk, dv
 
 
