@@ -10,42 +10,45 @@ Two groups matter:
   token count of the whole group.
 
 Every public function of this package takes ``group=None`` and resolves it here, at call time, so
-a model may be built before the process groups exist.
+a model may be built before the process groups exist: the groups of the parallel context when
+``dist.init_parallel`` was given tensor mode ``"sequence"`` (``"sequence"`` and ``"sequence_dp"``),
+otherwise WORLD.
 """
 
 from __future__ import annotations
 
 from minigrad.distributed.group import WORLD, Group, get_rank
+from minigrad.distributed.parallel_context import get_parallel_context
 
 __all__ = ["gradient_group", "position_in", "sequence_group"]
 
 
+def _context_group(name: str) -> Group:
+    """The context's group ``name`` when a sequence-parallel context exists, else WORLD."""
+    ctx = get_parallel_context(required=False)
+    return ctx.group(name) if ctx is not None and ctx.mode == "sequence" else WORLD
+
+
 def sequence_group(group: Group | None = None) -> Group:
-    """``group`` itself, or the default sequence group: WORLD.
+    """``group`` itself, or the default sequence group (the parallel context's ``"sequence"``
+    group in tensor mode ``"sequence"``, else WORLD).
 
     Example::
 
         n = sequence_group().size      # ranks sharing one sequence
     """
-    if group is not None:
-        return group
-    # INTEGRATION POINT (parallel context): once dist.init_parallel exists, return
-    # ctx.group("sequence") here when it was initialised with tensor mode "sequence".
-    return WORLD
+    return group if group is not None else _context_group("sequence")
 
 
 def gradient_group(group: Group | None = None) -> Group:
-    """``group`` itself, or the default group gradients and losses are summed over: WORLD.
+    """``group`` itself, or the default group gradients and losses are summed over (the parallel
+    context's ``"sequence_dp"`` group in tensor mode ``"sequence"``, else WORLD).
 
     Example::
 
         cb = dist.make_allreduce_cb("sum", group=gradient_group())
     """
-    if group is not None:
-        return group
-    # INTEGRATION POINT (parallel context): once dist.init_parallel exists, return
-    # ctx.group("sequence_dp") here when it was initialised with tensor mode "sequence".
-    return WORLD
+    return group if group is not None else _context_group("sequence_dp")
 
 
 def position_in(op: str, group: Group) -> tuple[int, int]:

@@ -7,6 +7,7 @@ import pytest
 
 import minigrad as mg
 import minigrad.autodiff as ad
+import minigrad.distributed as dist
 from minigrad.distributed import sequence_parallel as sp
 from minigrad.distributed.sequence_parallel.sharding import check_sequence_length
 from minigrad.testing.distributed import run_workers
@@ -157,3 +158,19 @@ def test_split_and_gather_across_ranks(world):
             "gather_sequence: a zigzag shard holds two equal chunks, but axis 1 has 3 tokens "
             "(odd) on this rank",
         ]
+
+
+def _default_groups():
+    before = (sp.sequence_group().ranks, sp.gradient_group().ranks)  # no context yet: WORLD
+    ctx = dist.init_parallel(dict(tensor=dict(size=2, mode="sequence")))
+    after = (sp.sequence_group().ranks, sp.gradient_group().ranks)
+    return before, after, ctx.group("sequence").ranks, ctx.group("sequence_dp").ranks
+
+
+def test_default_groups_follow_the_sequence_parallel_context():
+    """Without a context the sequence helpers use WORLD; after ``init_parallel`` with tensor mode
+    "sequence" they use the context's sequence and sequence x data groups."""
+    for rank, (before, after, seq, seq_dp) in enumerate(run_workers(_default_groups, 4)):
+        assert before == ([0, 1, 2, 3], [0, 1, 2, 3])
+        assert after == (seq, seq_dp)
+        assert len(seq) == 2 and rank in seq and sorted(seq_dp) == [0, 1, 2, 3]
