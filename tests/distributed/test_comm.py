@@ -18,7 +18,7 @@ def make(rank: int, case: int, shape, dtype: str) -> np.ndarray:
     """Rank/case-seeded input: quarter-integers for floats, so sums are exact even in float16."""
     rng = np.random.default_rng(1000 * rank + case)
     if dtype == "bool":
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)
     lo = 0 if np.dtype(dtype).kind == "u" else -8
     x = rng.integers(lo, 9, size=shape)
     if np.dtype(dtype).kind == "f":
@@ -54,8 +54,8 @@ def _all_collectives(ops=("sum", "max", "min")):
     for c, (shape, dtype) in enumerate(CASES):
         x = make(r, c, shape, dtype)
         for op in ops:
-            out["all_reduce", c, op] = comm.all_reduce(x, op)
-        out["reduce", c] = comm.reduce(x, "sum", root=n - 1)
+            out["all_reduce", c, op] = comm.all_reduce(x.copy(), op)  # in place: keep x
+        out["reduce", c] = comm.reduce(x.copy(), "sum", root=n - 1)
         out["broadcast", c] = comm.broadcast(x if r == n - 1 else None, root=n - 1)
         out["all_gather", c] = comm.all_gather(x)
         out["gather", c] = comm.gather(x, root=0)
@@ -137,7 +137,7 @@ def test_large_arrays_stream_in_rounds(monkeypatch, transport, n):
         r = dist.get_rank()
         x = make(r, 7, (301, 211), "float32")
         parts = [make(r, 50 + j, (1000 + 37 * j,), "int64") for j in range(n)]
-        return comm.all_reduce(x), comm.all_to_all(parts), comm.all_gather(x[: 100 + r])
+        return comm.all_reduce(x.copy()), comm.all_to_all(parts), comm.all_gather(x[: 100 + r])
 
     res = run_workers(body, n, timeout=60)
     xs = [make(r, 7, (301, 211), "float32") for r in range(n)]
@@ -158,7 +158,7 @@ def test_subgroups():
         x = np.full(3, r + 1.0)
         out = {"info": info}
         if r in (0, 2):
-            out["ar"] = comm.all_reduce(x, group=g)
+            out["ar"] = comm.all_reduce(x.copy(), group=g)  # in place: keep x
             out["bc"] = comm.broadcast(x if r == 2 else None, root=2, group=g)
             out["ag"] = comm.all_gather(x * 10, group=g)
             dist.group_barrier(g)
@@ -166,8 +166,8 @@ def test_subgroups():
             with pytest.raises(ValueError, match="not a member"):
                 comm.all_reduce(x, group=g)
         if r in (1, 2):
-            out["h"] = comm.all_reduce(x, "max", group=h)
-        out["world"] = comm.all_reduce(x)
+            out["h"] = comm.all_reduce(x.copy(), "max", group=h)
+        out["world"] = comm.all_reduce(x.copy())
         return out
 
     res = run_workers(body, 3)
@@ -212,7 +212,7 @@ def test_send_recv(monkeypatch, transport):
 def test_all_reduce_async_overlaps_and_keeps_order():
     def body():
         r = dist.get_rank()
-        works = [comm.all_reduce_async(np.full(1000, r + k, np.float32)) for k in range(5)]
+        works = [comm.all_reduce(np.full(1000, r + k, np.float32), async_op=True) for k in range(5)]
         mid = comm.all_reduce(np.array([r], np.int64))  # issued after: must not overtake
         return [w.wait() for w in works], mid
 
