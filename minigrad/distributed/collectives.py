@@ -135,7 +135,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
 
     def fill(ys):
         for i, y in enumerate(ys):
-            part = out[i] if stacked else out[i * x.shape[0] : (i + 1) * x.shape[0]]
+            part = out[i, ...] if stacked else out[i * x.shape[0] : (i + 1) * x.shape[0]]
             _store(part, y, "all_gather_into_tensor")
 
     return _finish(comm.all_gather(x, group, async_op), async_op, fill)
@@ -156,7 +156,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group: Group | None = 
     x, out = _array(input, "reduce_scatter_tensor"), _array(output, "reduce_scatter_tensor")
     n = resolve_group(group).size
     if tuple(x.shape) == (n, *out.shape):
-        chunks = [x[i] for i in range(n)]
+        chunks = [x[i, ...] for i in range(n)]
     elif out.ndim and tuple(x.shape) == (n * out.shape[0], *out.shape[1:]):
         chunks = [x[i * out.shape[0] : (i + 1) * out.shape[0]] for i in range(n)]
     else:

@@ -77,9 +77,16 @@ UFUNCS = {
 }
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def dtype_name(dtype) -> str:
-    """The dtype as users write it (``float32``), for fingerprints and error messages."""
-    return np.dtype(dtype).name
+    """The dtype as users write it (``float32``), for fingerprints and error messages (cached:
+    NumPy computes ``dtype.name`` anew on each access, which shows in per-call latency)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+    return name
 
 
 def fingerprint(op: str, seq: int, root: int | None = None, sig: Any = None) -> dict:

@@ -41,10 +41,10 @@ from minigrad.distributed.backends.base import (
 from minigrad.distributed.backends.cpu.transport import as_bytes
 from minigrad.distributed.backends.waiting import Waiter, Watchdog
 from minigrad.distributed.store import StoreTimeout
-from minigrad.distributed.wire import U64
 
-HEADER_SLOT = 1024  # bytes per member in the header round: fits every fixed-size call's header
+HEADER_SLOT = 512  # bytes per member in the header round: fits the headers of most calls
 PUBLISH_AFTER = 1.0  # seconds of waiting before a rank records its position in the store
+QUICK_POLLS = 64  # polls before the watchdog is set up: most calls complete within them
 TAG_HEADER, TAG_DATA = 1, 2  # point-to-point message parts (MPI keeps each tag's order per pair)
 _MPI_TYPES = {
     "float32": "FLOAT",
@@ -133,8 +133,9 @@ class MpiBackend(Backend):
     # --- waiting
     def _wait(self, request, what, seq: int) -> None:
         """Poll ``request`` until it completes, under the group's watchdog."""
-        if request.Test():
-            return
+        for _ in range(QUICK_POLLS):
+            if request.Test():
+                return
         ctx = self.ctx
         key = f"{ctx.prefix}/mpi-arrived"
         state = {"published": False}
@@ -167,30 +168,38 @@ class MpiBackend(Backend):
             raise
 
     def _agree(self, fp: dict) -> list[dict]:
-        """Every member's header (fingerprint + metadata), checked: one small Iallgather."""
+        """Every member's header (fingerprint + metadata), checked: one small Iallgather.
+
+        A header is JSON padded with zero bytes to :data:`HEADER_SLOT`; a longer one is sent as
+        ``#<length>`` and follows in a second, sized round that every member then joins.
+        """
         ctx, n = self.ctx, len(self.ctx.ranks)
         what = lambda: f"{describe(fp)} in group {ctx.ranks} (backend mpi)"
         raw = json.dumps(fp, separators=(",", ":")).encode()
-        slot = np.zeros(HEADER_SLOT, np.uint8)
-        slot[: U64.size] = np.frombuffer(U64.pack(len(raw)), np.uint8)
-        if U64.size + len(raw) <= HEADER_SLOT:
-            slot[U64.size : U64.size + len(raw)] = np.frombuffer(raw, np.uint8)
-        slots = np.empty((n, HEADER_SLOT), np.uint8)
-        self._wait(self.comm.Iallgather(slot, slots), what, fp["seq"])
-        lengths = [U64.unpack(bytes(s[: U64.size]))[0] for s in slots]
-        if max(lengths) + U64.size <= HEADER_SLOT:
-            blobs = [bytes(s[U64.size : U64.size + m]) for s, m in zip(slots, lengths)]
-        else:  # a long header somewhere: everyone sees it and runs a second, sized round
-            flat = np.empty(sum(lengths), np.uint8)
-            displs = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-            request = self.comm.Iallgatherv(
-                np.frombuffer(raw, np.uint8), [flat, lengths, displs, self.MPI.BYTE]
-            )
-            self._wait(request, what, fp["seq"])
-            blobs = [flat[d : d + m].tobytes() for d, m in zip(displs, lengths)]
-        headers = [json.loads(b) for b in blobs]
+        fits = len(raw) <= HEADER_SLOT
+        mine = (raw if fits else b"#%d" % len(raw)).ljust(HEADER_SLOT, b"\0")
+        slots = np.empty(n * HEADER_SLOT, np.uint8)
+        self._wait(self.comm.Iallgather(np.frombuffer(mine, np.uint8), slots), what, fp["seq"])
+        got = slots.tobytes()
+        if fits and got == mine * n:  # the usual case: every member sent the same header
+            headers = [fp] * n
+        else:
+            blobs = [got[j * HEADER_SLOT : (j + 1) * HEADER_SLOT].rstrip(b"\0") for j in range(n)]
+            if any(b.startswith(b"#") for b in blobs):
+                blobs = self._long_headers(raw, blobs, what, fp["seq"])
+            headers = [json.loads(b) for b in blobs]
         check_fingerprints(headers, ctx.ranks)
         return headers
+
+    def _long_headers(self, raw: bytes, blobs: list[bytes], what, seq: int) -> list[bytes]:
+        lengths = [int(b[1:]) if b.startswith(b"#") else len(b) for b in blobs]
+        flat = np.empty(sum(lengths), np.uint8)
+        displs = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        request = self.comm.Iallgatherv(
+            np.frombuffer(raw, np.uint8), [flat, lengths, displs, self.MPI.BYTE]
+        )
+        self._wait(request, what, seq)
+        return [flat[d : d + m].tobytes() for d, m in zip(displs, lengths)]
 
     def _typed(self, x, op: ReduceOp):
         """``(buffer spec, MPI op)`` for a reduction on ``x`` (float16 is handled by the caller)."""

@@ -1,0 +1,26 @@
+"""The PyTorch/OneFlow-style API on ``minigrad.distributed``: collectives in place on tensors and
+arrays, sync and async, against NumPy; objects; messages; groups; helpers."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from collective_cases import check_rank, run_cases
+
+import minigrad as mg
+import minigrad.distributed as dist
+from minigrad.distributed import comm
+from minigrad.testing.distributed import run_workers
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_torch_style_collective_equals_numpy(n):
+    res = run_workers(run_cases, n, timeout=120)
+    assert all(check_rank(got, r, n) > 150 for r, got in enumerate(res))
