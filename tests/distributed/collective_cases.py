@@ -51,12 +51,12 @@ def run_cases() -> dict:
     out: dict = {}
     for c, (shape, dtype) in enumerate(CASES):
         as_tensor = c % 2 == 1
-        wrap = (lambda a: mg.tensor(a, dtype=a.dtype, device="cpu0")) if as_tensor else (lambda a: a)
+        wrap = (lambda a: mg.tensor(a, dtype=a.dtype, device="cpu0")) if as_tensor else np.asarray
         get = (lambda t: t.numpy()) if as_tensor else (lambda a: a)
         asyn = c % 3 == 2
         x = value(r, c, shape, dtype)
 
-        def done(work):
+        def done(work, asyn=asyn):
             if asyn:
                 assert isinstance(work, dist.Work), work
                 work.wait()
@@ -132,8 +132,7 @@ def run_cases() -> dict:
                 assert dist.recv(t, 0) == 0
                 dist.send(wrap(x), 0)
             out["pair", c] = get(t)
-    done = dist.barrier(async_op=True)
-    done.wait()
+    dist.barrier(async_op=True).wait()
     return out
 
 
@@ -161,8 +160,8 @@ def check_rank(got: dict, r: int, n: int) -> int:
         same(got["all_gather_into_tensor/stack", c], np.stack(xs), ("agit/stack", c))
         if shape:
             same(got["all_gather_into_tensor/concat", c], np.concatenate(xs), ("agit/concat", c))
-            same(got["reduce_scatter_tensor/concat", c], reduce_ref([ch[r] for ch in chunks], "sum"),
-                 ("rst/concat", c))
+            expect = reduce_ref([ch[r] for ch in chunks], "sum")
+            same(got["reduce_scatter_tensor/concat", c], expect, ("rst/concat", c))
         same(got["reduce_scatter", c], reduce_ref([ch[r] for ch in chunks], "sum"), ("rs", c))
         same(got["reduce_scatter_tensor/stack", c], reduce_ref([ch[r] for ch in chunks], "min"),
              ("rst/stack", c))

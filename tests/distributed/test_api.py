@@ -3,20 +3,9 @@ arrays, sync and async, against NumPy; objects; messages; groups; helpers."""
 
 from __future__ import annotations
 
-import os
-import pickle
-import subprocess
-import sys
-import textwrap
-import time
-
-import numpy as np
 import pytest
 from collective_cases import check_rank, run_cases
 
-import minigrad as mg
-import minigrad.distributed as dist
-from minigrad.distributed import comm
 from minigrad.testing.distributed import run_workers
 
 

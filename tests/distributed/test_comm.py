@@ -68,30 +68,34 @@ def _all_collectives(ops=("sum", "max", "min")):
 
 
 def _check_all(res: list[dict], n: int, ops=("sum", "max", "min")) -> None:
+    for r in range(n):
+        check_rank(res[r], r, n, ops)
+
+
+def check_rank(got: dict, r: int, n: int, ops=("sum", "max", "min")) -> None:
+    """Check one rank's results of ``_all_collectives`` (also used by the mpiexec job)."""
     for c, (shape, dtype) in enumerate(CASES):
-        xs = [make(r, c, shape, dtype) for r in range(n)]
-        chunks = [[make(r, 100 + c * 10 + j, shape, dtype) for j in range(n)] for r in range(n)]
-        for r in range(n):
-            got = res[r]
-            for op in ops:
-                assert_same(got["all_reduce", c, op], reference(xs, op), dtype)
-            if r == n - 1:
-                assert_same(got["reduce", c], reference(xs, "sum"), dtype)
-            else:
-                assert got["reduce", c] is None
-            np.testing.assert_array_equal(got["broadcast", c], xs[n - 1])
-            assert got["broadcast", c].dtype == np.dtype(dtype)
+        xs = [make(j, c, shape, dtype) for j in range(n)]
+        chunks = [[make(j, 100 + c * 10 + i, shape, dtype) for i in range(n)] for j in range(n)]
+        for op in ops:
+            assert_same(got["all_reduce", c, op], reference(xs, op), dtype)
+        if r == n - 1:
+            assert_same(got["reduce", c], reference(xs, "sum"), dtype)
+        else:
+            assert got["reduce", c] is None
+        np.testing.assert_array_equal(got["broadcast", c], xs[n - 1])
+        assert got["broadcast", c].dtype == np.dtype(dtype)
+        for j in range(n):
+            np.testing.assert_array_equal(got["all_gather", c][j], xs[j])
+            assert got["all_to_all", c][j].dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(got["all_to_all", c][j], chunks[j][r])
+        if r == 0:
             for j in range(n):
-                np.testing.assert_array_equal(got["all_gather", c][j], xs[j])
-                assert got["all_to_all", c][j].dtype == np.dtype(dtype)
-                np.testing.assert_array_equal(got["all_to_all", c][j], chunks[j][r])
-            if r == 0:
-                for j in range(n):
-                    np.testing.assert_array_equal(got["gather", c][j], xs[j])
-            else:
-                assert got["gather", c] is None
-            np.testing.assert_array_equal(got["scatter", c], chunks[0][r])
-            assert_same(got["reduce_scatter", c], reference([ch[r] for ch in chunks], "sum"), dtype)
+                np.testing.assert_array_equal(got["gather", c][j], xs[j])
+        else:
+            assert got["gather", c] is None
+        np.testing.assert_array_equal(got["scatter", c], chunks[0][r])
+        assert_same(got["reduce_scatter", c], reference([ch[r] for ch in chunks], "sum"), dtype)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
