@@ -292,16 +292,35 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
     return [p.op(p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]
 
 
+def _pack_objects(obj) -> tuple[np.ndarray, TypeError | None]:
+    """``obj`` encoded for the wire; an object that cannot be sent becomes an error message that
+    travels instead, so the other ranks raise too rather than wait for data that never comes."""
+    try:
+        data, error = encode({"objects": obj}), None
+    except TypeError as exc:
+        data, error = encode({"error": str(exc)}), exc
+    return np.frombuffer(data, np.uint8).copy(), error
+
+
+def _unpack_objects(data: np.ndarray, where: str, sender: int):
+    envelope = decode(data.tobytes())
+    if "error" in envelope:
+        raise TypeError(f"{where}: rank {sender} could not send its objects: {envelope['error']}")
+    return envelope["objects"]
+
+
 def broadcast_object_list(object_list: list, src: int | None = None,
                           group: Group | None = None) -> None:
     """Replace the items of ``object_list`` on every rank with ``src``'s (same length everywhere).
-    Objects are limited to the types of :mod:`minigrad.distributed.objects` (no pickle)."""
+    Objects are limited to the types of :mod:`minigrad.distributed.objects` (never pickle); if
+    ``src`` passes another type, every rank raises TypeError."""
     g = resolve_group(group)
     root = g.root if src is None else src
-    data = None
-    if get_rank() == root:
-        data = np.frombuffer(encode(list(object_list)), np.uint8).copy()
-    got = decode(comm.broadcast(data, root, group).tobytes())
+    data, error = _pack_objects(list(object_list)) if get_rank() == root else (None, None)
+    data = comm.broadcast(data, root, group)
+    if error is not None:
+        raise error
+    got = _unpack_objects(data, "broadcast_object_list", root)
     if len(got) != len(object_list):
         raise ValueError(
             f"broadcast_object_list: rank {get_rank()} passed a list of {len(object_list)}, "
@@ -312,10 +331,15 @@ def broadcast_object_list(object_list: list, src: int | None = None,
 
 def all_gather_object(object_list: list, obj, group: Group | None = None) -> None:
     """``object_list[i]`` becomes rank i's ``obj`` (the list holds one entry per rank)."""
-    n = resolve_group(group).size
-    if len(object_list) != n:
+    g = resolve_group(group)
+    if len(object_list) != g.size:
         raise ValueError(
-            f"all_gather_object: expected a list of {n} entries, got {len(object_list)}"
+            f"all_gather_object: expected a list of {g.size} entries, got {len(object_list)}"
         )
-    data = np.frombuffer(encode(obj), np.uint8).copy()
-    object_list[:] = [decode(y.tobytes()) for y in comm.all_gather(data, group)]
+    data, error = _pack_objects(obj)
+    gathered = comm.all_gather(data, group)
+    if error is not None:
+        raise error
+    object_list[:] = [
+        _unpack_objects(y, "all_gather_object", r) for r, y in zip(g.ranks, gathered)
+    ]
