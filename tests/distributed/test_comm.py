@@ -282,8 +282,8 @@ def test_cupy_arrays(backend):
 
         r = dist.get_rank()
         x = cp.asarray(make(r, 3, (99, 77), "float32"))
-        return [cp.asnumpy(y) for y in (comm.all_reduce(x), comm.broadcast(x, root=0),
-                                        comm.all_reduce_async(x, "max").wait())]
+        return [cp.asnumpy(y) for y in (comm.all_reduce(x.copy()), comm.broadcast(x.copy(), root=0),
+                                        comm.all_reduce(x.copy(), "max", async_op=True).wait())]
 
     res = run_workers(body, n, backend=backend)
     xs = [make(r, 3, (99, 77), "float32") for r in range(n)]

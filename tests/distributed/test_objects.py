@@ -129,11 +129,11 @@ def _object_collectives():
 
 def test_broadcast_object_list_and_all_gather_object():
     res = run_workers(_object_collectives, 2, timeout=60)
-    for r, (objs, gathered, errors) in enumerate(res):
+    for objs, gathered, _ in res:
         assert objs[1] == 0 and objs[0]["ints"] == SAMPLE["ints"]
         for j, got in enumerate(gathered):
             assert_identical(got, {"rank": j, "w": np.full(j + 1, j, np.float16)})
-    for r, (_, _, errors) in enumerate(res):
+    for _, _, errors in res:
         assert "Custom" in errors[0] and "never pickles" in errors[0]
         assert "builtins.set" in errors[1] and errors[2] == "resync"
     assert "rank 0 could not send its objects" in res[1][2][0]
