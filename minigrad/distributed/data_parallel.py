@@ -53,6 +53,7 @@ class DistributedDataParallel(Module):
         return self._reducer(param, grad)
 
     def forward(self, *args, **kwargs):
+        """The wrapped module's forward, after re-broadcasting its buffers from the root."""
         if self.broadcast_buffers:
             buffers = list(self.module.buffers())
             if buffers:

@@ -48,6 +48,8 @@ class _Collective(Function):
 
 
 class AllReduceSum(_Collective):
+    """Forward: sum over the ranks. Backward: the sum of the ranks' output gradients."""
+
     def forward(self, x, group):
         self.group = group
         return comm.all_reduce(x.data.copy(), "sum", group)
@@ -57,6 +59,9 @@ class AllReduceSum(_Collective):
 
 
 class _AllReduceExtremum(_Collective):
+    """Forward: max/min over the ranks. Backward: summed gradient, kept where this rank's input
+    was the extremum."""
+
     def forward(self, x, group, op):
         self.group = group
         out = comm.all_reduce(x.data.copy(), op, group)
@@ -88,6 +93,8 @@ def all_reduce_min(inp: Tensor, group=WORLD, device=None) -> Tensor:
 
 
 class Broadcast(_Collective):
+    """Forward: the root's input on every rank. Backward: the gradients summed onto the root."""
+
     def forward(self, x, group, root):
         self.group, self.root = group, root
         return comm.broadcast(x.data.copy(), root, group)
@@ -143,6 +150,8 @@ def reduce_sum(inp: Tensor, group=WORLD, root: int | None = None):
 
 
 class Gather(_Collective):
+    """Forward: inputs concatenated on the root. Backward: the root scatters the gradient."""
+
     def forward(self, x, group, root, axis):
         self.group, self.root, self.axis = group, root, axis
         parts = comm.gather(x.data, root, group)
@@ -178,6 +187,8 @@ def gather(inp: Tensor, group=WORLD, root: int | None = None, axis: int = 0):
 
 
 class Scatter(_Collective):
+    """Forward: the root's chunks, one per rank. Backward: chunk gradients gathered on the root."""
+
     def forward(self, x, group, root, axis):
         self.group, self.root, self.axis = group, root, axis
         if get_rank() == root:
@@ -225,6 +236,8 @@ class _ScatterRecv(_Collective):
 
 
 class AllGather(_Collective):
+    """Forward: inputs concatenated on every rank. Backward: reduce-scatter of the gradient."""
+
     def forward(self, x, group, axis):
         self.group, self.axis = group, axis
         parts = comm.all_gather(x.data, group)
@@ -250,6 +263,8 @@ def _reduce_scatter(x: Tensor, group, axis: int, sizes) -> Tensor:
 
 
 class ReduceScatterSum(_Collective):
+    """Forward: sum over the ranks, chunk i to rank i. Backward: all-gather of the gradients."""
+
     def forward(self, x, group, axis, sizes):
         self.group, self.axis = group, axis
         return comm.reduce_scatter(_split_along(x, axis, sizes), "sum", group)
@@ -278,6 +293,9 @@ def reduce_scatter_sum(inp: Tensor, group=WORLD, axis: int = 0) -> Tensor:
 
 
 class AllToAll(_Collective):
+    """Forward: chunk i to rank i, received chunks concatenated. Backward: the transposed
+    all-to-all."""
+
     def forward(self, x, group, split_axis, concat_axis):
         self.group, self.split_axis, self.concat_axis = group, split_axis, concat_axis
         n = group.size
@@ -306,6 +324,8 @@ def all_to_all(inp: Tensor, group=WORLD, split_axis: int = 0, concat_axis: int =
 
 
 class RemoteSend(_Collective):
+    """Forward: send to ``dest`` (a token comes out). Backward: receive the gradient from it."""
+
     def forward(self, x, dest):
         self.dest, self.device = dest, x.device
         comm.send(x.data, dest)

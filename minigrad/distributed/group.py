@@ -119,6 +119,7 @@ class GroupContext:
 
     @property
     def size(self) -> int:
+        """Number of members."""
         return len(self.ranks)
 
     @property
@@ -195,19 +196,23 @@ class Group:
 
     @property
     def ranks(self) -> list[int]:
+        """Global ranks of the members, in group order."""
         return list(range(_state.world_size)) if self._ranks is None else list(self._ranks)
 
     @property
     def size(self) -> int:
+        """Number of members."""
         return len(self.ranks)
 
     @property
     def rank(self) -> int:
+        """This process's index in the group (-1 when it is not a member)."""
         ranks = self.ranks
         return ranks.index(_state.rank) if _state.rank in ranks else -1
 
     @property
     def root(self) -> int:
+        """The global rank of the group's first member: the default root of rooted calls."""
         return self.ranks[0]
 
     @property

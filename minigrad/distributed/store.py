@@ -364,6 +364,7 @@ class Client:
         return self.pop("user/" + key, timeout)
 
     def close(self) -> None:
+        """Close this client's connections (one per thread that used it)."""
         with self._lock:
             for s in self._socks:
                 try:

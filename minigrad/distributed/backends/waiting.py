@@ -51,15 +51,18 @@ class Watchdog:
         self.warned = False
 
     def what(self) -> str:
+        """The description of the wait."""
         return self._what() if callable(self._what) else self._what
 
     def missing(self) -> str:
+        """The ranks that have not arrived, as text (never raises: it is for a message)."""
         try:
             return str(sorted(self._missing()))
         except Exception as exc:  # the report must not hide the wait it reports on
             return f"unknown ({type(exc).__name__}: {exc})"
 
     def elapsed(self) -> float:
+        """Seconds since the wait began."""
         return time.monotonic() - self.start
 
     def poll(self) -> None:

@@ -61,6 +61,7 @@ class PeerChannels:
             threading.Thread(target=self._accept_loop, name="mg-p2p-accept", daemon=True).start()
 
     def close(self) -> None:
+        """Stop accepting connections and close every channel."""
         if self._lsock is not None:
             self._lsock.close()
         for ch in list(self.out.values()) + list(self.inc.values()):

@@ -145,6 +145,7 @@ class ShmTransport:
         self.step = 0
 
     def close(self) -> None:
+        """Unmap the group's segments."""
         for s in self.segs:
             s.close()
 
@@ -184,6 +185,7 @@ class ShmTransport:
             waiter.pause()
 
     def exchange(self, header: dict, sends: list, on_headers, consume, what) -> list[dict]:
+        """One exchange (see :mod:`.transport`), streamed in rounds of ``chunk`` bytes."""
         n, me = len(self.ranks), self.index
         bufs, seen, dirs, total = [], {}, [], 0
         for a in sends:
@@ -289,5 +291,6 @@ class Ring:
             ctrl[RING_READ] = r + k
 
     def close(self) -> None:
+        """Unmap the ring."""
         self.seg.close()
 

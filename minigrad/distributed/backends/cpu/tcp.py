@@ -99,6 +99,7 @@ class TcpTransport:
         self.sel = selectors.DefaultSelector()
 
     def close(self) -> None:
+        """Close the sockets to every peer."""
         for s in self.socks.values():
             s.close()
         self.socks.clear()
@@ -108,6 +109,7 @@ class TcpTransport:
         self.close()
 
     def exchange(self, header: dict, sends: list, on_headers, consume, what) -> list[dict]:
+        """One exchange (see :mod:`.transport`): a frame to and from every peer."""
         n, me = len(self.ranks), self.index
         payload = [as_bytes(a) if a is not None else None for a in sends]
         lens = [int(p.size) if p is not None else None for p in payload]
