@@ -22,7 +22,7 @@ Example::
 """
 
 from minigrad.distributed import comm, functional
-from minigrad.distributed.backends import (
+from minigrad.distributed.backends.base import (
     Backend,
     CollectiveError,
     CollectiveMismatchError,

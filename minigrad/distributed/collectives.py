@@ -28,30 +28,6 @@ from minigrad.distributed.group import Group, get_rank, resolve_group
 from minigrad.distributed.objects import decode, encode
 from minigrad.tensor import Tensor
 
-__all__ = [
-    "P2POp",
-    "ReduceOp",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_object",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_single",
-    "barrier",
-    "batch_isend_irecv",
-    "broadcast",
-    "broadcast_object_list",
-    "gather",
-    "irecv",
-    "isend",
-    "recv",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "scatter",
-    "send",
-]
-
 
 def _array(t, where: str):
     """The backend array of a Tensor (its own storage) or an array."""

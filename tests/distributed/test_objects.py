@@ -36,24 +36,24 @@ SAMPLE = {
 }
 
 
+def identity(obj):
+    """Everything that must survive a round trip: exact types, dtypes (with byte order), shapes,
+    bytes, float bit patterns, key order."""
+    if isinstance(obj, np.ndarray):
+        return ("ndarray", obj.dtype.str, obj.shape, obj.tobytes())
+    if isinstance(obj, np.generic):
+        return (type(obj).__name__, obj.dtype.str, obj.tobytes())
+    if isinstance(obj, dict):
+        return ("dict", tuple((k, identity(v)) for k, v in obj.items()))
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, tuple(identity(v) for v in obj))
+    if isinstance(obj, float):
+        return ("float", obj.hex())
+    return (type(obj).__name__, obj)
+
+
 def assert_identical(a, b) -> None:
-    assert type(a) is type(b), (a, b)
-    if isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
-    elif isinstance(a, np.generic):
-        assert a.dtype == b.dtype and a == b
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_identical(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_identical(x, y)
-    elif isinstance(a, float):
-        assert a.hex() == b.hex()
-    else:
-        assert a == b
+    assert identity(a) == identity(b)
 
 
 def test_round_trip_keeps_types_and_dtypes_exactly():

@@ -11,32 +11,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from minigrad.distributed.backends.base import (
-    Backend,
-    CollectiveError,
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    ReduceOp,
-    Work,
-)
+from minigrad.distributed.backends.base import Backend
 from minigrad.distributed.backends.cpu import CpuBackend
 from minigrad.distributed.backends.mpi import MpiBackend
 from minigrad.distributed.backends.nccl import NcclBackend
 
 BACKENDS = ("cpu", "mpi", "nccl")
 SETTINGS = BACKENDS + ("auto",)
-
-__all__ = [
-    "BACKENDS",
-    "Backend",
-    "CollectiveError",
-    "CollectiveMismatchError",
-    "CollectiveTimeoutError",
-    "ReduceOp",
-    "Work",
-    "choose_backend",
-    "create_backend",
-]
 
 _CLASSES = {"cpu": CpuBackend, "mpi": MpiBackend, "nccl": NcclBackend}
 

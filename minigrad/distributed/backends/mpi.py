@@ -28,16 +28,8 @@ import json
 
 import numpy as np
 
-from minigrad.distributed.backends.base import (
-    Backend,
-    CollectiveError,
-    ReduceOp,
-    check_broadcast_buffers,
-    check_fingerprints,
-    describe,
-    dtype_name,
-    fingerprint,
-)
+from minigrad.distributed.backends import base
+from minigrad.distributed.backends.base import Backend, CollectiveError, ReduceOp, dtype_name
 from minigrad.distributed.backends.cpu.transport import as_bytes
 from minigrad.distributed.backends.waiting import Waiter, Watchdog
 from minigrad.distributed.store import StoreTimeout
@@ -131,6 +123,10 @@ class MpiBackend(Backend):
         self.comm.Free()
 
     # --- waiting
+    def _what(self, fp: dict):
+        """The description of a call for the watchdog's messages (built only when needed)."""
+        return lambda: f"{base.describe(fp)} in group {self.ctx.ranks} (backend mpi)"
+
     def _wait(self, request, what, seq: int) -> None:
         """Poll ``request`` until it completes, under the group's watchdog."""
         for _ in range(QUICK_POLLS):
@@ -174,7 +170,7 @@ class MpiBackend(Backend):
         ``#<length>`` and follows in a second, sized round that every member then joins.
         """
         ctx, n = self.ctx, len(self.ctx.ranks)
-        what = lambda: f"{describe(fp)} in group {ctx.ranks} (backend mpi)"
+        what = self._what(fp)
         raw = json.dumps(fp, separators=(",", ":")).encode()
         fits = len(raw) <= HEADER_SLOT
         mine = (raw if fits else b"#%d" % len(raw)).ljust(HEADER_SLOT, b"\0")
@@ -188,7 +184,7 @@ class MpiBackend(Backend):
             if any(b.startswith(b"#") for b in blobs):
                 blobs = self._long_headers(raw, blobs, what, fp["seq"])
             headers = [json.loads(b) for b in blobs]
-        check_fingerprints(headers, ctx.ranks)
+        base.check_fingerprints(headers, ctx.ranks)
         return headers
 
     def _long_headers(self, raw: bytes, blobs: list[bytes], what, seq: int) -> list[bytes]:
@@ -215,12 +211,12 @@ class MpiBackend(Backend):
     def _reduction(self, kind: str, x, op: ReduceOp, seq: int, root: int | None) -> None:
         sig = [list(x.shape), dtype_name(x.dtype), op.value]
         rank_root = None if root is None else self.ctx.ranks[root]
-        fp = fingerprint(kind, seq, rank_root, sig)
+        fp = base.fingerprint(kind, seq, rank_root, sig)
         self._agree(fp)
         target = x.astype(np.float32) if x.dtype == np.float16 else x
         buf, mpi_op = self._typed(target, op)
         MPI = self.MPI
-        what = lambda: f"{describe(fp)} in group {self.ctx.ranks} (backend mpi)"
+        what = self._what(fp)
         if root is None:
             request = self.comm.Iallreduce(MPI.IN_PLACE, buf, mpi_op)
         elif self.ctx.rank == root:
@@ -241,21 +237,21 @@ class MpiBackend(Backend):
     def broadcast(self, x, root: int, seq: int):
         ranks = self.ctx.ranks
         meta = None if x is None else [list(x.shape), dtype_name(x.dtype)]
-        fp = dict(fingerprint("broadcast", seq, ranks[root]), meta=meta)
+        fp = dict(base.fingerprint("broadcast", seq, ranks[root]), meta=meta)
         headers = self._agree(fp)
-        check_broadcast_buffers(headers, root, ranks, seq)
+        base.check_broadcast_buffers(headers, root, ranks, seq)
         if x is None:
             shape, dt = headers[root]["meta"]
             x = np.empty(shape, dtype=np.dtype(dt))
-        what = lambda: f"{describe(fp)} in group {ranks} (backend mpi)"
+        what = self._what(fp)
         self._wait(self.comm.Ibcast([as_bytes(x), self.MPI.BYTE], root=root), what, seq)
         return x
 
     def _move(self, op, seq, root, sig, sends: list) -> list:
         """A data-movement collective: member j's ``sends[i]`` arrives as ``result[j]`` on member
         i. Runs as one ``Ialltoallv`` of bytes after the header round told everyone the shapes."""
-        ctx, me = self.ctx, self.ctx.rank
-        fp = dict(fingerprint(op, seq, root, sig),
+        me = self.ctx.rank
+        fp = dict(base.fingerprint(op, seq, root, sig),
                   meta=[None if a is None else [list(a.shape), dtype_name(a.dtype)] for a in sends])
         headers = self._agree(fp)
         outs = [None if h["meta"][me] is None else np.empty(h["meta"][me][0], h["meta"][me][1])
@@ -271,7 +267,7 @@ class MpiBackend(Backend):
         request = self.comm.Ialltoallv(
             [send_flat, send_counts, sdispl, B], [recv_flat, recv_counts, rdispl, B]
         )
-        what = lambda: f"{describe(fp)} in group {ctx.ranks} (backend mpi)"
+        what = self._what(fp)
         self._wait(request, what, seq)
         for o, d, c in zip(outs, rdispl, recv_counts):
             if o is not None and c:
@@ -294,9 +290,9 @@ class MpiBackend(Backend):
         return self._move("all_to_all", seq, None, dtype_name(chunks[0].dtype), list(chunks))
 
     def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int):
-        ctx, me = self.ctx, self.ctx.rank
+        me = self.ctx.rank
         metas = [[list(c.shape), dtype_name(c.dtype)] for c in chunks]
-        fp = fingerprint("reduce_scatter", seq, None, [metas, op.value])
+        fp = base.fingerprint("reduce_scatter", seq, None, [metas, op.value])
         self._agree(fp)
         widen = chunks[0].dtype == np.float16
         flat = np.concatenate([c.reshape(-1) for c in chunks])
@@ -305,12 +301,12 @@ class MpiBackend(Backend):
         send, mpi_op = self._typed(flat, op)
         recv, _ = self._typed(out, op)
         counts = [c.size for c in chunks]
-        what = lambda: f"{describe(fp)} in group {ctx.ranks} (backend mpi)"
+        what = self._what(fp)
         self._wait(self.comm.Ireduce_scatter(send, recv, counts, mpi_op), what, seq)
         return out.astype(chunks[me].dtype, copy=False).reshape(chunks[me].shape)
 
     def barrier(self, seq: int) -> None:
-        self._agree(fingerprint("barrier", seq))  # an all-gather: nobody leaves before all entered
+        self._agree(base.fingerprint("barrier", seq))  # an all-gather: all leave after all came
 
     # --- point to point
     def send(self, x, dst: int, header: dict) -> None:
