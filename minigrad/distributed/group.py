@@ -24,7 +24,6 @@ import json
 import os
 import re
 import socket
-import threading
 
 from minigrad.backend import set_default_device
 from minigrad.backend.xp import cupy_or_none
@@ -87,7 +86,6 @@ class _State:
         self.contexts: list[GroupContext] = []
         self.hosts: list[str] = []
         self.mpi_job = False
-        self.lock = threading.Lock()
 
 
 _state = _State()
