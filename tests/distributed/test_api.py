@@ -55,6 +55,13 @@ def _groups_and_errors():
     t = mg.tensor(np.full(3, r, np.float32))
     dist.all_reduce(t, op="MAX")  # names are case-insensitive
     info["max"] = t.numpy()
+    n = dist.get_world_size()  # a ring exchanged in one batch (PyTorch's batching API)
+    got = np.zeros(2, np.int64)
+    ops = [dist.P2POp(dist.isend, np.array([r, 7 * r]), (r + 1) % n),
+           dist.P2POp(dist.irecv, got, (r - 1) % n)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    info["ring"] = got
     if r == 1:
         time.sleep(0.3)
     entered = time.time()
@@ -79,8 +86,9 @@ def test_groups_reprs_and_argument_errors():
     assert "tags are not supported" in errors[6] and "root rank 7 is not in group" in errors[7]
     assert "non-native byte order" in errors[8] and "float32" in errors[8]
     assert len(errors) == 9
-    for info, _ in res:
+    for r, (info, _) in enumerate(res):
         np.testing.assert_array_equal(info["max"], [2.0, 2.0, 2.0])
+        np.testing.assert_array_equal(info["ring"], [(r - 1) % 3, 7 * ((r - 1) % 3)])
     last_entry = max(info["barrier"][0] for info, _ in res)
     assert all(info["barrier"][1] >= last_entry for info, _ in res)
 
