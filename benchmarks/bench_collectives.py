@@ -51,8 +51,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _implementations(use_mpi: bool) -> tuple[dict, callable]:
-    """``name -> fn(array)`` for every all-reduce to compare, and a barrier that syncs them all."""
+def _implementations(use_mpi: bool) -> tuple[dict, callable, callable]:
+    """``name -> fn(array)`` for every all-reduce to compare, a barrier that syncs them all, and a
+    function that closes what was opened."""
     impls = {}
     cpu_group = dist.new_group(None, backend="cpu") if use_mpi else None
     impls["minigrad-cpu"] = lambda x: dist.all_reduce(x, group=cpu_group)
@@ -68,19 +69,19 @@ def _implementations(use_mpi: bool) -> tuple[dict, callable]:
         import torch
         import torch.distributed as tdist
     except ImportError:
-        return impls, barrier
+        return impls, barrier, lambda: None
     torch.set_num_threads(1)
     port = [_free_port() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(port)
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port[0]}",
                              rank=dist.get_rank(), world_size=dist.get_world_size())
     impls["torch-gloo"] = lambda x: tdist.all_reduce(torch.from_numpy(x))
-    return impls, barrier
+    return impls, barrier, tdist.destroy_process_group
 
 
 def measure(sizes: list[int], rounds: int, use_mpi: bool) -> dict:
     """Per-call seconds of every implementation: ``{name: {size: [one sample per round]}}``."""
-    impls, barrier = _implementations(use_mpi)
+    impls, barrier, close = _implementations(use_mpi)
     names = list(impls)
     samples = {name: {n: [] for n in sizes} for name in names}
     arrays = {n: np.zeros(n // 4, np.float32) for n in sizes}  # zeros: sums stay 0 forever
@@ -98,6 +99,8 @@ def measure(sizes: list[int], rounds: int, use_mpi: bool) -> dict:
                 for _ in range(calls):
                     impls[name](arrays[n])
                 samples[name][n].append((time.perf_counter() - t) / calls)
+    barrier()
+    close()  # gloo's threads must be joined before exit, or the process aborts
     return samples
 
 
@@ -146,6 +149,9 @@ def _worker(args) -> None:
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
+    dist.barrier()  # the others wait for the report: mpiexec ends the job when one rank leaves
+    if use_mpi:
+        dist.destroy_process_group()
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 
 import numpy as np
 
@@ -36,7 +37,8 @@ from minigrad.distributed.store import StoreTimeout
 
 HEADER_SLOT = 512  # bytes per member in the header round: fits the headers of most calls
 PUBLISH_AFTER = 1.0  # seconds of waiting before a rank records its position in the store
-QUICK_POLLS = 64  # polls before the watchdog is set up: most calls complete within them
+QUICK_POLLS = 16  # polls before the watchdog is set up: small calls usually complete within them
+MPI_SPIN_POLLS = 500  # then ~100 us of polling before each poll also yields the core
 TAG_HEADER, TAG_DATA = 1, 2  # point-to-point message parts (MPI keeps each tag's order per pair)
 _MPI_TYPES = {
     "float32": "FLOAT",
@@ -155,7 +157,7 @@ class MpiBackend(Backend):
                 ctx.client.set(f"{key}/{ctx.rank}", seq)
                 state["published"] = True
 
-        waiter = Waiter(watchdog, publish)
+        waiter = Waiter(watchdog, publish, spin_polls=MPI_SPIN_POLLS, yield_polls=math.inf)
         try:
             while not request.Test():
                 waiter.pause()
@@ -343,6 +345,6 @@ class MpiBackend(Backend):
             return
         ctx = self.ctx
         watchdog = Watchdog(what, ctx.timeout, ctx.warn_after, ctx.global_rank, lambda: [peer])
-        waiter = Waiter(watchdog)
+        waiter = Waiter(watchdog, spin_polls=MPI_SPIN_POLLS, yield_polls=math.inf)
         while not request.Test():
             waiter.pause()
