@@ -304,6 +304,21 @@ def _mpi_rendezvous(rank: int, secret: bytes):
     return addr, info["port"], info["secret"].encode(), info["job"], server
 
 
+def _own_store(rank: int, master_ip: str, port: int, secret: bytes):
+    """Rank 0 starts the store unless a launcher or a user-started ``dist.Server`` runs one;
+    returns ``(this process's server or None, port)``."""
+    if rank == 0 and os.environ.get(STORE_ENV) != "external":
+        if port == 0 or not _store.is_serving(master_ip, port, secret):
+            server = _store.Server(port, secret)
+            return server, server.port
+    elif port == 0:
+        raise ValueError(
+            f"init_process_group: rank {rank} needs the store's port (argument, MASTER_PORT or "
+            f"init_method='tcp://HOST:PORT')"
+        )
+    return None, port
+
+
 def init_process_group(
     master_ip: str | None = None,
     port: int | None = None,
@@ -368,17 +383,9 @@ def init_process_group(
     server = None
     if port is None and mpi_job and world_size > 1:
         master_ip, port, secret_b, job, server = _mpi_rendezvous(rank, secret_b)
-    master_ip = master_ip or "127.0.0.1"
-    port = int(port or 0)
-    if rank == 0 and server is None and os.environ.get(STORE_ENV) != "external":
-        if port == 0 or not _store.is_serving(master_ip, port, secret_b):
-            server = _store.Server(port, secret_b)
-            port = server.port
-    elif port == 0 and server is None:
-        raise ValueError(
-            f"init_process_group: rank {rank} needs the store's port (argument, MASTER_PORT or "
-            f"init_method='tcp://HOST:PORT')"
-        )
+    master_ip, port = master_ip or "127.0.0.1", int(port or 0)
+    if server is None:
+        server, port = _own_store(rank, master_ip, port, secret_b)
     try:
         client = _store.Client(master_ip, port, secret_b, timeout=timeout)
     except BaseException:
