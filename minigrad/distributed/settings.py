@@ -14,7 +14,8 @@ variable                           default     meaning
                                                (``cpu``, ``mpi``, ``nccl`` or ``auto``)
 ``MINIGRAD_DIST_TRANSPORT``        auto        cpu backend transport: ``shm``, ``tcp`` or ``auto``
 ``MINIGRAD_DIST_SHM_CHUNK``        1 MiB       bytes per shared-memory round (and p2p ring size)
-``MINIGRAD_DIST_SECRET``           (random)    store secret; set the same on every machine
+``MINIGRAD_DIST_SECRET``           (empty)     store secret (launchers draw a random one); set
+                                               the same on every machine of a job
 ``MINIGRAD_NPROC``                 2           ranks per machine on CPU-only hosts
 =================================  ==========  ==================================================
 
