@@ -1,7 +1,12 @@
-"""All-reduce latency and bandwidth: minigrad's cpu backend vs torch.distributed gloo (if any).
+"""All-reduce latency and bandwidth on 2 processes: minigrad's cpu and mpi backends, raw mpi4py and
+torch.distributed's gloo, measured in the same processes, interleaved round by round.
 
-Run: ``python benchmarks/bench_collectives.py [--nproc 2] [--iters 30]``. Prints a table and writes
-``benchmarks/results/collectives.json``. Algorithm bandwidth = bytes of the array / time per call.
+Run: ``python benchmarks/bench_collectives.py [--rounds 15]``. It restarts itself under
+``mpiexec -n 2`` (from the ``[mpi]`` extra) so that all four run in one job; without mpiexec it
+measures the cpu backend and gloo through ``@dist.launcher``. Each round times a block of calls per
+implementation (the order rotates between rounds); the table gives the median and the 10th
+percentile of the rounds' time per call, and the algorithm bandwidth (array bytes / time) of the
+median. Writes ``benchmarks/results/collectives.json`` (medians in ``seconds_per_call``).
 """
 
 from __future__ import annotations
@@ -9,62 +14,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import shutil
 import socket
-import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
 
 import minigrad.distributed as dist
-from minigrad.distributed import comm
-from minigrad.distributed.launcher import launcher
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+WORKER_FLAG = "--worker"
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "collectives.json")
 
 
-def _iters_for(nbytes: int, iters: int) -> int:
-    return iters * 10 if nbytes <= (64 << 10) else iters
+def _calls_per_block(nbytes: int) -> int:
+    return 50 if nbytes <= (64 << 10) else (10 if nbytes <= (1 << 20) else 3)
 
 
-def _time_calls(fn, n: int) -> float:
-    """Median seconds per call over ``n`` calls, after warm-up (first-touch page faults)."""
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
-
-
-def _minigrad_body(sizes, iters, transport):
-    out = {}
-    for nbytes in sizes:
-        x = np.random.default_rng(dist.get_rank()).random(nbytes // 4).astype(np.float32)
-        comm.barrier()
-        out[nbytes] = _time_calls(lambda x=x: comm.all_reduce(x), _iters_for(nbytes, iters))
-    return out
-
-
-def _gloo_body(sizes, iters, port):
-    import torch
-    import torch.distributed as tdist
-
-    torch.set_num_threads(1)
-    tdist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
-    )
-    out = {}
-    for nbytes in sizes:
-        t = torch.rand(nbytes // 4)
-        tdist.barrier()
-        out[nbytes] = _time_calls(lambda t=t: tdist.all_reduce(t), _iters_for(nbytes, iters))
-    tdist.destroy_process_group()
-    return out
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _free_port() -> int:
@@ -73,55 +51,127 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _raw_copy_bandwidth(nbytes: int = 16 << 20) -> float:
-    a = np.ones(nbytes // 4, np.float32)
-    b = np.empty_like(a)
-    return nbytes / _time_calls(lambda: np.copyto(b, a), 20) / 1e9
+def _implementations(use_mpi: bool) -> tuple[dict, callable, callable]:
+    """``name -> fn(array)`` for every all-reduce to compare, a barrier that syncs them all, and a
+    function that closes what was opened."""
+    impls = {}
+    cpu_group = dist.new_group(None, backend="cpu") if use_mpi else None
+    impls["minigrad-cpu"] = lambda x: dist.all_reduce(x, group=cpu_group)
+    barrier = dist.barrier
+    if use_mpi:
+        from mpi4py import MPI
+
+        raw = MPI.COMM_WORLD.Dup()
+        impls["minigrad-mpi"] = lambda x: dist.all_reduce(x)
+        impls["mpi4py"] = lambda x: raw.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+        barrier = raw.Barrier
+    try:
+        import torch
+        import torch.distributed as tdist
+    except ImportError:
+        return impls, barrier, lambda: None
+    torch.set_num_threads(1)
+    port = [_free_port() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(port)
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port[0]}",
+                             rank=dist.get_rank(), world_size=dist.get_world_size())
+    impls["torch-gloo"] = lambda x: tdist.all_reduce(torch.from_numpy(x))
+    return impls, barrier, tdist.destroy_process_group
+
+
+def measure(sizes: list[int], rounds: int, use_mpi: bool) -> dict:
+    """Per-call seconds of every implementation: ``{name: {size: [one sample per round]}}``."""
+    impls, barrier, close = _implementations(use_mpi)
+    names = list(impls)
+    samples = {name: {n: [] for n in sizes} for name in names}
+    arrays = {n: np.zeros(n // 4, np.float32) for n in sizes}  # zeros: sums stay 0 forever
+    for name in names:  # warm up: first-touch page faults, connections, buffers
+        for n in sizes:
+            for _ in range(3):
+                impls[name](arrays[n])
+    for r in range(rounds):
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            for n in sizes:
+                calls = _calls_per_block(n)
+                barrier()
+                t = time.perf_counter()
+                for _ in range(calls):
+                    impls[name](arrays[n])
+                samples[name][n].append((time.perf_counter() - t) / calls)
+    barrier()
+    close()  # gloo's threads must be joined before exit, or the process aborts
+    return samples
+
+
+def _report(samples: dict, sizes: list[int], rounds: int, launch: str) -> dict:
+    stats = {name: {n: (float(np.median(s[n])), float(np.percentile(s[n], 10))) for n in sizes}
+             for name, s in samples.items()}
+    print(f"all_reduce float32 in place, 2 processes ({launch}), {os.cpu_count()} cores: "
+          f"{_cpu_name()}; {rounds} interleaved rounds; median / p10 per call")
+    print(f"{'size':>9} | " + " | ".join(f"{name:>30}" for name in stats))
+    for n in sizes:
+        cells = []
+        for name in stats:
+            med, p10 = stats[name][n]
+            cells.append(f"{med * 1e6:8.1f} / {p10 * 1e6:7.1f} us {n / med / 1e9:5.2f} GB/s")
+        print(f"{n // 1024:>6} KiB | " + " | ".join(f"{c:>30}" for c in cells))
+    result = {
+        "nproc": 2,
+        "cpu_count": os.cpu_count(),
+        "cpu": _cpu_name(),
+        "launch": launch,
+        "rounds": rounds,
+        "seconds_per_call": {k: {str(n): v[n][0] for n in sizes} for k, v in stats.items()},
+        "p10_seconds_per_call": {k: {str(n): v[n][1] for n in sizes} for k, v in stats.items()},
+    }
+    if "mpi4py" in stats:
+        ratios = {str(n): stats["minigrad-mpi"][n][0] / stats["mpi4py"][n][0] for n in sizes}
+        result["minigrad_mpi_time_vs_mpi4py"] = ratios
+        print("minigrad mpi / raw mpi4py time per call: "
+              + ", ".join(f"{int(n) // 1024} KiB {r:.2f}x" for n, r in ratios.items())
+              + " (target: within 1.10x)")
+    if "torch-gloo" in stats:
+        big, small = max(sizes), min(sizes)
+        gloo, cpu = stats["torch-gloo"], stats["minigrad-cpu"]
+        result["bandwidth_ratio_16MiB_vs_gloo"] = gloo[big][0] / cpu[big][0]
+        result["latency_ratio_4KiB_vs_gloo"] = cpu[small][0] / gloo[small][0]
+    return result
+
+
+def _worker(args) -> None:
+    use_mpi = args.launch == "mpiexec"
+    if use_mpi:
+        dist.init_process_group(backend="mpi")
+    samples = measure(args.sizes, args.rounds, use_mpi)
+    if dist.get_rank() == 0:
+        result = _report(samples, args.sizes, args.rounds, args.launch)
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    dist.barrier()  # the others wait for the report: mpiexec ends the job when one rank leaves
+    if use_mpi:
+        dist.destroy_process_group()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
-                                                  "collectives.json"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="bytes per array")
+    ap.add_argument("--out", default=RESULTS)
+    ap.add_argument(WORKER_FLAG, dest="launch", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    run = launcher(_minigrad_body, n_gpus=args.nproc, device_type="cpu", job_timeout=600)
-    rows = {"minigrad-shm": run(SIZES, args.iters, "shm")[0]}
-    os.environ["MINIGRAD_DIST_TRANSPORT"] = "tcp"
-    rows["minigrad-tcp"] = run(SIZES, args.iters, "tcp")[0]
-    del os.environ["MINIGRAD_DIST_TRANSPORT"]
-    try:
-        import torch  # noqa: F401
-
-        gloo = launcher(_gloo_body, n_gpus=args.nproc, device_type="cpu", job_timeout=600)
-        rows["torch-gloo"] = gloo(SIZES, args.iters, _free_port())[0]
-    except ImportError:
-        pass
-    print(f"all_reduce float32, {args.nproc} processes, {os.cpu_count()} cores "
-          f"(raw memcpy {_raw_copy_bandwidth():.2f} GB/s)")
-    print(f"{'size':>9} | " + " | ".join(f"{k:>22}" for k in rows))
-    for nbytes in SIZES:
-        cells = []
-        for k in rows:
-            t = rows[k][nbytes]
-            cells.append(f"{t * 1e6:9.1f} us {nbytes / t / 1e9:6.2f} GB/s")
-        print(f"{nbytes // 1024:>6} KiB | " + " | ".join(f"{c:>22}" for c in cells))
-    result = {
-        "nproc": args.nproc,
-        "cpu_count": os.cpu_count(),
-        "seconds_per_call": {k: {str(s): v for s, v in r.items()} for k, r in rows.items()},
-    }
-    if "torch-gloo" in rows:
-        g, m = rows["torch-gloo"], rows["minigrad-shm"]
-        result["bandwidth_ratio_16MiB_vs_gloo"] = g[16 << 20] / m[16 << 20]
-        result["latency_ratio_4KiB_vs_gloo"] = m[4 << 10] / g[4 << 10]
-        print(f"16 MiB bandwidth: {result['bandwidth_ratio_16MiB_vs_gloo']:.2f}x gloo "
-              f"(target >= 2.5); 4 KiB latency: {result['latency_ratio_4KiB_vs_gloo']:.2f}x gloo "
-              f"(target <= 0.5)")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    if args.launch is not None:
+        _worker(args)
+        return
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which(
+        "mpiexec")
+    if mpiexec is not None:
+        cmd = [mpiexec, "-n", "2", sys.executable, os.path.abspath(__file__), *sys.argv[1:],
+               WORKER_FLAG, "mpiexec"]
+        sys.exit(subprocess.call(cmd))
+    args.launch = "dist.launcher"
+    dist.launcher(_worker, n_gpus=2, device_type="cpu", job_timeout=900)(args)
 
 
 if __name__ == "__main__":

@@ -75,14 +75,23 @@ def _memory_body(seq_len: int, impl: str, causal: bool) -> dict:
 
 
 def _simulate_link(gbps: float) -> None:
-    """Make every ``comm.send`` of this process first wait as long as ``gbps`` would need."""
-    real_send = comm.send
+    """Make every point-to-point send of this process first wait as long as ``gbps`` would need.
 
-    def slow_send(x, dst):
-        time.sleep(x.nbytes / (gbps * 1e9))
-        real_send(x, dst)
+    The wait goes where a slow link would put it: into the transfer itself, which ``comm.isend``
+    runs on the peer's worker thread (so an overlapped ring hides it, a blocking one does not).
+    This patches ``comm``'s private transfer factory: a benchmark-only instrument."""
+    real_send_now = comm._send_now
 
-    comm.send = slow_send
+    def slow_send_now(x, dst, world):
+        transfer = real_send_now(x, dst, world)
+
+        def slow_transfer():
+            time.sleep(x.nbytes / (gbps * 1e9))  # releases the GIL, as a socket send would
+            return transfer()
+
+        return slow_transfer
+
+    comm._send_now = slow_send_now
 
 
 def _timing_body(seq_len: int, causal: bool, rounds: int, link_gbps: float | None) -> dict:

@@ -71,7 +71,12 @@ def _count_gpus() -> GpuProbe:
         n = next((i for i, v in enumerate(ids) if v.startswith("-")), len(ids))
         return GpuProbe(n, None if n else f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU")
     if os.path.isdir(NVIDIA_GPUS_DIR):
-        n = len(os.listdir(NVIDIA_GPUS_DIR))
+        try:
+            n = len(os.listdir(NVIDIA_GPUS_DIR))
+        except OSError as exc:
+            return GpuProbe(0, f"cannot count GPUs: {NVIDIA_GPUS_DIR} is unreadable "
+                               f"({exc.strerror}); set CUDA_VISIBLE_DEVICES to choose the GPUs "
+                               "explicitly", failed=True)
         return GpuProbe(n, None if n else f"the NVIDIA driver lists no GPU in {NVIDIA_GPUS_DIR}")
     try:
         n = int(cp.cuda.runtime.getDeviceCount())

@@ -1,8 +1,12 @@
-"""Distributed training (MegEngine's ``megengine.distributed`` API), on CPU and GPU.
+"""Distributed training on CPU and GPU: MegEngine's ``megengine.distributed`` API, plus the
+collectives of PyTorch's ``torch.distributed`` and OneFlow's ``oneflow.comm``.
 
-Layers: :mod:`.store` (authenticated TCP rendezvous), :mod:`.group` (process groups),
-:mod:`.comm` (array collectives; backends in :mod:`.backends`), :mod:`.launcher` and
-``python -m minigrad.distributed.launch`` (start the ranks).
+Layers, bottom up: :mod:`.settings` (defaults, environment variables), :mod:`.store` (authenticated
+TCP rendezvous), :mod:`.env` (what launchers tell ranks), :mod:`.backends` (cpu, mpi and nccl
+behind one interface), :mod:`.group` (process groups), :mod:`.comm` (array collectives, the one
+implementation), :mod:`.collectives` (PyTorch-style, in place, on tensors), :mod:`.functional`
+(MegEngine's differentiable collectives), :mod:`.helper` and :mod:`.data_parallel` (data
+parallelism), :mod:`.launcher` and ``python -m minigrad.distributed.launch`` (start the ranks).
 
 Example::
 
@@ -10,70 +14,125 @@ Example::
 
     @dist.launcher
     def main():
-        return dist.comm.all_reduce(np.ones(2) * dist.get_rank())
+        x = np.ones(2) * dist.get_rank()
+        dist.all_reduce(x)                 # in place, like torch.distributed
+        return x
 
     main()   # -> [array([1., 1.]), array([1., 1.])]
 """
 
-from minigrad.distributed import comm
-from minigrad.distributed.backends import (
+from minigrad.distributed import comm, functional
+from minigrad.distributed.backends.base import (
+    Backend,
     CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
+    ReduceOp,
     Work,
 )
+from minigrad.distributed.collectives import (
+    P2POp,
+    all_gather,
+    all_gather_into_tensor,
+    all_gather_object,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    batch_isend_irecv,
+    broadcast,
+    broadcast_object_list,
+    gather,
+    irecv,
+    isend,
+    recv,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+    send,
+)
+from minigrad.distributed.comm import group_barrier
+from minigrad.distributed.data_parallel import DistributedDataParallel
 from minigrad.distributed.group import (
     WORLD,
     Group,
     destroy_process_group,
     get_backend,
     get_client,
+    get_local_rank,
+    get_node_size,
     get_rank,
     get_world_size,
-    group_barrier,
     init_process_group,
+    is_available,
     is_distributed,
+    is_initialized,
     new_group,
 )
+from minigrad.distributed.helper import bcast_list_, make_allreduce_cb, synchronized
 from minigrad.distributed.launcher import LaunchError, launcher
-from minigrad.distributed.parallel_context import get_parallel_context, init_parallel  # noqa: F401
+from minigrad.distributed.log import get_logger
+from minigrad.distributed.parallel_context import get_parallel_context, init_parallel
 from minigrad.distributed.store import Client, Server, StoreError, StoreTimeout
+from minigrad.distributed.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "WORLD",
+    "Backend",
     "Client",
     "CollectiveError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "DistributedDataParallel",
     "Group",
     "LaunchError",
+    "P2POp",
+    "ReduceOp",
     "Server",
     "StoreError",
     "StoreTimeout",
+    "SyncBatchNorm",
     "Work",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "batch_isend_irecv",
+    "bcast_list_",
+    "broadcast",
+    "broadcast_object_list",
     "comm",
     "destroy_process_group",
+    "functional",
+    "gather",
     "get_backend",
     "get_client",
+    "get_local_rank",
+    "get_logger",
+    "get_node_size",
+    "get_parallel_context",
     "get_rank",
     "get_world_size",
     "group_barrier",
+    "init_parallel",
     "init_process_group",
+    "irecv",
+    "is_available",
     "is_distributed",
+    "is_initialized",
+    "isend",
     "launcher",
+    "make_allreduce_cb",
     "new_group",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "send",
+    "synchronized",
 ]
-
-# ---- Differentiable layer (written by the dist.functional / helper engineer) -------------------
-# `functional` (differentiable collectives), `helper` (bcast_list_, make_allreduce_cb) and
-# `data_parallel` build on `comm` above; they are imported here once they exist.
-try:  # pragma: no cover - depends on files owned by another engineer
-    from minigrad.distributed import functional  # noqa: F401
-    from minigrad.distributed.data_parallel import DistributedDataParallel  # noqa: F401
-    from minigrad.distributed.helper import bcast_list_, make_allreduce_cb  # noqa: F401
-    from minigrad.distributed.sync_batch_norm import SyncBatchNorm  # noqa: F401
-
-    __all__ += ["functional", "bcast_list_", "make_allreduce_cb", "DistributedDataParallel",
-                "SyncBatchNorm"]
-except ImportError:
-    pass

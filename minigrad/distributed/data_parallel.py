@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 
 from minigrad.autodiff.grad_manager import register_grad_hook
-from minigrad.distributed.group import WORLD
-from minigrad.distributed.helper import AllreduceCallback, bcast_list_
+from minigrad.distributed.group import WORLD, resolve_group
+from minigrad.distributed.helper import DEFAULT_BUCKET_MB, AllreduceCallback, bcast_list_
 from minigrad.module.module import Module
 
 
@@ -32,13 +32,13 @@ class DistributedDataParallel(Module):
         self,
         module: Module,
         broadcast_buffers: bool = True,
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float = DEFAULT_BUCKET_MB,
         group=WORLD,
     ):
         super().__init__()
         self.module = module
         self.broadcast_buffers = broadcast_buffers
-        self._group = WORLD if group is None else group
+        self._group = resolve_group(group)
         self._reducer = AllreduceCallback("mean", self._group, bucket_size_mb=bucket_cap_mb)
         self._sync = True
         bcast_list_(list(module.tensors()), self._group)
@@ -53,6 +53,7 @@ class DistributedDataParallel(Module):
         return self._reducer(param, grad)
 
     def forward(self, *args, **kwargs):
+        """The wrapped module's forward, after re-broadcasting its buffers from the root."""
         if self.broadcast_buffers:
             buffers = list(self.module.buffers())
             if buffers:

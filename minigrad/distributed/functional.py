@@ -1,5 +1,7 @@
-"""Differentiable collectives (``dist.functional``): each forward is a collective from ``comm`` and
-each backward is its adjoint collective, so gradients cross ranks exactly as activations did.
+"""Differentiable collectives (``dist.functional``, MegEngine's names): each forward is a collective
+from :mod:`.comm` and each backward is its adjoint collective, so gradients cross ranks exactly as
+activations did. Conventions are comm's: ``group=None`` is WORLD, roots are global ranks and default
+to the group's first rank.
 
 Ops whose result lives only on some ranks (``reduce_sum``/``gather`` on non-roots, ``remote_send``)
 return a *token* on the other ranks and register it as an extra backward root of every recording
@@ -10,18 +12,15 @@ communication of all ranks in mirrored order.
 from __future__ import annotations
 
 from minigrad.autodiff.function import Function
+from minigrad.backend.device import as_device, get_default_device_obj
 from minigrad.distributed import comm
-from minigrad.distributed.group import WORLD, get_rank
+from minigrad.distributed.group import WORLD, get_rank, resolve_group
 from minigrad.recording import STATE, is_recording
 from minigrad.tensor import Tensor
 
 
-def _group(group):
-    return WORLD if group is None else group
-
-
-def _wrap(array, like: Tensor) -> Tensor:
-    return Tensor._wrap(array, like._device)
+def _root(group, root):
+    return group.root if root is None else root
 
 
 def _token(node_output: Tensor) -> Tensor:
@@ -49,37 +48,44 @@ class _Collective(Function):
 
 
 class AllReduceSum(_Collective):
+    """Forward: sum over the ranks. Backward: the sum of the ranks' output gradients."""
+
     def forward(self, x, group):
         self.group = group
-        return comm.all_reduce(x._data, "sum", group)
+        return comm.all_reduce(x.data.copy(), "sum", group)
 
     def backward(self, dy):
         return all_reduce_sum(dy, self.group), None
 
 
 class _AllReduceExtremum(_Collective):
+    """Forward: max/min over the ranks. Backward: summed gradient, kept where this rank's input
+    was the extremum."""
+
     def forward(self, x, group, op):
         self.group = group
-        out = comm.all_reduce(x._data, op, group)
-        self.mask = x._data == out
+        out = comm.all_reduce(x.data.copy(), op, group)
+        self.mask = x.data == out
         return out
 
     def backward(self, dy):
         total = all_reduce_sum(dy, self.group)
-        return total * _wrap(self.mask.astype(dy.dtype), dy), None, None
+        return total * self.mask.astype(dy.dtype), None, None
 
 
 def all_reduce_sum(inp: Tensor, group=WORLD, device=None) -> Tensor:
     """Sum of ``inp`` over the ranks of ``group``, on every rank."""
-    return AllReduceSum()(inp, _group(group))
+    return AllReduceSum()(inp, resolve_group(group))
 
 
 def all_reduce_max(inp: Tensor, group=WORLD, device=None) -> Tensor:
-    return _AllReduceExtremum()(inp, _group(group), "max")
+    """Elementwise maximum over the ranks; the gradient flows to the ranks holding the maximum."""
+    return _AllReduceExtremum()(inp, resolve_group(group), "max")
 
 
 def all_reduce_min(inp: Tensor, group=WORLD, device=None) -> Tensor:
-    return _AllReduceExtremum()(inp, _group(group), "min")
+    """Elementwise minimum over the ranks; the gradient flows to the ranks holding the minimum."""
+    return _AllReduceExtremum()(inp, resolve_group(group), "min")
 
 
 # -------------------------------------------------------------------------------------------------
@@ -87,9 +93,11 @@ def all_reduce_min(inp: Tensor, group=WORLD, device=None) -> Tensor:
 
 
 class Broadcast(_Collective):
+    """Forward: the root's input on every rank. Backward: the gradients summed onto the root."""
+
     def forward(self, x, group, root):
         self.group, self.root = group, root
-        return comm.broadcast(x._data if isinstance(x, Tensor) else None, root, group)
+        return comm.broadcast(x.data.copy(), root, group)
 
     def backward(self, dy):
         g = ReduceSum()(dy, self.group, self.root)
@@ -99,10 +107,10 @@ class Broadcast(_Collective):
 def broadcast(inp, group=WORLD, root: int | None = None) -> Tensor:
     """The root's ``inp`` on every rank (non-roots may pass None: shape and dtype are discovered).
     The gradient is summed back onto the root."""
-    group = _group(group)
-    root = group.root if root is None else root
+    group = resolve_group(group)
+    root = _root(group, root)
     if inp is None:
-        return _BroadcastRecv()(group, root, _default_device())
+        return _BroadcastRecv()(group, root, get_default_device_obj())
     return Broadcast()(inp, group, root)
 
 
@@ -112,14 +120,8 @@ class _BroadcastRecv(_Collective):
         return device.put(comm.broadcast(None, root, group))
 
     def backward(self, dy):
-        comm.reduce(dy._data, "sum", self.root, self.group)
+        comm.reduce(dy.data.copy(), "sum", self.root, self.group)
         return None, None, None
-
-
-def _default_device():
-    from minigrad.backend.device import get_default_device_obj  # noqa: PLC0415
-
-    return get_default_device_obj()
 
 
 class ReduceSum(_Collective):
@@ -127,22 +129,19 @@ class ReduceSum(_Collective):
 
     def forward(self, x, group, root):
         self.group, self.root, self.shape, self.dtype = group, root, x.shape, x.dtype
-        out = comm.reduce(x._data, "sum", root, group)
+        out = comm.reduce(x.data.copy(), "sum", root, group)
         self.is_root = out is not None
         return out if self.is_root else x.xp.zeros((), x.dtype)
 
     def backward(self, dy):
-        if self.is_root:
-            g = comm.broadcast(dy._data, self.root, self.group)
-        else:
-            g = comm.broadcast(None, self.root, self.group)
-        return _wrap(g, dy), None, None
+        g = comm.broadcast(dy.data.copy() if self.is_root else None, self.root, self.group)
+        return g, None, None
 
 
 def reduce_sum(inp: Tensor, group=WORLD, root: int | None = None):
     """Sum over ``group`` onto ``root`` (its first rank by default); None on the other ranks."""
-    group = _group(group)
-    root = group.root if root is None else root
+    group = resolve_group(group)
+    root = _root(group, root)
     out = ReduceSum()(inp, group, root)
     if get_rank() == root:
         return out
@@ -151,9 +150,11 @@ def reduce_sum(inp: Tensor, group=WORLD, root: int | None = None):
 
 
 class Gather(_Collective):
+    """Forward: inputs concatenated on the root. Backward: the root scatters the gradient."""
+
     def forward(self, x, group, root, axis):
         self.group, self.root, self.axis = group, root, axis
-        parts = comm.gather(x._data, root, group)
+        parts = comm.gather(x.data, root, group)
         self.is_root = parts is not None
         if not self.is_root:
             return x.xp.zeros((), x.dtype)
@@ -165,19 +166,19 @@ class Gather(_Collective):
             xp = dy.xp
             bounds = xp.cumsum(xp.asarray([0] + self.sizes)).tolist()
             chunks = [
-                xp.ascontiguousarray(xp.take(dy._data, xp.arange(a, b), axis=self.axis))
+                xp.ascontiguousarray(xp.take(dy.data, xp.arange(a, b), axis=self.axis))
                 for a, b in zip(bounds[:-1], bounds[1:])
             ]
             g = comm.scatter(chunks, self.root, self.group)
         else:
             g = comm.scatter(None, self.root, self.group)
-        return _wrap(g, dy), None, None, None
+        return g, None, None, None
 
 
 def gather(inp: Tensor, group=WORLD, root: int | None = None, axis: int = 0):
     """Concatenate every rank's ``inp`` along ``axis`` on ``root``; None elsewhere."""
-    group = _group(group)
-    root = group.root if root is None else root
+    group = resolve_group(group)
+    root = _root(group, root)
     out = Gather()(inp, group, root, axis)
     if get_rank() == root:
         return out
@@ -186,6 +187,8 @@ def gather(inp: Tensor, group=WORLD, root: int | None = None, axis: int = 0):
 
 
 class Scatter(_Collective):
+    """Forward: the root's chunks, one per rank. Backward: chunk gradients gathered on the root."""
+
     def forward(self, x, group, root, axis):
         self.group, self.root, self.axis = group, root, axis
         if get_rank() == root:
@@ -196,25 +199,25 @@ class Scatter(_Collective):
                     f"scatter: axis {axis} of size {x.shape[axis]} is not divisible by the "
                     f"group size {n}"
                 )
-            chunks = [xp.ascontiguousarray(c) for c in xp.split(x._data, n, axis=axis)]
+            chunks = [xp.ascontiguousarray(c) for c in xp.split(x.data, n, axis=axis)]
             return comm.scatter(chunks, root, group)
         return comm.scatter(None, root, group)
 
     def backward(self, dy):
-        parts = comm.gather(dy._data, self.root, self.group)
+        parts = comm.gather(dy.data, self.root, self.group)
         g = None if parts is None else dy.xp.concatenate(parts, axis=self.axis)
-        return (None if g is None else _wrap(g, dy)), None, None, None
+        return g, None, None, None
 
 
 def scatter(inp, group=WORLD, root: int | None = None, axis: int = 0) -> Tensor:
     """Split the root's ``inp`` along ``axis`` into ``group.size`` chunks; rank i gets chunk i.
     Non-roots may pass None."""
-    group = _group(group)
-    root = group.root if root is None else root
+    group = resolve_group(group)
+    root = _root(group, root)
     if inp is None:
         if get_rank() == root:
             raise ValueError("scatter: the root must pass the tensor to scatter, got None")
-        return _ScatterRecv()(group, root, axis, _default_device())
+        return _ScatterRecv()(group, root, axis, get_default_device_obj())
     return Scatter()(inp, group, root, axis)
 
 
@@ -224,7 +227,7 @@ class _ScatterRecv(_Collective):
         return device.put(comm.scatter(None, root, group))
 
     def backward(self, dy):
-        comm.gather(dy._data, self.root, self.group)
+        comm.gather(dy.data, self.root, self.group)
         return None, None, None, None
 
 
@@ -233,9 +236,11 @@ class _ScatterRecv(_Collective):
 
 
 class AllGather(_Collective):
+    """Forward: inputs concatenated on every rank. Backward: reduce-scatter of the gradient."""
+
     def forward(self, x, group, axis):
         self.group, self.axis = group, axis
-        parts = comm.all_gather(x._data, group)
+        parts = comm.all_gather(x.data, group)
         self.sizes = [p.shape[axis] for p in parts]
         return x.xp.concatenate(parts, axis=axis)
 
@@ -248,7 +253,7 @@ def _split_along(x: Tensor, axis: int, sizes) -> list:
     out, start = [], 0
     for n in sizes:
         index = (slice(None),) * axis + (slice(start, start + n),)
-        out.append(xp.ascontiguousarray(x._data[index]))
+        out.append(xp.ascontiguousarray(x.data[index]))
         start += n
     return out
 
@@ -258,6 +263,8 @@ def _reduce_scatter(x: Tensor, group, axis: int, sizes) -> Tensor:
 
 
 class ReduceScatterSum(_Collective):
+    """Forward: sum over the ranks, chunk i to rank i. Backward: all-gather of the gradients."""
+
     def forward(self, x, group, axis, sizes):
         self.group, self.axis = group, axis
         return comm.reduce_scatter(_split_along(x, axis, sizes), "sum", group)
@@ -269,12 +276,12 @@ class ReduceScatterSum(_Collective):
 def all_gather(inp: Tensor, group=WORLD, axis: int = 0) -> Tensor:
     """Concatenate every rank's ``inp`` along ``axis``, on every rank."""
     axis = axis % max(inp.ndim, 1)
-    return AllGather()(inp, _group(group), axis)
+    return AllGather()(inp, resolve_group(group), axis)
 
 
 def reduce_scatter_sum(inp: Tensor, group=WORLD, axis: int = 0) -> Tensor:
     """Sum over ranks, then rank i keeps the i-th of ``group.size`` equal chunks along ``axis``."""
-    group = _group(group)
+    group = resolve_group(group)
     axis = axis % max(inp.ndim, 1)
     n = group.size
     if inp.shape[axis] % n:
@@ -286,6 +293,9 @@ def reduce_scatter_sum(inp: Tensor, group=WORLD, axis: int = 0) -> Tensor:
 
 
 class AllToAll(_Collective):
+    """Forward: chunk i to rank i, received chunks concatenated. Backward: the transposed
+    all-to-all."""
+
     def forward(self, x, group, split_axis, concat_axis):
         self.group, self.split_axis, self.concat_axis = group, split_axis, concat_axis
         n = group.size
@@ -300,7 +310,7 @@ class AllToAll(_Collective):
 def all_to_all(inp: Tensor, group=WORLD, split_axis: int = 0, concat_axis: int = 0) -> Tensor:
     """Split ``inp`` along ``split_axis`` into ``group.size`` chunks, send chunk i to rank i, and
     concatenate what arrives along ``concat_axis``."""
-    group = _group(group)
+    group = resolve_group(group)
     if inp.shape[split_axis] % group.size:
         raise ValueError(
             f"all_to_all: split axis {split_axis} of size {inp.shape[split_axis]} is not divisible "
@@ -314,22 +324,26 @@ def all_to_all(inp: Tensor, group=WORLD, split_axis: int = 0, concat_axis: int =
 
 
 class RemoteSend(_Collective):
+    """Forward: send to ``dest`` (a token comes out). Backward: receive the gradient from it."""
+
     def forward(self, x, dest):
-        self.dest = dest
-        comm.send(x._data, dest)
+        self.dest, self.device = dest, x.device
+        comm.send(x.data, dest)
         return x.xp.zeros((), x.dtype if x.dtype.kind == "f" else "float32")
 
     def backward(self, _token_grad):
-        return _wrap(comm.recv(self.dest), _token_grad), None
+        return comm.recv(self.dest, device=self.device), None
 
 
 class RemoteRecv(_Collective):
-    def forward(self, src, device):
+    """Receives onto the device of ``anchor`` (a 0-d tensor there), which also labels the output."""
+
+    def forward(self, anchor, src):
         self.src = src
-        return device.put(comm.recv(src))
+        return comm.recv(src, device=anchor.device)
 
     def backward(self, dy):
-        comm.send(dy._data, self.src)
+        comm.send(dy.data, self.src)
         return None, None
 
 
@@ -340,12 +354,14 @@ def remote_send(inp: Tensor, dest_rank: int) -> Tensor:
 
 
 def remote_recv(src_rank: int, shape=None, dtype=None, device=None, inp=None) -> Tensor:
-    """Receive a tensor from ``src_rank``; shape and dtype are discovered (the MegEngine arguments
-    are accepted and checked). In a recording, backward sends the gradient back to ``src_rank``."""
-    from minigrad.backend.device import as_device  # noqa: PLC0415
-
-    dev = as_device(device) if device is not None else _default_device()
-    out = RemoteRecv()(int(src_rank), dev)
+    """Receive a tensor from ``src_rank`` onto ``device`` (default: ``inp``'s device, else the
+    default device); shape and dtype are discovered (MegEngine's ``shape``/``dtype`` are checked).
+    In a recording, backward sends the gradient back to ``src_rank``."""
+    if device is not None:
+        dev = as_device(device)
+    else:
+        dev = inp.device if isinstance(inp, Tensor) else get_default_device_obj()
+    out = RemoteRecv()(Tensor(0, dtype="float32", device=dev), int(src_rank))
     if shape is not None and tuple(shape) != out.shape:
         raise ValueError(
             f"remote_recv: expected shape {tuple(shape)} from rank {src_rank}, got {out.shape}"

@@ -7,30 +7,37 @@ Example (one machine, two ranks, logs in ./logs/rank0.log and rank1.log)::
 Two machines: run it on both with ``--nnodes 2 --node_rank {0,1} --master_addr HOST0
 --master_port 29500`` and the same ``MINIGRAD_DIST_SECRET``. Node 0 runs the rendezvous store.
 Each rank gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` and the
-store secret, so ``dist.init_process_group()`` needs no arguments. When a rank fails, the others
-are terminated and the launcher exits non-zero naming the rank (and the end of its log).
+store secret, so ``dist.init_process_group()`` needs no arguments. Without ``--logdir`` every line a
+rank prints appears here prefixed with ``[rank N]`` (stdout and stderr kept apart, lines never
+mixed). When a rank fails, the others are terminated and the launcher exits non-zero naming the
+rank (and the end of its log).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
 
-from minigrad.distributed import group as _group
 from minigrad.distributed import store as _store
+from minigrad.distributed.backends.cpu import remove_job_segments
+from minigrad.distributed.env import rank_environment
 from minigrad.distributed.launcher import (
-    LAUNCHED_ENV,
-    NPROC_ENV,
+    DEFAULT_NPROC,
+    become_rank_process,
     describe_exit,
     kill_tree,
-    remove_shm_leftovers,
+    start_job_store,
     visible_gpu_count,
 )
+from minigrad.distributed.output import OutputForwarder
+from minigrad.distributed.settings import NPROC_ENV
+
+POLL_INTERVAL = 0.05  # seconds between checks of the ranks' exit status
+TAIL_LINES = 30  # lines of a failed rank's log quoted in the error
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -49,17 +56,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _child_setup(parent_pid: int) -> None:
-    os.setpgid(0, 0)
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # die with the launcher
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
-def _tail(path: str | None, n: int = 30) -> str:
+def _tail(path: str | None, n: int = TAIL_LINES) -> str:
     if path is None:
         return ""
     try:
@@ -73,8 +70,8 @@ def _tail(path: str | None, n: int = 30) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the job; return the exit status (0 when every rank succeeded)."""
     a = _parse(argv)
-    gpus = visible_gpu_count()
-    nproc = a.nproc_per_node or (gpus or int(os.environ.get(NPROC_ENV, 2)))
+    gpus = visible_gpu_count("xpu")
+    nproc = a.nproc_per_node or (gpus or int(os.environ.get(NPROC_ENV, DEFAULT_NPROC)))
     world = nproc * a.nnodes
     if a.nnodes > 1 and (not a.master_port or not os.environ.get(_store.SECRET_ENV)):
         print(
@@ -83,18 +80,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    secret = os.environ.get(_store.SECRET_ENV) or _store.generate_secret()
-    job = _store.generate_secret()[:10]
-    server = None
-    port = a.master_port
-    if a.node_rank == 0:
-        server = _store.Server(port, secret)
-        port = server.port
+    server, port, secret, job = start_job_store(a.node_rank == 0, a.master_port)
     user_threads = any(v in os.environ for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"))
     threads = str(max(1, (os.cpu_count() or 1) // nproc))
     if a.logdir:
         os.makedirs(a.logdir, exist_ok=True)
     procs, logs, files = [], [], []
+    output = None if a.logdir else OutputForwarder()
     parent = os.getpid()
 
     def _on_signal(signum, frame):
@@ -105,19 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         for local in range(nproc):
             rank = a.node_rank * nproc + local
             env = dict(os.environ)
-            env.update(
-                RANK=str(rank),
-                LOCAL_RANK=str(local),
-                WORLD_SIZE=str(world),
-                LOCAL_WORLD_SIZE=str(nproc),
-                MASTER_ADDR=a.master_addr,
-                MASTER_PORT=str(port),
-                MINIGRAD_DEFAULT_DEVICE=f"gpu{local}" if gpus else "cpu0",
-            )
-            env[_store.SECRET_ENV] = secret
-            env[_group.JOB_ENV] = job
-            env[_group.STORE_ENV] = "external"
-            env[LAUNCHED_ENV] = "1"
+            device = f"gpu{local}" if gpus else "cpu0"
+            env.update(rank_environment(rank, local, world, nproc, a.master_addr, port, secret,
+                                        job, device))
+            env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the terminal as they are printed
             if not user_threads:
                 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
                     env[var] = threads
@@ -125,15 +108,19 @@ def main(argv: list[str] | None = None) -> int:
             out = open(log, "w") if log else None
             files.append(out)
             logs.append(log)
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, a.script, *a.script_args],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT if out else None,
-                    preexec_fn=lambda: _child_setup(parent),
-                )
+            p = subprocess.Popen(
+                [sys.executable, a.script, *a.script_args],
+                env=env,
+                stdout=out or subprocess.PIPE,
+                stderr=subprocess.STDOUT if out else subprocess.PIPE,
+                preexec_fn=lambda: become_rank_process(parent),
             )
+            procs.append(p)
+            if output is not None:
+                output.add(rank, os.dup(p.stdout.fileno()), "stdout")
+                output.add(rank, os.dup(p.stderr.fileno()), "stderr")
+                p.stdout.close()
+                p.stderr.close()
         while True:
             codes = [p.poll() for p in procs]
             failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
@@ -148,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             if all(c == 0 for c in codes):
                 return 0
-            time.sleep(0.05)
+            time.sleep(POLL_INTERVAL)
     except KeyboardInterrupt:
         print("launch: interrupted, terminating all ranks", file=sys.stderr)
         return 130
@@ -163,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         for f in files:
             if f is not None:
                 f.close()
+        if output is not None:
+            output.close()
         if server is not None:
             server.close()
-        remove_shm_leftovers(job)
+        remove_job_segments(job)
 
 
 if __name__ == "__main__":

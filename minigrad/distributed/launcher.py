@@ -2,10 +2,13 @@
 
 Fork (not spawn) because MegEngine's docs call the decorated function at module level without a
 ``__main__`` guard. The parent runs the rendezvous store, forks the ranks, reads their results
-*while* waiting (large return values cannot deadlock the pipes), and on the first failure
-terminates the others and raises :class:`LaunchError` naming the rank with its traceback (or the
-signal that killed it). Children die with the parent (``PR_SET_PDEATHSIG``) and each leads its own
-process group, which the parent kills on cleanup, so no process outlives the job.
+*while* waiting (large return values cannot deadlock the pipes), forwards their output with a
+``[rank N]`` prefix on every line, and on the first failure terminates the others and raises
+:class:`LaunchError` naming the rank with its traceback (or the signal that killed it). A rank that
+exits with status 0 without returning (``sys.exit(0)``) gives None. Children die with the parent
+(``PR_SET_PDEATHSIG``) and each leads its own process group, which the parent kills on cleanup, so
+no process outlives the job. Started by mpiexec, srun or the launch CLI, the decorated function
+instead joins that job and runs once in this process.
 
 Example::
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import glob
+import io
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
@@ -28,15 +31,19 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from typing import Any, Callable
 
-from minigrad.backend.device import cuda_initialized
+from minigrad.backend.device import cuda_initialized, probe_gpus
+from minigrad.distributed import env as _env
 from minigrad.distributed import group as _group
 from minigrad.distributed import store as _store
-from minigrad.distributed.backends.cpu import SHM_DIR, shm_prefix
+from minigrad.distributed.backends.cpu import remove_job_segments
+from minigrad.distributed.log import get_logger
+from minigrad.distributed.output import OutputForwarder
+from minigrad.distributed.settings import LAUNCHED_ENV, NPROC_ENV, TIMEOUT_ENV, default_timeout
 
-NPROC_ENV = "MINIGRAD_NPROC"
-LAUNCHED_ENV = "MINIGRAD_DIST_LAUNCHED"
+DEFAULT_NPROC = 2  # ranks per machine on CPU-only hosts (MINIGRAD_NPROC overrides)
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -51,15 +58,17 @@ class LaunchError(RuntimeError):
 # ------------------------------------------------------------------------------ helpers
 
 
-def visible_gpu_count() -> int:
-    """GPUs visible to CUDA, counted *without* initialising CUDA (so forking stays safe)."""
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is not None:
-        return len([v for v in vis.split(",") if v.strip() and not v.strip().startswith("-")])
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
+def visible_gpu_count(device_type: str = "xpu") -> int:
+    """GPUs the ranks of a launch can use, counted *without* initialising CUDA (so forking stays
+    safe; see :func:`minigrad.backend.device.probe_gpus`). When counting failed (CuPy broken, the
+    driver's device list unreadable, a CUDA error) the reason is never read as "0 GPUs" in
+    silence: ``device_type="gpu"`` raises it, ``"xpu"`` warns and falls back to the CPU."""
+    probe = probe_gpus()
+    if probe.failed:
+        if device_type == "gpu":
+            raise RuntimeError(f"dist.launcher(device_type='gpu'): {probe.reason}")
+        warnings.warn(f"dist.launcher: running on the CPU: {probe.reason}", stacklevel=3)
+    return probe.count
 
 
 _blas_limiter: Any = None
@@ -104,15 +113,33 @@ def limit_blas_threads(n: int) -> bool:
     return done
 
 
-def _set_pdeathsig(parent_pid: int) -> None:
+PR_SET_PDEATHSIG = 1
+
+
+def become_rank_process(parent_pid: int) -> None:
+    """Set up a freshly started rank: lead its own process group (so the launcher can kill the
+    rank with everything it started) and die with the launcher (``PR_SET_PDEATHSIG``)."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def start_job_store(runs_store: bool, port: int) -> tuple[_store.Server | None, int, str, str]:
+    """What a launcher sets up before starting ranks: ``(server, port, secret, job id)``; the
+    machine that ``runs_store`` starts the store server (``port=0``: any free port)."""
+    secret = os.environ.get(_store.SECRET_ENV) or _store.generate_secret()
+    job = _store.generate_secret()[:10]
+    server = _store.Server(port, secret) if runs_store else None
+    return server, (server.port if server is not None else port), secret, job
 
 
 def kill_tree(pids: list[int], grace: float = 2.0) -> None:
@@ -148,17 +175,6 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def remove_shm_leftovers(job: str) -> None:
-    """Delete /dev/shm files of ``job`` (normally none: segments are unlinked once mapped)."""
-    if SHM_DIR is None:
-        return
-    for path in glob.glob(os.path.join(SHM_DIR, shm_prefix(job) + "*")):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
-
 def describe_exit(code: int | None) -> str:
     """'exit code 3' or 'killed by SIGKILL' for a process exit code (negative = signal)."""
     if code is not None and code < 0:
@@ -172,12 +188,23 @@ def describe_exit(code: int | None) -> str:
 # ------------------------------------------------------------------------------- child
 
 
+def _redirect_output(out_fd: int, err_fd: int) -> None:
+    """Point this process's stdout/stderr at the launcher's pipes, line-buffered."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.close(out_fd)
+    os.close(err_fd)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), line_buffering=True)
+
+
 def _child_main(spec: dict, func: Callable, args: tuple, kwargs: dict, conn) -> None:
-    _set_pdeathsig(spec["parent_pid"])
-    try:
-        os.setpgid(0, 0)
-    except OSError:
-        pass
+    become_rank_process(spec["parent_pid"])
+    for fd in spec["close_fds"]:
+        os.close(fd)  # the other ranks' pipe ends belong to the parent
+    _redirect_output(*spec["output_fds"])
     if spec["server_fd"] is not None:
         try:
             os.close(spec["server_fd"])  # the store's listening socket belongs to the parent
@@ -190,19 +217,22 @@ def _child_main(spec: dict, func: Callable, args: tuple, kwargs: dict, conn) -> 
             os.environ[var] = str(threads)
         limit_blas_threads(threads)
     try:
-        from minigrad.backend import set_default_device
-
-        set_default_device(spec["device"])
         _group.init_process_group(
             spec["master_ip"],
             spec["port"],
             spec["world_size"],
             spec["rank"],
+            device=spec["device"],
             backend=spec["backend"],
             timeout=spec["timeout"],
             secret=spec["secret"],
         )
-        result = func(*args, **kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+            result = None  # sys.exit(0) ends this rank normally, without a value
         try:
             conn.send(("ok", result))
         except Exception as exc:  # unpicklable result
@@ -236,7 +266,11 @@ class launcher:
     global rank on this machine), ``master_ip``/``port`` of the store (``port=0``: any free port;
     the machine with ``rank_start == 0`` runs the store), ``backend``, ``timeout`` (collectives),
     ``job_timeout`` (whole run). Calling the decorated function returns the per-rank return values
-    in rank order.
+    in rank order (None for a rank that exited with status 0 without returning). Rank i of this
+    machine runs on ``gpu{i}`` when there are GPUs (made its current CUDA device).
+
+    Inside a job started by ``python -m minigrad.distributed.launch``, mpiexec or srun, calling the
+    decorated function joins that job instead and returns ``[this rank's result]``.
     """
 
     def __new__(cls, func: Callable | None = None, **kwargs):
@@ -260,13 +294,15 @@ class launcher:
     ):
         functools.update_wrapper(self, func)
         self.func = func
-        gpus = visible_gpu_count() if device_type in ("xpu", "gpu") else 0
+        gpus = visible_gpu_count(device_type) if device_type in ("xpu", "gpu") else 0
         if device_type == "gpu" and gpus == 0:
-            raise RuntimeError("dist.launcher(device_type='gpu'): no visible CUDA device")
+            raise RuntimeError(
+                f"dist.launcher(device_type='gpu'): no visible CUDA device ({probe_gpus().reason})"
+            )
         self.on_gpu = gpus > 0
         n = n_gpus if n_gpus is not None else nproc
         if n is None:
-            n = gpus if self.on_gpu else int(os.environ.get(NPROC_ENV, 2))
+            n = gpus if self.on_gpu else int(os.environ.get(NPROC_ENV, DEFAULT_NPROC))
         if n < 1:
             raise ValueError(f"dist.launcher: need at least one process, got n_gpus={n}")
         self.n = int(n)
@@ -283,8 +319,9 @@ class launcher:
         self.job_timeout = job_timeout
 
     def __call__(self, *args, **kwargs) -> list:
-        if os.environ.get(LAUNCHED_ENV) and not _group.is_distributed():
-            # Already one rank of `python -m minigrad.distributed.launch`: just join and run.
+        started_by_other = os.environ.get(LAUNCHED_ENV) or _env.detect().external
+        if started_by_other and not _group.is_distributed():
+            # Already one rank of a launched job (launch CLI, mpiexec, srun): join and run.
             _group.init_process_group(backend=self.backend, timeout=self.timeout)
             return [self.func(*args, **kwargs)]
         if self.on_gpu and cuda_initialized():
@@ -296,46 +333,40 @@ class launcher:
         return self._run(args, kwargs)
 
     def _run(self, args: tuple, kwargs: dict) -> list:
-        secret = os.environ.get(_store.SECRET_ENV) or _store.generate_secret()
-        job = _store.generate_secret()[:10]
-        server = None
-        port = self.port
-        if self.rank_start == 0:
-            server = _store.Server(port, secret)
-            port = server.port
-        elif port == 0:
+        if self.rank_start > 0 and self.port == 0:
             raise ValueError("dist.launcher: rank_start > 0 needs the master's store port")
+        server, port, secret, job = start_job_store(self.rank_start == 0, self.port)
         cores = os.cpu_count() or 1
         user_threads = any(v in os.environ for v in _THREAD_VARS)
         threads = None if user_threads else max(1, cores // self.n)
         timeout = self.timeout
         if timeout is None:
-            timeout = _group.default_timeout()
-            if self.job_timeout is not None and _group.TIMEOUT_ENV not in os.environ:
+            timeout = default_timeout()
+            if self.job_timeout is not None and TIMEOUT_ENV not in os.environ:
                 timeout = self.job_timeout
         ctx = mp.get_context("fork")
         procs, conns = [], []
         results: dict[int, Any] = {}
+        output = OutputForwarder()
+        pipes = [(*os.pipe(), *os.pipe()) for _ in range(self.n)]  # stdout r/w, stderr r/w
+        unowned = {fd for p in pipes for fd in p}  # fds neither closed nor handed to `output`
         try:
             for local in range(self.n):
                 rank = self.rank_start + local
-                env = {
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(local),
-                    "WORLD_SIZE": str(self.world_size),
-                    "LOCAL_WORLD_SIZE": str(self.n),
-                    "MASTER_ADDR": self.master_ip,
-                    "MASTER_PORT": str(port),
-                    _store.SECRET_ENV: secret,
-                    _group.JOB_ENV: job,
-                    _group.STORE_ENV: "external",
-                }
+                device = f"gpu{local}" if self.on_gpu else "cpu0"
+                env = _env.rank_environment(
+                    rank, local, self.world_size, self.n, self.master_ip, port, secret, job, device
+                )
+                out_r, out_w, err_r, err_w = pipes[local]
+                later_writers = [fd for p in pipes[local + 1 :] for fd in (p[1], p[3])]
                 spec = {
                     "parent_pid": os.getpid(),
                     "server_fd": server.fileno() if server is not None else None,
+                    "output_fds": (out_w, err_w),
+                    "close_fds": [fd for p in pipes for fd in (p[0], p[2])] + later_writers,
                     "env": env,
                     "threads": threads,
-                    "device": f"gpu{local}" if self.on_gpu else "cpu0",
+                    "device": device,
                     "master_ip": self.master_ip,
                     "port": port,
                     "world_size": self.world_size,
@@ -353,6 +384,11 @@ class launcher:
                 )
                 p.start()
                 send_end.close()
+                os.close(out_w)
+                os.close(err_w)
+                output.add(rank, out_r, "stdout")
+                output.add(rank, err_r, "stderr")
+                unowned -= {out_r, out_w, err_r, err_w}
                 procs.append(p)
                 conns.append(recv_end)
             self._monitor(procs, conns, results)
@@ -362,10 +398,13 @@ class launcher:
                 p.join(timeout=5)
             for c in conns:
                 c.close()
+            for fd in unowned:
+                os.close(fd)
+            output.close()
             if server is not None:
                 server.close()
-            remove_shm_leftovers(job)
-        return [results[self.rank_start + i] for i in range(self.n)]
+            remove_job_segments(job)
+        return [results.get(self.rank_start + i) for i in range(self.n)]
 
     def _monitor(self, procs: list, conns: list, results: dict) -> None:
         deadline = None if self.job_timeout is None else time.monotonic() + self.job_timeout
@@ -395,7 +434,13 @@ class launcher:
                     p = procs[i]
                     p.join(timeout=1)
                     rank = self.rank_start + i
-                    if rank not in results or p.exitcode != 0:
+                    if p.exitcode == 0 and rank not in results:
+                        get_logger().warning(
+                            "dist.launcher: rank %d exited with code 0 without returning a value; "
+                            "its result is None", rank,
+                        )
+                        results[rank] = None
+                    if p.exitcode != 0:
                         raise LaunchError(
                             f"dist.launcher: rank {rank} (pid {p.pid}) {describe_exit(p.exitcode)} "
                             f"without returning a result",

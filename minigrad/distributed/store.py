@@ -2,8 +2,8 @@
 
 Ranks use it only for rendezvous and metadata (addresses, NCCL ids, barriers), never for array data.
 
-Wire protocol (both directions): frames of ``!II`` (header length, payload length), a UTF-8 JSON
-header, then raw payload bytes. Values travel as ``bytes`` (raw payload) or JSON (``kind="json"``);
+Wire protocol (both directions): frames of :mod:`minigrad.distributed.wire` (sizes, a UTF-8 JSON
+header, raw payload bytes). Values travel as ``bytes`` (raw payload) or JSON (``kind="json"``);
 nothing received from the network is ever unpickled. A connection starts with a challenge-response:
 the server sends ``MAGIC + nonce``, the client answers ``HMAC-SHA256(secret, nonce)``; any other
 answer, or a malformed frame later on, closes that connection only.
@@ -23,17 +23,18 @@ import json
 import os
 import secrets
 import socket
-import struct
 import threading
 import time
 from typing import Any
 
+from minigrad.distributed.settings import DEFAULT_TIMEOUT, SECRET_ENV
+from minigrad.distributed.wire import recv_exact, recv_header, send_frame
+
 MAGIC = b"MGSTORE1"
-_FRAME = struct.Struct("!II")
-_MAX_HEADER = 1 << 16
-_MAX_PAYLOAD = 64 << 20
-_AUTH_TIMEOUT = 5.0
-SECRET_ENV = "MINIGRAD_DIST_SECRET"
+MAX_HEADER = 1 << 16  # JSON headers are small: anything larger is garbage or an attack
+MAX_PAYLOAD = 64 << 20  # values are rendezvous metadata, never array data
+AUTH_TIMEOUT = 5.0  # seconds a new connection has to answer the challenge
+CONNECT_ATTEMPT_TIMEOUT = 10.0  # seconds per TCP connect attempt while the server may be starting
 
 
 class StoreError(RuntimeError):
@@ -49,40 +50,16 @@ def generate_secret() -> str:
     return secrets.token_hex(16)
 
 
-def _as_secret(secret: bytes | str | None) -> bytes:
+def as_secret(secret: bytes | str | None) -> bytes:
+    """The job secret as bytes: ``secret``, else ``MINIGRAD_DIST_SECRET``, else empty."""
     if secret is None:
         secret = os.environ.get(SECRET_ENV, "")
     return secret.encode() if isinstance(secret, str) else bytes(secret)
 
 
-# ----------------------------------------------------------------------------------- framing
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("connection closed by peer")
-        got += k
-    return bytes(buf)
-
-
-def _send_frame(sock: socket.socket, header: dict, payload: bytes = b"") -> None:
-    h = json.dumps(header, separators=(",", ":")).encode()
-    sock.sendall(_FRAME.pack(len(h), len(payload)) + h + payload)
-
-
 def _recv_frame(sock: socket.socket) -> tuple[dict, bytes]:
-    hlen, plen = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
-    if hlen > _MAX_HEADER or plen > _MAX_PAYLOAD:
-        raise ValueError(f"frame too large (header {hlen} B, payload {plen} B)")
-    header = json.loads(_recv_exact(sock, hlen).decode())
-    if not isinstance(header, dict):
-        raise ValueError("frame header is not a JSON object")
-    return header, _recv_exact(sock, plen) if plen else b""
+    header, plen = recv_header(sock, MAX_HEADER, MAX_PAYLOAD)
+    return header, recv_exact(sock, plen) if plen else b""
 
 
 def _encode(value: Any) -> tuple[str, bytes]:
@@ -100,6 +77,18 @@ def _decode(kind: str, payload: bytes) -> Any:
     return payload if kind == "bytes" else json.loads(payload.decode())
 
 
+def is_serving(host: str, port: int, secret: bytes | str | None = None) -> bool:
+    """Whether a minigrad store already listens at ``host:port`` (e.g. a user-started
+    ``dist.Server``): then rank 0 joins it instead of starting its own."""
+    try:
+        Client(host, port, secret, timeout=AUTH_TIMEOUT, connect_timeout=0).close()
+    except StoreError as exc:
+        if "wrong secret" in str(exc) or "not a minigrad store" in str(exc):
+            raise
+        return False
+    return True
+
+
 # ------------------------------------------------------------------------------------ server
 
 
@@ -111,7 +100,7 @@ class Server:
     """
 
     def __init__(self, port: int = 0, secret: bytes | str | None = None, host: str = "0.0.0.0"):
-        self._secret = _as_secret(secret)
+        self._secret = as_secret(secret)
         self._data: dict[str, tuple[str, bytes]] = {}
         self._barriers: dict[str, list[int]] = {}  # name -> [arrived, generation]
         self._cond = threading.Condition()
@@ -130,8 +119,17 @@ class Server:
         self._thread = threading.Thread(target=self._accept_loop, name="mg-store", daemon=True)
         self._thread.start()
 
+    @property
+    def py_server_port(self) -> int:
+        """MegEngine's name for :attr:`port` (the port actually listened on)."""
+        return self.port
+
     def fileno(self) -> int:
+        """The listening socket's descriptor (forked ranks close their copy)."""
         return self._sock.fileno()
+
+    def __repr__(self) -> str:
+        return f"Server(port={self.port}, {'closed' if self._closed else 'serving'})"
 
     def close(self) -> None:
         """Stop accepting; waiting requests are released with an error."""
@@ -154,9 +152,9 @@ class Server:
 
     def _authenticate(self, conn: socket.socket) -> bool:
         nonce = secrets.token_bytes(32)
-        conn.settimeout(_AUTH_TIMEOUT)
+        conn.settimeout(AUTH_TIMEOUT)
         conn.sendall(MAGIC + nonce)
-        answer = _recv_exact(conn, 32)
+        answer = recv_exact(conn, 32)
         expected = hmac.new(self._secret, nonce, hashlib.sha256).digest()
         ok = hmac.compare_digest(answer, expected)
         conn.sendall(b"OK" if ok else b"NO")
@@ -175,7 +173,7 @@ class Server:
                 except ConnectionError:
                     return
                 reply, rpayload = self._handle(header, payload)
-                _send_frame(conn, reply, rpayload)
+                send_frame(conn, reply, rpayload)
         except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
             self.rejected += 1  # garbage or a broken client: drop this connection only
         finally:
@@ -252,11 +250,11 @@ class Client:
         host: str,
         port: int,
         secret: bytes | str | None = None,
-        timeout: float = 300.0,
+        timeout: float = DEFAULT_TIMEOUT,
         connect_timeout: float | None = None,
     ):
         self.host, self.port, self.timeout = host, int(port), float(timeout)
-        self._secret = _as_secret(secret)
+        self._secret = as_secret(secret)
         self._connect_timeout = timeout if connect_timeout is None else connect_timeout
         self._local = threading.local()
         self._socks: list[socket.socket] = []
@@ -271,7 +269,8 @@ class Client:
         delay = 0.01
         while True:
             try:
-                sock = socket.create_connection((self.host, self.port), timeout=10.0)
+                addr = (self.host, self.port)
+                sock = socket.create_connection(addr, timeout=CONNECT_ATTEMPT_TIMEOUT)
                 break
             except OSError as exc:
                 if time.monotonic() + delay > deadline:
@@ -282,11 +281,11 @@ class Client:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
         try:
-            hello = _recv_exact(sock, len(MAGIC) + 32)
+            hello = recv_exact(sock, len(MAGIC) + 32)
             if hello[: len(MAGIC)] != MAGIC:
                 raise StoreError(f"{self.host}:{self.port} is not a minigrad store")
             sock.sendall(hmac.new(self._secret, hello[len(MAGIC) :], hashlib.sha256).digest())
-            if _recv_exact(sock, 2) != b"OK":
+            if recv_exact(sock, 2) != b"OK":
                 raise StoreError(
                     f"store at {self.host}:{self.port} rejected this client: wrong secret "
                     f"(set the same {SECRET_ENV} on every rank)"
@@ -307,7 +306,7 @@ class Client:
     def _request(self, header: dict, payload: bytes = b"") -> Any:
         sock = self._conn()
         try:
-            _send_frame(sock, header, payload)
+            send_frame(sock, header, payload)
             reply, rpayload = _recv_frame(sock)
         except (OSError, ConnectionError, ValueError) as exc:
             self._local.sock = None
@@ -365,6 +364,7 @@ class Client:
         return self.pop("user/" + key, timeout)
 
     def close(self) -> None:
+        """Close this client's connections (one per thread that used it)."""
         with self._lock:
             for s in self._socks:
                 try:

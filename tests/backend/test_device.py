@@ -225,3 +225,16 @@ def test_no_gpu_at_all_is_not_an_error(gpu_probe, recwarn):
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
     gpu_probe(fake_cupy(count=0))
     assert device_mod.probe_gpus().reason == "CUDA reports no device"
+
+
+def test_an_unreadable_driver_device_list_is_a_failure_not_zero_gpus(gpu_probe, monkeypatch,
+                                                                    tmp_path):
+    gpu_probe(fake_cupy())
+    monkeypatch.setattr(device_mod, "NVIDIA_GPUS_DIR", str(tmp_path))
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(device_mod.os, "listdir", denied)
+    probe = device_mod.probe_gpus()
+    assert probe.failed and probe.count == 0 and "Permission denied" in probe.reason

@@ -18,7 +18,7 @@ def make(rank: int, case: int, shape, dtype: str) -> np.ndarray:
     """Rank/case-seeded input: quarter-integers for floats, so sums are exact even in float16."""
     rng = np.random.default_rng(1000 * rank + case)
     if dtype == "bool":
-        return rng.random(shape) < 0.5
+        return np.asarray(rng.random(shape) < 0.5)
     lo = 0 if np.dtype(dtype).kind == "u" else -8
     x = rng.integers(lo, 9, size=shape)
     if np.dtype(dtype).kind == "f":
@@ -54,8 +54,8 @@ def _all_collectives(ops=("sum", "max", "min")):
     for c, (shape, dtype) in enumerate(CASES):
         x = make(r, c, shape, dtype)
         for op in ops:
-            out["all_reduce", c, op] = comm.all_reduce(x, op)
-        out["reduce", c] = comm.reduce(x, "sum", root=n - 1)
+            out["all_reduce", c, op] = comm.all_reduce(x.copy(), op)  # in place: keep x
+        out["reduce", c] = comm.reduce(x.copy(), "sum", root=n - 1)
         out["broadcast", c] = comm.broadcast(x if r == n - 1 else None, root=n - 1)
         out["all_gather", c] = comm.all_gather(x)
         out["gather", c] = comm.gather(x, root=0)
@@ -68,30 +68,34 @@ def _all_collectives(ops=("sum", "max", "min")):
 
 
 def _check_all(res: list[dict], n: int, ops=("sum", "max", "min")) -> None:
+    for r in range(n):
+        check_rank(res[r], r, n, ops)
+
+
+def check_rank(got: dict, r: int, n: int, ops=("sum", "max", "min")) -> None:
+    """Check one rank's results of ``_all_collectives`` (also used by the mpiexec job)."""
     for c, (shape, dtype) in enumerate(CASES):
-        xs = [make(r, c, shape, dtype) for r in range(n)]
-        chunks = [[make(r, 100 + c * 10 + j, shape, dtype) for j in range(n)] for r in range(n)]
-        for r in range(n):
-            got = res[r]
-            for op in ops:
-                assert_same(got["all_reduce", c, op], reference(xs, op), dtype)
-            if r == n - 1:
-                assert_same(got["reduce", c], reference(xs, "sum"), dtype)
-            else:
-                assert got["reduce", c] is None
-            np.testing.assert_array_equal(got["broadcast", c], xs[n - 1])
-            assert got["broadcast", c].dtype == np.dtype(dtype)
+        xs = [make(j, c, shape, dtype) for j in range(n)]
+        chunks = [[make(j, 100 + c * 10 + i, shape, dtype) for i in range(n)] for j in range(n)]
+        for op in ops:
+            assert_same(got["all_reduce", c, op], reference(xs, op), dtype)
+        if r == n - 1:
+            assert_same(got["reduce", c], reference(xs, "sum"), dtype)
+        else:
+            assert got["reduce", c] is None
+        np.testing.assert_array_equal(got["broadcast", c], xs[n - 1])
+        assert got["broadcast", c].dtype == np.dtype(dtype)
+        for j in range(n):
+            np.testing.assert_array_equal(got["all_gather", c][j], xs[j])
+            assert got["all_to_all", c][j].dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(got["all_to_all", c][j], chunks[j][r])
+        if r == 0:
             for j in range(n):
-                np.testing.assert_array_equal(got["all_gather", c][j], xs[j])
-                assert got["all_to_all", c][j].dtype == np.dtype(dtype)
-                np.testing.assert_array_equal(got["all_to_all", c][j], chunks[j][r])
-            if r == 0:
-                for j in range(n):
-                    np.testing.assert_array_equal(got["gather", c][j], xs[j])
-            else:
-                assert got["gather", c] is None
-            np.testing.assert_array_equal(got["scatter", c], chunks[0][r])
-            assert_same(got["reduce_scatter", c], reference([ch[r] for ch in chunks], "sum"), dtype)
+                np.testing.assert_array_equal(got["gather", c][j], xs[j])
+        else:
+            assert got["gather", c] is None
+        np.testing.assert_array_equal(got["scatter", c], chunks[0][r])
+        assert_same(got["reduce_scatter", c], reference([ch[r] for ch in chunks], "sum"), dtype)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -137,7 +141,7 @@ def test_large_arrays_stream_in_rounds(monkeypatch, transport, n):
         r = dist.get_rank()
         x = make(r, 7, (301, 211), "float32")
         parts = [make(r, 50 + j, (1000 + 37 * j,), "int64") for j in range(n)]
-        return comm.all_reduce(x), comm.all_to_all(parts), comm.all_gather(x[: 100 + r])
+        return comm.all_reduce(x.copy()), comm.all_to_all(parts), comm.all_gather(x[: 100 + r])
 
     res = run_workers(body, n, timeout=60)
     xs = [make(r, 7, (301, 211), "float32") for r in range(n)]
@@ -158,7 +162,7 @@ def test_subgroups():
         x = np.full(3, r + 1.0)
         out = {"info": info}
         if r in (0, 2):
-            out["ar"] = comm.all_reduce(x, group=g)
+            out["ar"] = comm.all_reduce(x.copy(), group=g)  # in place: keep x
             out["bc"] = comm.broadcast(x if r == 2 else None, root=2, group=g)
             out["ag"] = comm.all_gather(x * 10, group=g)
             dist.group_barrier(g)
@@ -166,8 +170,8 @@ def test_subgroups():
             with pytest.raises(ValueError, match="not a member"):
                 comm.all_reduce(x, group=g)
         if r in (1, 2):
-            out["h"] = comm.all_reduce(x, "max", group=h)
-        out["world"] = comm.all_reduce(x)
+            out["h"] = comm.all_reduce(x.copy(), "max", group=h)
+        out["world"] = comm.all_reduce(x.copy())
         return out
 
     res = run_workers(body, 3)
@@ -212,7 +216,7 @@ def test_send_recv(monkeypatch, transport):
 def test_all_reduce_async_overlaps_and_keeps_order():
     def body():
         r = dist.get_rank()
-        works = [comm.all_reduce_async(np.full(1000, r + k, np.float32)) for k in range(5)]
+        works = [comm.all_reduce(np.full(1000, r + k, np.float32), async_op=True) for k in range(5)]
         mid = comm.all_reduce(np.array([r], np.int64))  # issued after: must not overtake
         return [w.wait() for w in works], mid
 
@@ -278,8 +282,8 @@ def test_cupy_arrays(backend):
 
         r = dist.get_rank()
         x = cp.asarray(make(r, 3, (99, 77), "float32"))
-        return [cp.asnumpy(y) for y in (comm.all_reduce(x), comm.broadcast(x, root=0),
-                                        comm.all_reduce_async(x, "max").wait())]
+        return [cp.asnumpy(y) for y in (comm.all_reduce(x.copy()), comm.broadcast(x.copy(), root=0),
+                                        comm.all_reduce(x.copy(), "max", async_op=True).wait())]
 
     res = run_workers(body, n, backend=backend)
     xs = [make(r, 3, (99, 77), "float32") for r in range(n)]

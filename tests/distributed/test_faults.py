@@ -106,7 +106,8 @@ def test_different_ops_and_dtypes_mismatch():
         return out
 
     for msgs in run_workers(body, 2, timeout=30):
-        assert "<f4" in msgs[0] and "<f8" in msgs[0]
+        assert "'float32'" in msgs[0] and "'float64'" in msgs[0]  # named, never '<f4'
+        assert "<f4" not in msgs[0]
 
     def body():
         try:

@@ -86,7 +86,7 @@ def _reduce_along_groups():
     out = {}
     for axes in [("pipe",), ("model",), ("pipe", "model")]:
         g = topo.group(*axes)
-        out[axes] = (g.ranks, comm.all_reduce(x, group=g)[0])
+        out[axes] = (g.ranks, comm.all_reduce(x.copy(), group=g)[0])
     assert topo.group("model") is topo.group("model")  # cached, no new collective
     return out
 

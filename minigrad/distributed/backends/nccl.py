@@ -1,203 +1,272 @@
-"""The ``"nccl"`` backend: collectives on CuPy arrays with ``cupy.cuda.nccl``.
+"""The ``"nccl"`` backend: collectives and messages on CuPy arrays with ``cupy.cuda.nccl``.
 
-The communicator is created lazily at a group's first GPU collective (all members make that call
-together): the group's first member creates the unique id and shares it through the store.
-Fingerprints and shapes travel over the group's host transport (a header-only exchange of the cpu
-backend, tens of microseconds), so mismatches raise on every rank and receivers learn shapes, and
-NCCL only ever sees matching calls. NCCL runs on a dedicated stream that first waits for the
-caller's current stream; synchronous calls make the current stream wait for the result, and
-:meth:`all_reduce_async` returns a Work holding a CUDA event, so gradient all-reduce overlaps the
-rest of backward. CuPy is imported only here, on first use: CPU-only installs never touch it.
+Calls are agreed on first: fingerprints and shapes travel over the group's host transport (a
+header-only exchange of the cpu backend, tens of microseconds), so mismatches raise on every rank,
+receivers learn shapes, and NCCL only ever sees matching calls.
+
+Streams: NCCL runs on this backend's own stream. Inputs are prepared (packed, made contiguous) on
+the caller's current stream *before* the backend records an event there that the NCCL stream waits
+on, so NCCL never reads a buffer before it is filled. After the NCCL kernels the backend records an
+"end" event; a synchronous call (:meth:`run`) makes the caller's stream wait on it, an asynchronous
+one (:meth:`submit`) returns a :class:`Work` whose ``wait()`` does - so gradient all-reduce overlaps
+the rest of backward. Neither blocks the host.
+
+Communicators: a group's communicator is created at its first collective, which all members make
+together (the first member creates the unique id and shares it through the store). Point-to-point
+messages use one two-rank communicator per pair, created by the two peers at their first message, so
+a send never needs ranks that do not take part in it. CuPy is imported only here, on first use.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from minigrad.backend.xp import cupy_or_none
-from minigrad.distributed.backends import CollectiveError, Work, fingerprint
+import numpy as np
+
+from minigrad.backend.xp import cupy_import_error, cupy_or_none
+from minigrad.distributed.backends.base import (
+    Backend,
+    CollectiveError,
+    ReduceOp,
+    Work,
+    check_broadcast_buffers,
+    dtype_name,
+    fingerprint,
+)
 
 
-def _nccl_module():
-    cp = cupy_or_none()
-    if cp is None:
-        return None
-    try:
-        from cupy.cuda import nccl  # noqa: PLC0415  (optional dependency)
-    except Exception:
-        return None
-    return nccl if getattr(nccl, "available", True) else None
+def nccl_module():
+    """``cupy.cuda.nccl`` when CuPy was built with NCCL, else None (:func:`unavailable_reason`)."""
+    return _probe()[0]
+
+
+def unavailable_reason() -> str | None:
+    """Why the NCCL backend cannot be used in this process (None when it can)."""
+    nccl, reason = _probe()
+    if reason is None:
+        try:
+            if cupy_or_none().cuda.runtime.getDeviceCount() == 0:
+                reason = "CuPy sees no CUDA device"
+        except Exception as exc:  # CUDA driver missing or broken: say which
+            reason = f"CUDA is not usable ({type(exc).__name__}: {exc})"
+    return reason
 
 
 def is_available() -> bool:
     """CuPy with NCCL bindings and at least one CUDA device."""
-    nccl = _nccl_module()
-    if nccl is None:
-        return False
+    return unavailable_reason() is None
+
+
+def _probe():
+    cp = cupy_or_none()
+    if cp is None:
+        return None, f"CuPy could not be imported ({cupy_import_error()})"
     try:
-        return cupy_or_none().cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+        from cupy.cuda import nccl  # optional: present only when CuPy was built with NCCL
+    except Exception as exc:
+        return None, f"cupy.cuda.nccl could not be imported ({type(exc).__name__}: {exc})"
+    if not getattr(nccl, "available", True):
+        return None, "this CuPy build has no NCCL support (pip install nvidia-nccl-cu12)"
+    return nccl, None
 
 
-def _dtype_code(nccl, dtype) -> int:
-    table = {
-        "float16": nccl.NCCL_FLOAT16,
-        "float32": nccl.NCCL_FLOAT32,
-        "float64": nccl.NCCL_FLOAT64,
-        "int8": nccl.NCCL_INT8,
-        "uint8": nccl.NCCL_UINT8,
-        "bool": nccl.NCCL_UINT8,
-        "int32": nccl.NCCL_INT32,
-        "int64": nccl.NCCL_INT64,
-    }
-    name = str(dtype)
-    if name not in table:
-        raise TypeError(f"nccl backend: dtype {name} is not supported")
-    return table[name]
+def unique_id_to_wire(uid) -> dict:
+    """A NCCL unique id as JSON: CuPy >= 14 returns ``bytes``, CuPy 13 a tuple of signed chars."""
+    if isinstance(uid, (bytes, bytearray)):
+        return {"kind": "bytes", "id": list(bytes(uid))}
+    return {"kind": "tuple", "id": [int(v) for v in uid]}
 
 
-def _op_code(nccl, op: str, dtype) -> int:
-    if str(dtype) == "bool" and op == "sum":
-        op = "max"  # NumPy's bool sum is logical or
-    return {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}[op]
+def unique_id_from_wire(wire: dict):
+    """The inverse of :func:`unique_id_to_wire`, in the form this CuPy's communicator takes."""
+    return bytes(wire["id"]) if wire["kind"] == "bytes" else tuple(wire["id"])
+
+
+_DTYPE_CODES = {
+    "float16": "NCCL_FLOAT16",
+    "float32": "NCCL_FLOAT32",
+    "float64": "NCCL_FLOAT64",
+    "int8": "NCCL_INT8",
+    "uint8": "NCCL_UINT8",
+    "bool": "NCCL_UINT8",
+    "int32": "NCCL_INT32",
+    "int64": "NCCL_INT64",
+}
+_OP_CODES = {
+    ReduceOp.SUM: "NCCL_SUM",
+    ReduceOp.PRODUCT: "NCCL_PROD",
+    ReduceOp.MIN: "NCCL_MIN",
+    ReduceOp.MAX: "NCCL_MAX",
+}
+# NumPy's bool semantics on 0/1 bytes: sum is "or" (max), product is "and" (min)
+_BOOL_OPS = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PRODUCT: ReduceOp.MIN}
 
 
 def _meta(a) -> list | None:
-    return None if a is None else [list(a.shape), a.dtype.str]
+    return None if a is None else [list(a.shape), dtype_name(a.dtype)]
 
 
-class NcclBackend:
-    """NCCL collectives for one group; same method signatures as ``CpuBackend``."""
+class NcclBackend(Backend):
+    """NCCL collectives for one group (``cp``/``nccl`` may be replaced by fakes in unit tests)."""
 
     name = "nccl"
+    accepts_gpu_arrays = True
 
-    def __init__(self, ctx):
-        self.ctx = ctx
-        self.nccl = _nccl_module()
+    def __init__(self, ctx, cp=None, nccl=None):
+        super().__init__(ctx)
+        self.nccl = nccl if nccl is not None else nccl_module()
         if self.nccl is None:
             raise CollectiveError(
-                f"rank {ctx.rank}: the nccl backend needs CuPy built with NCCL "
-                f"(pip install -e '.[cuda12]')"
+                f"rank {ctx.global_rank}: the nccl backend is unavailable: {unavailable_reason()} "
+                f"(install CuPy with NCCL: pip install -e '.[cuda12]')"
             )
-        self.cp = cupy_or_none()
+        self.cp = cp if cp is not None else cupy_or_none()
         self.host = ctx.backend("cpu")  # fingerprints, shapes and barriers
         self._comm = None
+        self._pairs: dict[int, Any] = {}
         self._stream = None
-        self._device = None
+        self._end_event = None
 
     # --- setup
+    def _new_communicator(self, n: int, key: str, creator: bool, rank: int):
+        ctx = self.ctx
+        if creator:
+            ctx.client.set(key, unique_id_to_wire(self.nccl.get_unique_id()))
+        uid = unique_id_from_wire(ctx.client.get(key, timeout=ctx.timeout))
+        if self._stream is None:
+            self._stream = self.cp.cuda.Stream(non_blocking=True)
+        return self.nccl.NcclCommunicator(n, uid, rank)
+
     def _communicator(self):
         if self._comm is None:
-            cp, ctx = self.cp, self.ctx
-            key = f"{ctx.prefix}/nccl-id"
-            if ctx.index == 0:
-                ctx.client.set(key, [int(v) for v in self.nccl.get_unique_id()])
-            uid = tuple(ctx.client.get(key, timeout=ctx.timeout))
-            self._device = cp.cuda.Device()
-            self._comm = self.nccl.NcclCommunicator(len(ctx.ranks), uid, ctx.index)
-            self._stream = cp.cuda.Stream(non_blocking=True)
+            ctx = self.ctx
+            self._comm = self._new_communicator(
+                len(ctx.ranks), f"{ctx.prefix}/nccl-id", ctx.rank == 0, ctx.rank
+            )
         return self._comm
 
-    def close(self) -> None:
-        if self._comm is not None:
-            try:
-                self._comm.destroy()
-            except Exception:
-                pass
-            self._comm = None
+    def _pair(self, peer: int):
+        """The two-rank communicator shared with global rank ``peer`` and the peer's index in it."""
+        me = self.ctx.global_rank
+        lo, hi = min(me, peer), max(me, peer)
+        comm = self._pairs.get(peer)
+        if comm is None:
+            key = f"{self.ctx.prefix}/nccl-pair/{lo}-{hi}"
+            comm = self._pairs[peer] = self._new_communicator(2, key, me == lo, int(me == hi))
+        return comm, int(peer == hi)
 
-    def _begin(self, fp: dict, on_headers=None):
-        """Exchange fingerprints over the host transport, then order NCCL after the caller."""
-        self.host.flush()
-        self.host._run(fp, [None] * len(self.ctx.ranks), on_headers)
-        comm = self._communicator()
+    def close(self) -> None:
+        super().close()
+        for comm in [self._comm, *self._pairs.values()]:
+            if comm is not None:
+                comm.destroy()
+        self._comm, self._pairs = None, {}
+
+    # --- stream ordering
+    def _after_caller(self) -> None:
+        """Make the NCCL stream wait for everything queued on the caller's stream so far."""
         ev = self.cp.cuda.Event(disable_timing=True)
         ev.record(self.cp.cuda.get_current_stream())
         self._stream.wait_event(ev)
+
+    def _begin(self, fp: dict, on_headers=None):
+        self.host.exchange_headers(dict(fp, backend=self.name), on_headers)
+        comm = self._communicator()
+        self._after_caller()
         return comm
 
-    def _end(self) -> Any:
-        """Make the caller's stream wait for the NCCL stream; return the event."""
+    def _end(self) -> None:
         ev = self.cp.cuda.Event(disable_timing=True)
         ev.record(self._stream)
-        self.cp.cuda.get_current_stream().wait_event(ev)
-        return ev
+        self._end_event = ev
 
-    # --- collectives
-    def all_reduce(self, x, op: str = "sum", seq: int = 0):
-        out, _ = self._all_reduce(x, op, seq)
+    def run(self, fn):
+        """Run ``fn`` now; the caller's stream then waits for its NCCL kernels (not the host)."""
+        self._end_event = None
+        out = fn()
+        if self._end_event is not None:
+            self.cp.cuda.get_current_stream().wait_event(self._end_event)
         return out
 
-    def _all_reduce(self, x, op, seq):
-        cp, nccl = self.cp, self.nccl
-        x = cp.ascontiguousarray(x)
-        fp = fingerprint("all_reduce", seq, None, [list(x.shape), x.dtype.str, op])
-        comm = self._begin(fp)
-        out = cp.empty_like(x)
-        if x.size:
-            comm.allReduce(
-                x.data.ptr, out.data.ptr, x.size, _dtype_code(nccl, x.dtype),
-                _op_code(nccl, op, x.dtype), self._stream.ptr,
-            )
-        return out, self._end()
-
-    def all_reduce_async(self, x, op: str, seq: int, donate: bool = False) -> Work:
-        out, ev = self._all_reduce(x, op, seq)
-        keep = (x, out)  # inputs stay alive until the caller waited
+    def submit(self, fn) -> Work:
+        """Enqueue ``fn``'s NCCL kernels; ``Work.wait()`` makes the caller's stream wait."""
+        self._end_event = None
+        out = fn()
+        ev = self._end_event
+        if ev is None:
+            return Work.ready(out)
 
         def wait():
             self.cp.cuda.get_current_stream().wait_event(ev)
-            return keep[1]
+            return out
 
         return Work(wait, lambda: bool(ev.done))
 
-    def broadcast(self, x, root_index: int, seq: int = 0):
-        cp, nccl, me = self.cp, self.nccl, self.ctx.index
-        root = self.ctx.ranks[root_index]
-        box = {}
-        if me == root_index:
-            x = cp.ascontiguousarray(x)
-            fp = dict(fingerprint("broadcast", seq, root), meta=_meta(x))
-        else:
-            fp = fingerprint("broadcast", seq, root)
+    def _codes(self, dtype, op: ReduceOp | None = None):
+        name = dtype_name(dtype)
+        if name not in _DTYPE_CODES:
+            raise TypeError(f"nccl backend: dtype {name} is not supported")
+        code = getattr(self.nccl, _DTYPE_CODES[name])
+        if op is None:
+            return code
+        if name == "bool":
+            op = _BOOL_OPS.get(op, op)
+        return code, getattr(self.nccl, _OP_CODES[op])
+
+    # --- collectives
+    def all_reduce(self, x, op: ReduceOp, seq: int) -> None:
+        sig = [list(x.shape), dtype_name(x.dtype), op.value]
+        comm = self._begin(fingerprint("all_reduce", seq, None, sig))
+        if x.size:
+            dt, code = self._codes(x.dtype, op)
+            comm.allReduce(x.data.ptr, x.data.ptr, x.size, dt, code, self._stream.ptr)
+        self._end()
+
+    def broadcast(self, x, root: int, seq: int):
+        ranks = self.ctx.ranks
+        box = {"out": x}
+        fp = dict(fingerprint("broadcast", seq, ranks[root]), meta=_meta(x))
 
         def on_headers(headers):
-            shape, dt = headers[root_index]["meta"]
-            box["out"] = cp.empty(shape, dtype=dt)
+            check_broadcast_buffers(headers, root, ranks, seq)
+            if box["out"] is None:
+                shape, dt = headers[root]["meta"]
+                box["out"] = self.cp.empty(shape, dtype=dt)
 
         comm = self._begin(fp, on_headers)
         out = box["out"]
-        src = x if me == root_index else out
         if out.size:
-            comm.broadcast(
-                src.data.ptr, out.data.ptr, out.size, _dtype_code(nccl, out.dtype), root_index,
-                self._stream.ptr,
-            )
+            ptr = out.data.ptr
+            comm.broadcast(ptr, ptr, out.size, self._codes(out.dtype), root, self._stream.ptr)
         self._end()
         return out
 
-    def _p2p_group(self, comm, sends: dict, recvs: dict) -> None:
-        """Issue grouped NCCL sends/recvs: ``sends``/``recvs`` map group index -> array."""
+    def reduce(self, x, op: ReduceOp, root: int, seq: int) -> None:
+        sig = [list(x.shape), dtype_name(x.dtype), op.value]
+        comm = self._begin(fingerprint("reduce", seq, self.ctx.ranks[root], sig))
+        if x.size:
+            dt, code = self._codes(x.dtype, op)
+            comm.reduce(x.data.ptr, x.data.ptr, x.size, dt, code, root, self._stream.ptr)
+        self._end()
+
+    def _grouped(self, comm, sends: dict, recvs: dict) -> None:
+        """Grouped NCCL sends/recvs: ``sends``/``recvs`` map peer index -> array."""
         nccl, s = self.nccl, self._stream.ptr
         nccl.groupStart()
         try:
             for j, a in sends.items():
                 if a.size:
-                    comm.send(a.data.ptr, a.size, _dtype_code(nccl, a.dtype), j, s)
+                    comm.send(a.data.ptr, a.size, self._codes(a.dtype), j, s)
             for j, a in recvs.items():
                 if a.size:
-                    comm.recv(a.data.ptr, a.size, _dtype_code(nccl, a.dtype), j, s)
+                    comm.recv(a.data.ptr, a.size, self._codes(a.dtype), j, s)
         finally:
             nccl.groupEnd()
 
-    def _exchange(self, op, seq, root, sig, sends: list):
-        """Header exchange then grouped send/recv; returns arrays received (per source)."""
-        cp, me, n = self.cp, self.ctx.index, len(self.ctx.ranks)
-        sends = [None if a is None else cp.ascontiguousarray(a) for a in sends]
-        fp = dict(fingerprint(op, seq, root, sig), meta=[_meta(a) for a in sends])
-        outs: list = [None] * n
+    def _exchange(self, op, seq, root, sig, sends: list) -> list:
+        """Header exchange, then grouped send/recv; returns the arrays received (per source)."""
+        cp, me = self.cp, self.ctx.rank
+        outs: list = [None] * len(self.ctx.ranks)
 
         def on_headers(headers):
             for src, h in enumerate(headers):
@@ -205,10 +274,11 @@ class NcclBackend:
                 if m is not None:
                     outs[src] = cp.empty(m[0], dtype=m[1])
 
+        fp = dict(fingerprint(op, seq, root, sig), meta=[_meta(a) for a in sends])
         comm = self._begin(fp, on_headers)
         if sends[me] is not None:
-            outs[me][...] = sends[me]
-        self._p2p_group(
+            self._copy_on_stream(outs[me], sends[me])
+        self._grouped(
             comm,
             {j: a for j, a in enumerate(sends) if a is not None and j != me},
             {j: a for j, a in enumerate(outs) if a is not None and j != me},
@@ -216,113 +286,79 @@ class NcclBackend:
         self._end()
         return outs
 
-    def all_gather(self, x, seq: int = 0) -> list:
+    def _copy_on_stream(self, dst, src) -> None:
+        with self._stream:
+            dst[...] = src
+
+    def all_gather(self, x, seq: int) -> list:
+        sends = [x] * len(self.ctx.ranks)
+        return self._exchange("all_gather", seq, None, dtype_name(x.dtype), sends)
+
+    def gather(self, x, root: int, seq: int):
+        sends = [x if j == root else None for j in range(len(self.ctx.ranks))]
+        outs = self._exchange("gather", seq, self.ctx.ranks[root], dtype_name(x.dtype), sends)
+        return outs if self.ctx.rank == root else None
+
+    def scatter(self, chunks, root: int, seq: int):
         n = len(self.ctx.ranks)
-        return self._exchange("all_gather", seq, None, x.dtype.str, [x] * n)
+        sends = list(chunks) if self.ctx.rank == root else [None] * n
+        return self._exchange("scatter", seq, self.ctx.ranks[root], None, sends)[root]
 
-    def gather(self, x, root_index: int, seq: int = 0):
-        n, me = len(self.ctx.ranks), self.ctx.index
-        sends = [x if j == root_index else None for j in range(n)]
-        outs = self._exchange("gather", seq, self.ctx.ranks[root_index], x.dtype.str, sends)
-        return outs if me == root_index else None
-
-    def scatter(self, chunks, root_index: int, seq: int = 0):
-        n, me = len(self.ctx.ranks), self.ctx.index
-        root = self.ctx.ranks[root_index]
-        if me == root_index:
-            if chunks is None or len(chunks) != n:
-                raise ValueError(f"scatter: root rank {root} must pass {n} chunks")
-            sends = list(chunks)
-        else:
-            sends = [None] * n
-        return self._exchange("scatter", seq, root, None, sends)[root_index]
-
-    def reduce(self, x, op: str, root_index: int, seq: int = 0):
-        cp, nccl, me = self.cp, self.nccl, self.ctx.index
-        x = cp.ascontiguousarray(x)
-        root = self.ctx.ranks[root_index]
-        comm = self._begin(fingerprint("reduce", seq, root, [list(x.shape), x.dtype.str, op]))
-        out = cp.empty_like(x)
-        if x.size:
-            comm.reduce(
-                x.data.ptr, out.data.ptr, x.size, _dtype_code(nccl, x.dtype),
-                _op_code(nccl, op, x.dtype), root_index, self._stream.ptr,
-            )
-        self._end()
-        return out if me == root_index else None
-
-    def reduce_scatter(self, chunks: list, op: str, seq: int = 0):
-        cp, nccl, me, n = self.cp, self.nccl, self.ctx.index, len(self.ctx.ranks)
-        if len(chunks) != n:
-            raise ValueError(f"reduce_scatter: expected {n} chunks, got {len(chunks)}")
-        chunks = [cp.ascontiguousarray(c) for c in chunks]
-        sig = [[_meta(c) for c in chunks], op]
-        comm = self._begin(fingerprint("reduce_scatter", seq, None, sig))
-        dt = _dtype_code(nccl, chunks[0].dtype)
-        code = _op_code(nccl, op, chunks[0].dtype)
+    def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int):
+        cp, me = self.cp, self.ctx.rank
+        sig = [[_meta(c) for c in chunks], op.value]
+        dt, code = self._codes(chunks[0].dtype, op)
+        out = cp.empty_like(chunks[me])
         if len({c.shape for c in chunks}) == 1:
+            # packed on the caller's stream, *before* _begin orders the NCCL stream after it
             flat = cp.concatenate([c.reshape(-1) for c in chunks])
-            out = cp.empty_like(chunks[me])
+            comm = self._begin(fingerprint("reduce_scatter", seq, None, sig))
             if out.size:
-                comm.reduceScatter(
-                    flat.data.ptr, out.data.ptr, out.size, dt, code, self._stream.ptr
-                )
-        else:  # ragged chunks: one reduce per destination, grouped
-            out = cp.empty_like(chunks[me])
-            nccl.groupStart()
-            try:
-                for j, c in enumerate(chunks):
-                    if c.size:
-                        recv = out if j == me else c
-                        comm.reduce(
-                            c.data.ptr, recv.data.ptr, c.size, dt, code, j, self._stream.ptr
-                        )
-            finally:
-                nccl.groupEnd()
+                comm.reduceScatter(flat.data.ptr, out.data.ptr, out.size, dt, code,
+                                   self._stream.ptr)
+            self._end()
+            return out
+        comm = self._begin(fingerprint("reduce_scatter", seq, None, sig))
+        self.nccl.groupStart()  # ragged chunks: one reduce per destination, grouped
+        try:
+            for j, c in enumerate(chunks):
+                if c.size:
+                    dst = out if j == me else c
+                    comm.reduce(c.data.ptr, dst.data.ptr, c.size, dt, code, j, self._stream.ptr)
+        finally:
+            self.nccl.groupEnd()
         self._end()
         return out
 
-    def all_to_all(self, chunks: list, seq: int = 0) -> list:
-        n = len(self.ctx.ranks)
-        if len(chunks) != n:
-            raise ValueError(f"all_to_all: expected {n} chunks, got {len(chunks)}")
-        return self._exchange("all_to_all", seq, None, chunks[0].dtype.str, list(chunks))
+    def all_to_all(self, chunks: list, seq: int) -> list:
+        return self._exchange("all_to_all", seq, None, dtype_name(chunks[0].dtype), list(chunks))
 
-    def barrier(self, seq: int = 0) -> None:
+    def barrier(self, seq: int) -> None:
         self.host.barrier(seq)
 
-    # --- point-to-point (global ranks; headers over the host p2p channel)
-    def send(self, x, dst: int) -> None:
-        import numpy as np
-
-        from minigrad.distributed.group import get_p2p
-
-        cp = self.cp
-        x = cp.ascontiguousarray(x)
-        comm = self._communicator()
-        meta = json.dumps(_meta(x)).encode()
-        get_p2p().send(np.frombuffer(meta, np.uint8), dst)  # shape/dtype ride the host channel
-        ev = cp.cuda.Event(disable_timing=True)
-        ev.record(cp.cuda.get_current_stream())
-        self._stream.wait_event(ev)
+    # --- point to point: the header goes over the host channel, the payload over a pair comm
+    def send(self, x, dst: int, header: dict) -> None:
+        channel = self.ctx.backend(self.ctx.host_route)
+        channel.send(None, dst, dict(header, via="nccl", meta=_meta(x)))
+        comm, peer = self._pair(dst)
+        self._after_caller()
         if x.size:
-            comm.send(x.data.ptr, x.size, _dtype_code(self.nccl, x.dtype), dst, self._stream.ptr)
+            comm.send(x.data.ptr, x.size, self._codes(x.dtype), peer, self._stream.ptr)
         self._end()
 
     def recv(self, src: int):
-        import numpy as np
+        header, y = self.ctx.backend(self.ctx.host_route).recv(src)
+        if header.get("via") == "nccl":
+            y = self.recv_payload(src, header)
+        return header, y
 
-        from minigrad.distributed.group import get_p2p
-
-        cp = self.cp
-        comm = self._communicator()
-        shape, dtype = json.loads(get_p2p().recv(src).tobytes())
-        out = cp.empty(shape, dtype=np.dtype(dtype))
-        ev = cp.cuda.Event(disable_timing=True)
-        ev.record(cp.cuda.get_current_stream())
-        self._stream.wait_event(ev)
+    def recv_payload(self, src: int, header: dict):
+        """The CuPy payload announced by ``header`` (received on the host channel)."""
+        shape, dtype = header["meta"]
+        out = self.cp.empty(shape, dtype=np.dtype(dtype))
+        comm, peer = self._pair(src)
+        self._after_caller()
         if out.size:
-            dt = _dtype_code(self.nccl, out.dtype)
-            comm.recv(out.data.ptr, out.size, dt, src, self._stream.ptr)
+            comm.recv(out.data.ptr, out.size, self._codes(out.dtype), peer, self._stream.ptr)
         self._end()
         return out

@@ -1,0 +1,91 @@
+"""The watchdog: a rank that waits longer than ``warn_after`` logs once what it waits on and which
+ranks have not arrived; at the group's timeout every waiting rank raises with the same facts."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+import minigrad.distributed as dist
+from minigrad.distributed import comm
+from minigrad.testing.distributed import run_workers
+
+WARN_AFTER = 0.3
+LATE = 1.2  # seconds the late rank sleeps
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.start = time.monotonic()
+        self.seen: list[tuple[float, str]] = []
+
+    def emit(self, record):
+        self.seen.append((time.monotonic() - self.start, record.getMessage()))
+
+
+def _late_rank(kind: str):
+    """Rank 1 arrives LATE seconds after the others; they return the watchdog's records."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    comm.barrier()
+    records = _Records()
+    dist.get_logger().addHandler(records)
+    if r == 1:
+        time.sleep(LATE)
+    if kind == "collective":
+        x = np.ones(4)
+        comm.all_reduce(x)
+        assert x[0] == n
+    elif r == 0:
+        comm.recv(1)
+    elif r == 1:
+        comm.send(np.ones(2), 0)
+    dist.get_logger().removeHandler(records)
+    return records.seen
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_warning_names_the_missing_rank_within_the_threshold(monkeypatch, transport):
+    monkeypatch.setenv("MINIGRAD_DIST_WARN_AFTER", str(WARN_AFTER))
+    monkeypatch.setenv("MINIGRAD_DIST_TRANSPORT", transport)
+    res = run_workers(_late_rank, 3, "collective", timeout=60)
+    assert res[1] == []  # the late rank itself never waited
+    for r in (0, 2):
+        (when, msg), = res[r]  # exactly one warning per wait
+        assert WARN_AFTER <= when < WARN_AFTER + 1.0, when
+        assert msg.startswith("all_reduce#2(") and "in group [0, 1, 2]" in msg
+        assert f"rank {r} has waited" in msg and "rank(s) [1] have not arrived" in msg
+        assert "timeout after 60 s" in msg  # run_workers: the job timeout
+
+
+def test_receive_is_watched_too(monkeypatch):
+    monkeypatch.setenv("MINIGRAD_DIST_WARN_AFTER", str(WARN_AFTER))
+    (when, msg), = run_workers(_late_rank, 2, "recv", timeout=60)[0]
+    assert WARN_AFTER <= when < WARN_AFTER + 1.0
+    assert msg.startswith("recv#0 on rank 0 from rank 1") and "rank(s) [1] have not" in msg
+
+
+def _per_group_timeout():
+    r = dist.get_rank()
+    quick = dist.new_group([0, 1], timeout=0.8)
+    assert quick.timeout == 0.8 and dist.WORLD.timeout == 60.0
+    comm.barrier()
+    if r == 1:
+        time.sleep(1.6)  # alive, but skips the group's collective
+        return "skipped"
+    t = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(2), group=quick)
+    except dist.CollectiveTimeoutError as exc:
+        return time.monotonic() - t, str(exc)
+    return "no error"
+
+
+def test_timeout_is_set_per_group():
+    (elapsed, msg), skipped = run_workers(_per_group_timeout, 2, timeout=60)
+    assert skipped == "skipped" and 0.8 <= elapsed < 1.6
+    assert "all_reduce#1" in msg and "group [0, 1]" in msg and "timed out after 0.8 s" in msg
+    assert "waiting for rank(s) [1]" in msg
