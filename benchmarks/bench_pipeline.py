@@ -29,11 +29,11 @@ Writes ``benchmarks/results/pipeline.json`` and the timeline PNGs for 4 stages x
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
 import statistics
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -148,16 +148,16 @@ def time_schedule(schedule: str, S: int, M: int, u: float, steps: int) -> dict:
 # ------------------------------------------------------------------------------------------------
 # Activation memory of stage 0 on the example model
 # ------------------------------------------------------------------------------------------------
-def _load_example():
-    spec = importlib.util.spec_from_file_location("pipeline_lm", ROOT / "examples" /
-                                                  "pipeline_lm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _example():
+    """``examples/pipeline_lm.py`` as a module (its model and loss)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import pipeline_lm  # noqa: PLC0415 - the example is not a package
+
+    return pipeline_lm
 
 
 def _memory_rank(schedule: str, M: int, interval: int, args):
-    ex = _load_example()
+    ex = _example()
     mg.random.seed(0)
     net = PipelineModule(ex.build_specs(args), num_stages=dist.get_world_size(),
                          loss_fn=ex.lm_loss, partition_method="type:block",
@@ -208,11 +208,12 @@ def main(argv=None) -> dict:
     rows = []
     print(f"{'schedule':12} {'S':>2} {'M':>2} {'measured':>9} {'formula':>8} {'ratio':>6} "
           f"{'bubble':>7} {'theory':>7}")
-    for schedule, S, M in configs:
-        r = time_schedule(schedule, S, M, args.unit, args.steps)
+    for schedule, stages, micro_batches in configs:
+        r = time_schedule(schedule, stages, micro_batches, args.unit, args.steps)
         rows.append(r)
-        print(f"{schedule:12} {S:2d} {M:2d} {r['step_s_median']:8.3f}s {r['ideal_s']:7.3f}s "
-              f"{r['ratio']:6.3f} {r['bubble_measured']:7.1%} {r['bubble_theory']:7.1%}",
+        print(f"{schedule:12} {stages:2d} {micro_batches:2d} {r['step_s_median']:8.3f}s "
+              f"{r['ideal_s']:7.3f}s {r['ratio']:6.3f} {r['bubble_measured']:7.1%} "
+              f"{r['bubble_theory']:7.1%}",
               flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     for r in rows:

@@ -68,27 +68,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+import minigrad.distributed.pipeline.actions as A
 import minigrad.functional as F
 from minigrad.autodiff import GradManager, is_recording, no_grad
 from minigrad.distributed import comm
 from minigrad.distributed.group import Group, get_rank, get_world_size, is_distributed, new_group
 from minigrad.distributed.helper import bcast_list_
-from minigrad.distributed.pipeline.actions import (
-    Action,
-    Backward,
-    BackwardInput,
-    BackwardWeight,
-    Communication,
-    Forward,
-    OptimizerStep,
-    RecvActivation,
-    RecvGrad,
-    ReduceGrads,
-    ReduceTiedGrads,
-    SendActivation,
-    SendGrad,
-    logical_stage,
-)
 from minigrad.distributed.pipeline.module import PipelineError, PipelineModule
 from minigrad.distributed.pipeline.schedule import InferenceSchedule, Schedule, get_schedule
 from minigrad.distributed.pipeline.timeline import Timeline, TimelineEvent
@@ -184,7 +169,7 @@ class _Step:
         self.as_tuple: dict[tuple, bool] = {}  # whether the output was a tuple
         self.output_grads: dict[tuple, list] = {}
         self.input_grads: dict[tuple, list] = {}
-        self.handles: dict[tuple, Any] = {}   # WeightGradHandles waiting for BackwardWeight
+        self.handles: dict[tuple, Any] = {}   # WeightGradHandles waiting for A.BackwardWeight
         self.signatures: dict[tuple, tuple] = {}
         self.losses: dict[int, float] = {}
         self.logits: dict[int, Any] = {}
@@ -293,7 +278,7 @@ class PipelineEngine:
         self._last_position = module.num_stages * module.chunks - 1
         self._transport = Transport(self.rank)
         self._peers = sorted({self._peer_rank(a) for a in self.schedule.actions(self.stage_id)
-                              if isinstance(a, Communication)} - {self.rank})
+                              if isinstance(a, A.Communication)} - {self.rank})
         self._gm = GradManager().attach(list(module.parameters()))
         self._inference: dict[int, Schedule] = {}
         self._events: list[TimelineEvent] = []
@@ -301,12 +286,12 @@ class PipelineEngine:
         self._step: _Step | None = None
         self._failed: str | None = None
         self._run_action = {
-            Forward: self._forward, Backward: self._backward,
-            BackwardInput: self._backward_input, BackwardWeight: self._backward_weight,
-            SendActivation: self._send_activation, RecvActivation: self._recv_activation,
-            SendGrad: self._send_grad, RecvGrad: self._recv_grad,
-            ReduceTiedGrads: self._reduce_tied_grads, ReduceGrads: self._reduce_grads,
-            OptimizerStep: self._optimizer_step,
+            A.Forward: self._forward, A.Backward: self._backward,
+            A.BackwardInput: self._backward_input, A.BackwardWeight: self._backward_weight,
+            A.SendActivation: self._send_activation, A.RecvActivation: self._recv_activation,
+            A.SendGrad: self._send_grad, A.RecvGrad: self._recv_grad,
+            A.ReduceTiedGrads: self._reduce_tied_grads, A.ReduceGrads: self._reduce_grads,
+            A.OptimizerStep: self._optimizer_step,
         }
         # Collective from here on, in the same order on every rank.
         self._data_group = self._axis_group("data")
@@ -342,7 +327,7 @@ class PipelineEngine:
         for key, group in self._tie_groups.items():
             bcast_list_(weights[key], group)  # the group's root is its lowest (owning) rank
 
-    def _peer_rank(self, action: Communication) -> int:
+    def _peer_rank(self, action: A.Communication) -> int:
         return self._pipe_ranks[action.peer(self.stage_id, self.num_stages)[0]]
 
     # -- the public API --------------------------------------------------------------------------
@@ -409,7 +394,7 @@ class PipelineEngine:
                                             None if mb < 0 else int(mb), int(chunk), start, end))
         return Timeline(events)
 
-    def register_action_hook(self, hook: Callable[["PipelineEngine", Action], None]) -> None:
+    def register_action_hook(self, hook: Callable[["PipelineEngine", A.Action], None]) -> None:
         """Call ``hook(engine, action)`` after every action this rank runs (a profiler, a memory
         probe)."""
         self._action_hooks.append(hook)
@@ -503,7 +488,7 @@ class PipelineEngine:
                 except Exception:  # noqa: BLE001 - the neighbour may be gone already
                     pass
 
-    def _record(self, action: Action, start: float, end: float) -> None:
+    def _record(self, action: A.Action, start: float, end: float) -> None:
         mb = getattr(action, "micro_batch", None)
         label = action.label if mb is not None else repr(action)
         self._events.append(TimelineEvent(self.rank, label, mb, getattr(action, "chunk", 0),
@@ -572,9 +557,9 @@ class PipelineEngine:
         return loss
 
     # -- actions ---------------------------------------------------------------------------------
-    def _forward(self, a: Forward) -> None:
+    def _forward(self, a: A.Forward) -> None:
         step, key = self._step, (a.micro_batch, a.chunk)
-        position = logical_stage(self.stage_id, a.chunk, self.num_stages)
+        position = A.logical_stage(self.stage_id, a.chunk, self.num_stages)
         if position == 0:
             item = self._item(a.micro_batch)
             x, item[0] = item[0], None
@@ -595,12 +580,12 @@ class PipelineEngine:
         if not step.training and position == self._last_position:
             del step.outputs[key]
 
-    def _send_activation(self, a: SendActivation) -> None:
+    def _send_activation(self, a: A.SendActivation) -> None:
         step, key = self._step, (a.micro_batch, a.chunk)
         outputs = step.outputs[key] if step.training else step.outputs.pop(key)
         self._transport.send([t.data for t in outputs], self._peer_rank(a), step.as_tuple[key])
 
-    def _recv_activation(self, a: RecvActivation) -> None:
+    def _recv_activation(self, a: A.RecvActivation) -> None:
         step, key = self._step, (a.micro_batch, a.chunk)
         arrays, as_tuple = self._transport.recv(self._peer_rank(a))
         self._check_signature(a, arrays, as_tuple)
@@ -611,7 +596,7 @@ class PipelineEngine:
                 self._gm.attach(floats)  # leaves whose gradients backward computes
         step.inputs[key] = tensors if as_tuple else tensors[0]
 
-    def _check_signature(self, a: RecvActivation, arrays: list, as_tuple: bool) -> None:
+    def _check_signature(self, a: A.RecvActivation, arrays: list, as_tuple: bool) -> None:
         """The first micro-batch of the step fixes the number of tensors and their dtypes."""
         first = self._step.signatures.setdefault(a.chunk, (a.micro_batch, arrays, as_tuple))
         m0, arrays0, tuple0 = first
@@ -655,9 +640,9 @@ class PipelineEngine:
         self._step.inputs.pop(key, None)
         self._step.outputs.pop(key, None)
 
-    def _backward(self, a: Backward) -> None:
+    def _backward(self, a: A.Backward) -> None:
         key = (a.micro_batch, a.chunk)
-        position = logical_stage(self.stage_id, a.chunk, self.num_stages)
+        position = A.logical_stage(self.stage_id, a.chunk, self.num_stages)
         ys, dys = self._roots(key, position)
         inputs = self._stage_inputs(key, position)
         if ys:
@@ -665,9 +650,9 @@ class PipelineEngine:
         self._keep_input_grads(key, position, inputs, [x.grad for x in inputs])
         self._release(key)
 
-    def _backward_input(self, a: BackwardInput) -> None:
+    def _backward_input(self, a: A.BackwardInput) -> None:
         key = (a.micro_batch, a.chunk)
-        position = logical_stage(self.stage_id, a.chunk, self.num_stages)
+        position = A.logical_stage(self.stage_id, a.chunk, self.num_stages)
         ys, dys = self._roots(key, position)
         inputs = self._stage_inputs(key, position)
         grads = [None] * len(inputs)
@@ -676,18 +661,18 @@ class PipelineEngine:
             grads = handle.input_grads
         self._keep_input_grads(key, position, inputs, grads)
 
-    def _backward_weight(self, a: BackwardWeight) -> None:
+    def _backward_weight(self, a: A.BackwardWeight) -> None:
         key = (a.micro_batch, a.chunk)
         handle = self._step.handles.pop(key, None)
         if handle is not None:
             self._gm.backward_weight(handle)
         self._release(key)
 
-    def _send_grad(self, a: SendGrad) -> None:
+    def _send_grad(self, a: A.SendGrad) -> None:
         grads = self._step.input_grads.pop((a.micro_batch, a.chunk))
         self._transport.send(grads, self._peer_rank(a))
 
-    def _recv_grad(self, a: RecvGrad) -> None:
+    def _recv_grad(self, a: A.RecvGrad) -> None:
         key = (a.micro_batch, a.chunk)
         arrays, _ = self._transport.recv(self._peer_rank(a))
         outputs = _floats(self._step.outputs[key])
@@ -700,17 +685,17 @@ class PipelineEngine:
                 f"float outputs are {_signature([t.data for t in outputs], True)}")
         self._step.output_grads[key] = arrays
 
-    def _reduce_tied_grads(self, a: ReduceTiedGrads) -> None:
+    def _reduce_tied_grads(self, a: A.ReduceTiedGrads) -> None:
         weights = self.module.tied_weights()
         for key, group in self._tie_groups.items():
             _all_reduce_into_grads(weights[key], group, 1.0)
 
-    def _reduce_grads(self, a: ReduceGrads) -> None:
+    def _reduce_grads(self, a: A.ReduceGrads) -> None:
         if self._data_group is not None:
             params = [p for p in self.module.parameters() if p.grad is not None]
             _all_reduce_into_grads(params, self._data_group, 1.0 / self._data_group.size)
 
-    def _optimizer_step(self, a: OptimizerStep) -> None:
+    def _optimizer_step(self, a: A.OptimizerStep) -> None:
         self.optimizer.step()
         for p in self.module.parameters():
             p.grad = None
