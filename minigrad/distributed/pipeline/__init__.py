@@ -20,6 +20,11 @@ Example::
     sched = OneFOneB(stages=4, micro_batches=8)
     print(sched.render())
     plot_timeline(sched.simulate(tF=1, tB=2), "1f1b.png")
+
+    net = PipelineModule(specs, num_stages=4, loss_fn=F.nn.cross_entropy)   # in each rank
+    engine = PipelineEngine(net, optim.Adam(net.parameters()), micro_batches=8)
+    loss = engine.train_batch(iter(RepeatingLoader(loader)))
+    plot_timeline(engine.timeline(), "measured.png")                        # every rank calls
 """
 
 from minigrad.distributed.pipeline.actions import ScheduleError, parse_actions
