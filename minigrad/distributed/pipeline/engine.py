@@ -170,7 +170,7 @@ class _Step:
         self.output_grads: dict[tuple, list] = {}
         self.input_grads: dict[tuple, list] = {}
         self.handles: dict[tuple, Any] = {}   # WeightGradHandles waiting for A.BackwardWeight
-        self.signatures: dict[tuple, tuple] = {}
+        self.signatures: dict[int, tuple] = {}  # chunk -> its first received message
         self.losses: dict[int, float] = {}
         self.logits: dict[int, Any] = {}
 

@@ -437,14 +437,13 @@ class PipelineModule(Module):
         part = self._chunk(chunk)
         _check_value(inputs, "the input of", part.start, None)
         layers = list(zip(range(part.start, part.stop), part.functions))
-        k = self.activation_checkpoint_interval or len(layers)
+        k = self.activation_checkpoint_interval or len(layers)  # 0: one segment, no recompute
         x = inputs
         for i in range(0, len(layers), k):
             segment = _Segment(layers[i:i + k], isinstance(x, tuple))
-            if self.activation_checkpoint_interval:
-                x = checkpoint(segment, *(x if isinstance(x, tuple) else (x,)))
-            else:
-                x = segment(*(x if isinstance(x, tuple) else (x,)))
+            args = x if isinstance(x, tuple) else (x,)
+            x = checkpoint(segment, *args) if self.activation_checkpoint_interval else \
+                segment(*args)
         return x
 
     # -- checkpoints -----------------------------------------------------------------------------
