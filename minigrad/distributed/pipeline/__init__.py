@@ -1,5 +1,7 @@
 """Pipeline parallelism: a model as a sequence of layers, cut into stages, driven by schedules.
 
+* :mod:`.engine` — :class:`PipelineEngine`: runs a schedule on every stage (``train_batch``,
+  ``eval_batch``), with tied and data-parallel gradient reduction and a measured timeline.
 * :mod:`.module` — :class:`PipelineModule`, :class:`LayerSpec`, :class:`TiedLayerSpec`: the
   model, its partition into stages, tied layers and checkpoints keyed by global layer index.
 * :mod:`.partition` — the partition arithmetic (uniform, balanced).
@@ -18,12 +20,19 @@ Example::
     sched = OneFOneB(stages=4, micro_batches=8)
     print(sched.render())
     plot_timeline(sched.simulate(tF=1, tB=2), "1f1b.png")
+
+    net = PipelineModule(specs, num_stages=4, loss_fn=F.nn.cross_entropy)   # in each rank
+    engine = PipelineEngine(net, optim.Adam(net.parameters()), micro_batches=8)
+    loss = engine.train_batch(iter(RepeatingLoader(loader)))
+    plot_timeline(engine.timeline(), "measured.png")                        # every rank calls
 """
 
 from minigrad.distributed.pipeline.actions import ScheduleError, parse_actions
+from minigrad.distributed.pipeline.engine import PipelineEngine
 from minigrad.distributed.pipeline.loader import RepeatingLoader
 from minigrad.distributed.pipeline.module import (
     LayerSpec,
+    PipelineError,
     PipelineModule,
     TiedLayerSpec,
     load_layer_states,
@@ -56,6 +65,8 @@ __all__ = [
     "Interleaved1F1B",
     "LayerSpec",
     "OneFOneB",
+    "PipelineEngine",
+    "PipelineError",
     "PipelineModule",
     "RepeatingLoader",
     "Schedule",

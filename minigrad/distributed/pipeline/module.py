@@ -60,6 +60,7 @@ from typing import Any, Callable, Sequence
 
 import minigrad.module as M
 from minigrad import serialization
+from minigrad.autodiff import checkpoint
 from minigrad.distributed.group import get_rank, get_world_size, is_distributed
 from minigrad.distributed.pipeline.partition import (
     check_bounds,
@@ -72,6 +73,7 @@ from minigrad.tensor import Parameter, Tensor
 
 __all__ = [
     "LayerSpec",
+    "PipelineError",
     "PipelineModule",
     "TiedLayerSpec",
     "layer_state_path",
@@ -80,6 +82,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger("minigrad.distributed.pipeline")
+
+
+class PipelineError(RuntimeError):
+    """A pipeline is used the wrong way (a stage run outside its engine's steps, ``train_batch``
+    under ``no_grad``), or a pipelined step failed on some rank (the message names it)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -280,6 +287,8 @@ class PipelineModule(Module):
         self._layers = _Layers(tuple(specs))
         self._tie_groups = self._find_tie_groups()
         self._chunks = tuple(self._build_chunk(c) for c in range(self.chunks))
+        self._engine_bound = False     # set by PipelineEngine: forward only inside its steps
+        self._engine_running = False
         if not is_distributed() or get_rank() == 0:
             logger.info("%s", self.partition_table())
 
@@ -411,18 +420,30 @@ class PipelineModule(Module):
 
     def forward(self, inputs, chunk: int = 0):
         """Apply this stage's layers of ``chunk`` in order. A layer receives what the previous one
-        returned — a Tensor or a tuple of Tensors — as its one argument."""
+        returned — a Tensor or a tuple of Tensors — as its one argument. With
+        ``activation_checkpoint_interval`` k, every run of k consecutive layers is one
+        :func:`minigrad.autodiff.checkpoint` call: only its input is kept for backward, and its
+        internals are recomputed (with the same dropout masks) when the backward reaches it.
+
+        Once a :class:`~minigrad.distributed.pipeline.PipelineEngine` drives this module, only
+        the engine's ``train_batch`` and ``eval_batch`` may run it: a stage alone computes only
+        part of the model, without the transfers that feed it.
+        """
+        if self._engine_bound and not self._engine_running:
+            raise PipelineError(
+                "PipelineModule: this stage is driven by a PipelineEngine; only "
+                "engine.train_batch() and engine.eval_batch() run it (pipeline mode)"
+            )
         part = self._chunk(chunk)
         _check_value(inputs, "the input of", part.start, None)
-        if self.activation_checkpoint_interval:
-            raise NotImplementedError(
-                "PipelineModule: activation_checkpoint_interval > 0 needs "
-                "minigrad.autodiff.checkpoint, which this version does not have yet"
-            )
+        layers = list(zip(range(part.start, part.stop), part.functions))
+        k = self.activation_checkpoint_interval or len(layers)  # 0: one segment, no recompute
         x = inputs
-        for index, fn in zip(range(part.start, part.stop), part.functions):
-            x = fn(x)
-            _check_value(x, "the output of", index, fn)
+        for i in range(0, len(layers), k):
+            segment = _Segment(layers[i:i + k], isinstance(x, tuple))
+            args = x if isinstance(x, tuple) else (x,)
+            x = checkpoint(segment, *args) if self.activation_checkpoint_interval else \
+                segment(*args)
         return x
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -457,6 +478,23 @@ class PipelineModule(Module):
         return (f"stage {self.stage_id} of {self.num_stages}, layers "
                 + ", ".join(f"{r.start}-{r.stop - 1}" for r in map(self.layer_range,
                                                                      range(self.chunks))))
+
+
+class _Segment:
+    """Consecutive layers as one function of the unpacked input (what ``checkpoint`` calls, and
+    calls again during backward); checks each layer's output."""
+
+    def __init__(self, layers: Sequence[tuple[int, Callable]], tuple_input: bool):
+        self.layers = layers
+        self.tuple_input = tuple_input
+        self.__name__ = f"layers {layers[0][0]}-{layers[-1][0]}"
+
+    def __call__(self, *xs):
+        x = xs if self.tuple_input else xs[0]
+        for index, fn in self.layers:
+            x = fn(x)
+            _check_value(x, "the output of", index, fn)
+        return x
 
 
 class _TiedForward:

@@ -152,7 +152,7 @@ def plot_timeline(timeline: Timeline, path: str, title: str | None = None):
     ax.set_xlabel("time")
     present = [a for a in _COLOURS if any(e.action == a for e in timeline)]
     ax.legend(handles=[Patch(color=_COLOURS[a], label=a) for a in present],
-              loc="upper right", fontsize=7, ncol=len(present))
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     heading = f"{title} — " if title else ""
     ax.set_title(f"{heading}bubble fraction {bubble:.1%}")
     fig.tight_layout()

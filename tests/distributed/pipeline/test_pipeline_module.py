@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import minigrad as mg
+import minigrad.autodiff as ad
 import minigrad.functional as F
 import minigrad.module as M
 from minigrad.distributed.pipeline import LayerSpec, PipelineModule, TiedLayerSpec
@@ -364,10 +365,55 @@ def test_configuration_errors_are_raised_before_anything_is_built():
         LayerSpec(np.ones, 3)
 
 
-def test_activation_checkpointing_is_refused_until_autodiff_supports_it():
-    net = PipelineModule([M.Linear(2, 2)], num_stages=1, activation_checkpoint_interval=1)
-    with pytest.raises(NotImplementedError, match="minigrad.autodiff.checkpoint"):
-        net(mg.tensor(np.ones((1, 2), "float32")))
+class DropBlock(M.Module):
+    """Linear, tanh, dropout: a layer whose backward depends on the random mask."""
+
+    def __init__(self, width: int, seed: int):
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.w = mg.Parameter(rng.standard_normal((width, width)) * 0.5)
+        self.drop = M.Dropout(0.3)
+
+    def forward(self, x):
+        return self.drop(F.tanh(F.matmul(x, self.w)))
+
+
+def _grads_with_checkpointing(interval, num_layers=5):
+    mg.random.seed(11)
+    net = PipelineModule([DropBlock(4, i) for i in range(num_layers)], num_stages=1,
+                         activation_checkpoint_interval=interval)
+    gm = ad.GradManager().attach(list(net.parameters()))
+    x = mg.tensor(np.random.default_rng(0).standard_normal((3, 4)))
+    with gm:
+        for _ in range(2):  # two graphs in one recording, back-propagated one by one
+            gm.backward((net(x) ** 2).sum(), release=False)
+    return [p.grad.numpy() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("interval", [1, 2, 5])
+def test_activation_checkpointing_gives_bitwise_the_gradients_with_dropout(interval):
+    plain = _grads_with_checkpointing(0)
+    checkpointed = _grads_with_checkpointing(interval)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, checkpointed))
+    assert len(plain) == 5 and all(np.abs(g).sum() > 0 for g in plain)
+
+
+def test_activation_checkpointing_recomputes_instead_of_keeping_internals():
+    """A checkpointed segment keeps only its input: its layers run again during backward."""
+    calls = []
+
+    def spy(x):
+        calls.append(x.shape)
+        return x * 2.0
+
+    net = PipelineModule([M.Linear(2, 2), spy, M.Linear(2, 2)], num_stages=1,
+                         activation_checkpoint_interval=3)
+    gm = ad.GradManager().attach(list(net.parameters()))
+    with gm:
+        y = net(mg.tensor(np.ones((1, 2), "float32")))
+        assert len(calls) == 1
+        gm.backward(y.sum())
+    assert len(calls) == 2
 
 
 def _build_on_every_rank(num_stages):
