@@ -22,8 +22,10 @@ from minigrad.backend import (
     set_default_device,
 )
 from minigrad.backend.allocator import tune_malloc_unless_disabled
+from minigrad.distributed.global_tensor import Graph, placement, sbp  # OneFlow's global view
 from minigrad.functional import creation as _creation
 from minigrad.functional.creation import *  # noqa: F403  (mg.zeros, mg.arange... as MegEngine)
+from minigrad.random import rand, randint, randn
 from minigrad.serialization import load, save
 from minigrad.tensor import Parameter, Tensor, tensor
 
@@ -37,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Function",
     "GradManager",
+    "Graph",
     "Parameter",
     "Tensor",
     "autodiff",
@@ -48,8 +51,13 @@ __all__ = [
     "is_cuda_available",
     "load",
     "no_grad",
+    "placement",
+    "rand",
+    "randint",
+    "randn",
     "random",
     "save",
+    "sbp",
     "set_default_device",
     "tensor",
     *_creation.__all__,

@@ -493,14 +493,25 @@ sign = _rounding("sign", lambda xp, d: xp.sign(d), "-1, 0 or 1 by the sign of ``
 # comparisons and logic (no gradient: results are bool)
 
 
+class Raw(Function):
+    """``fn(xp, *arrays)`` for comparisons and logic: not differentiable (its result is bool),
+    but a Function all the same, so that tensors with their own dispatch (global tensors) see
+    these ops like any other elementwise op."""
+
+    def forward(self, fn, *operands):
+        self.n = len(operands)
+        ref = next(x for x in operands if isinstance(x, Tensor))
+        return fn(ref.xp, *(data(x) for x in operands))
+
+    def backward(self, dy):
+        return (None,) * (self.n + 1)
+
+
 def _raw(fn, a, b=None, op="compare"):
-    """``fn(xp, a[, b])`` on the operands' arrays, wrapped as a Tensor that is not recorded."""
+    """``fn(xp, a[, b])`` on the operands' arrays, as a Tensor (bool: nothing is recorded)."""
     if b is None:
-        a = _t(a)
-        return Tensor._wrap(fn(a.xp, a._data), a._device)
-    a, b = binary_args(a, b, op)
-    ref = a if isinstance(a, Tensor) else b
-    return Tensor._wrap(fn(ref.xp, data(a), data(b)), ref._device)
+        return Raw()(fn, _t(a))
+    return Raw()(fn, *binary_args(a, b, op))
 
 
 def _comparison(name: str, what: str):
