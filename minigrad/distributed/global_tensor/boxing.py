@@ -25,12 +25,13 @@ mesh dimension splits an axis that the change splits or gathers. The planner tak
 valid change; when none is valid it first gathers (to broadcast) the last mesh dimension that
 blocks one, which always unblocks.
 
-A change of placement: when both meshes have the same shape, the SBP is changed on the source
-placement and each rank sends its piece to the rank at the same mesh position of the destination
-(a rank in both keeps its piece). Otherwise the source gathers the whole value (broadcast), each
-rank joining the placement receives it from one rank of the source (ranks that leave send first),
-and the destination cuts it to its SBP without communication. Ranks in neither placement do
-nothing.
+A change of placement: when both meshes have the same shape and the source pieces differ (some
+mesh dimension is not broadcast), the SBP is changed on the source placement and each rank sends
+its piece to the rank at the same mesh position of the destination (a rank at the same position
+in both keeps its piece). Otherwise the source gathers the whole value (broadcast), each rank
+joining the placement receives it from one rank of the source (ranks that leave send first; a
+rank in both keeps its copy), and the destination cuts it to its SBP without communication. Ranks
+in neither placement do nothing.
 
 Gradients: the gradient of a redistribution is the same routine run backwards on the adjoint
 layouts (split stays split, broadcast <-> partial_sum), so the backward of an all-gather is a
@@ -262,7 +263,7 @@ def _move(a, src: Layout, dst: Layout, shape: tuple, line: str):
     me = get_rank()
     sp, dp = src.placement, dst.placement
     dtype = a.dtype
-    if sp.mesh_shape == dp.mesh_shape:
+    if sp.mesh_shape == dp.mesh_shape and any(s.kind != "B" for s in src.sbp):
         piece = _box_on(a, sp, src.sbp, dst.sbp, shape, line) if me in sp else None
         pairs = list(zip(sp.rank_list, dp.rank_list))
         for s, t in pairs:

@@ -47,7 +47,7 @@ from minigrad.distributed.global_tensor.boxing import (
 )
 from minigrad.distributed.global_tensor.rules import LocalCall, rule_for
 from minigrad.distributed.global_tensor.sbp import as_nd_sbp, broadcast, local_shape
-from minigrad.distributed.group import get_rank
+from minigrad.distributed.group import get_rank, get_world_size
 from minigrad.tensor import Parameter, Tensor
 
 __all__ = ["GlobalParameter", "GlobalTensor", "dispatch", "local_to_global", "make_global"]
@@ -441,31 +441,35 @@ _DTYPE_NAMES = {np.dtype(n).num: n for n in comm.DTYPES}
 
 
 def _logical_shape(t: Tensor, layout: Layout, check_meta: bool, op: str) -> tuple:
-    """The logical shape of pieces ``t`` laid out as ``layout``: with ``check_meta`` from every
-    rank's piece (shapes and dtypes compared; an error names the rank that differs), otherwise
-    assuming equal pieces. Ranks outside the placement always assume equal pieces."""
+    """The logical shape of pieces ``t`` laid out as ``layout``.
+
+    With ``check_meta`` every rank of the job sends its piece's rank, dtype and shape (one small
+    all-gather: every rank calls ``to_global``, ranks outside the placement learn the shape too);
+    the placement's pieces must agree in rank and dtype and follow the balanced split, else an
+    error names the rank. Without it, every piece is taken to have this rank's shape (OneFlow:
+    only when all are equal)."""
     pl, me = layout.placement, get_rank()
     local = tuple(t._data.shape)
-    if len(local) != len(t.shape):
-        local = tuple(t.shape)
-    even = list(local)
-    for s, k in zip(layout.sbp, pl.mesh_shape):
-        if s.kind == "S":
-            even[s.dim] *= k
-    if not check_meta or me not in pl or pl.size == 1:
+    if not check_meta or get_world_size() == 1:
+        even = list(local)
+        for s, k in zip(layout.sbp, pl.mesh_shape):
+            if s.kind == "S":
+                even[s.dim] *= k
         return tuple(even)
-    meta = np.array([len(local), np.dtype(t.dtype).num] + list(local), dtype=np.int64)
-    lockstep.verify(pl, pl.group(), pl.rank_list, f"{op} (check_meta)")
-    rows = [np.asarray(r) for r in comm.all_gather(meta, pl.group())]
-    shapes = {r: tuple(int(n) for n in row[2:]) for r, row in zip(pl.rank_list, rows)}
-    for r, row in zip(pl.rank_list, rows):
-        if int(row[0]) != len(local) or int(row[1]) != np.dtype(t.dtype).num:
+    meta = np.array([me in pl, np.dtype(t.dtype).num] + list(local), dtype=np.int64)
+    rows = [np.asarray(r) for r in comm.all_gather(meta, None)]
+    ref = next(row for r, row in enumerate(rows) if r in pl)
+    shapes = {r: tuple(int(n) for n in rows[r][2:]) for r in pl.rank_list}
+    for r in pl.rank_list:
+        if len(shapes[r]) != len(ref) - 2 or rows[r][1] != ref[1]:
+            first = pl.rank_list[0]
             raise ValueError(
-                f"{op}: rank {r} passes a tensor of rank {int(row[0])} and dtype "
-                f"{_DTYPE_NAMES.get(int(row[1]), '?')}, rank {me} one of rank {len(local)} and "
-                f"dtype {t.dtype.name} (check_meta: every rank must pass the same rank and dtype)"
+                f"{op}: rank {r} passes a tensor of shape {shapes[r]} and dtype "
+                f"{_DTYPE_NAMES.get(int(rows[r][1]), '?')}, rank {first} one of shape "
+                f"{shapes[first]} and dtype {_DTYPE_NAMES.get(int(ref[1]), '?')} (check_meta: "
+                "every rank must pass a tensor of the same rank and dtype)"
             )
-    logical = list(local)
+    logical = list(shapes[pl.rank_list[0]])
     for axis in {s.dim for s in layout.sbp if s.kind == "S"}:
         dims = [d for d, s in enumerate(layout.sbp) if s.kind == "S" and s.dim == axis]
         total = 0
