@@ -140,6 +140,9 @@ class Tensor:
         self.name = name
         if placement is not None or sbp is not None:
             place_new_tensor(self, placement, sbp, "tensor")
+        elif isinstance(data, Tensor) and data.is_global:
+            # OneFlow's nn.Parameter(global_tensor): the new tensor has the same pieces and layout
+            data.placement.make_global(self, data.sbp, logical=False)
 
     @classmethod
     def _wrap(cls, array, device: Device | None) -> "Tensor":
