@@ -57,6 +57,7 @@ from minigrad.distributed.global_tensor.sbp import (
     adjoint,
     balanced_sizes,
     broadcast,
+    describe,
     local_shape,
     local_slices,
 )
@@ -82,12 +83,6 @@ class Layout(NamedTuple):
             return (0,)
         return local_shape(shape, self.sbp, self.placement.mesh_shape, self.placement.coord(rank))
 
-    def describe(self) -> str:
-        return f"{self.placement} {_sbp_str(self.sbp)}"
-
-
-def _sbp_str(sbp: tuple) -> str:
-    return "(" + ", ".join(map(repr, sbp)) + ")"
 
 
 def empty_piece(dtype, xp=np):
@@ -102,7 +97,11 @@ def box(a, src: Layout, dst: Layout, shape: tuple, what: str = "to_global"):
         return a
     me = get_rank()
     shape = tuple(shape)
-    line = f"{what} {shape} {src.describe()} -> {dst.describe()}"
+    if src.placement == dst.placement:
+        line = f"{what} {shape} {describe(src.sbp)} -> {describe(dst.sbp)}"
+    else:
+        line = (f"{what} {shape} {describe(src.sbp)} on ranks {src.placement.ranks} -> "
+                f"{describe(dst.sbp)} on ranks {dst.placement.ranks}")
     for pl in {src.placement, dst.placement}:
         if me in pl:
             lockstep.record(pl, line)
@@ -198,7 +197,7 @@ def _box_1d(a, placement, d: int, frm, to, seen: tuple, line: str):
         return a
     group = placement.slice_group(d, me)
     if frm.kind == "P" or (frm.kind == "S" and to.kind != "P"):  # a collective follows
-        lockstep.verify(placement, group, ranks, f"{line} (mesh dimension {d}: {frm} -> {to})")
+        lockstep.verify(placement, group, ranks, f"{line} (mesh dimension {d})")
     if frm.kind == "P" and to.kind == "B":
         return _collective(dist_functional.all_reduce_sum, a, group)
     if frm.kind == "P":  # -> split(j): reduce-scatter, padded to equal chunks

@@ -33,7 +33,8 @@ from minigrad.distributed import CollectiveError, comm
 __all__ = ["LockstepError", "is_lockstep_check_enabled", "record", "set_lockstep_check",
            "verify", "send_fingerprint", "check_fingerprint"]
 
-_WIDTH = 256  # bytes exchanged per rank: 16 digest, 8 sequence number, the rest a description
+_WIDTH = 512  # bytes exchanged per rank: 16 digest, 8 sequence number, the rest the last ops
+_KEEP = 3  # the ops a rank reports when the digests differ
 _ENABLED = os.environ.get("MINIGRAD_GLOBAL_CHECK", "1") != "0"
 
 
@@ -42,12 +43,16 @@ class LockstepError(RuntimeError):
 
 
 class _History:
-    """This rank's global ops on one placement: count, chained digest and the last op's line."""
+    """This rank's global ops on one placement: count, chained digest and the last ops' lines."""
 
-    __slots__ = ("seq", "digest", "last")
+    __slots__ = ("seq", "digest", "recent")
 
     def __init__(self):
-        self.seq, self.digest, self.last = 0, b"\0" * 16, "(no global op yet)"
+        self.seq, self.digest, self.recent = 0, b"\0" * 16, []
+
+    @property
+    def last(self) -> str:
+        return self.recent[-1] if self.recent else "(no global op yet)"
 
 
 _HISTORY: dict = {}
@@ -77,13 +82,14 @@ def record(placement, what: str) -> str:
     the digest; returns the op's line (``#seq what``) for error messages."""
     h = _history(placement)
     h.seq += 1
-    h.last = f"#{h.seq} {what}"
-    h.digest = hashlib.blake2b(h.digest + h.last.encode(), digest_size=16).digest()
-    return h.last
+    line = f"#{h.seq} {what}"
+    h.recent = (h.recent + [line])[-_KEEP:]
+    h.digest = hashlib.blake2b(h.digest + line.encode(), digest_size=16).digest()
+    return line
 
 
 def _payload(h: _History) -> np.ndarray:
-    text = h.last.encode()[: _WIDTH - 24]
+    text = (" then ".join(h.recent) or h.last).encode()[-(_WIDTH - 24):]
     raw = h.digest + h.seq.to_bytes(8, "little") + text + b"\0" * (_WIDTH - 24 - len(text))
     return np.frombuffer(raw, dtype=np.uint8).copy()
 
@@ -109,10 +115,9 @@ def verify(placement, group, ranks: list, doing: str) -> None:
         ) from None
     lines = [_line(np.asarray(r)) for r in rows]
     if any(d != lines[0][0] for d, _ in lines):
-        listing = "; ".join(f"rank {r} is at global op {text}" for r, (_, text) in
-                            zip(ranks, lines))
+        listing = "; ".join(f"rank {r} ran {text}" for r, (_, text) in zip(ranks, lines))
         raise LockstepError(
-            f"global ops diverged on {placement} before {doing}: {listing}. Every rank of a "
+            f"global ops diverged on {placement} at {doing}: {listing}. Every rank of a "
             "placement must run the same global ops in the same order (is there a "
             "rank-dependent branch?)"
         )

@@ -29,6 +29,7 @@ __all__ = [
     "as_nd_sbp",
     "balanced_sizes",
     "broadcast",
+    "describe",
     "local_shape",
     "local_slices",
     "partial_sum",
@@ -114,6 +115,11 @@ def split(dim: int) -> Split:
         x.to_local().shape   # (5, 3) on each rank
     """
     return Split(dim)
+
+
+def describe(nd_sbp) -> str:
+    """A short form for messages: ``(S(0), B)``."""
+    return "(" + ", ".join(f"S({s.dim})" if s.kind == "S" else s.kind for s in nd_sbp) + ")"
 
 
 def adjoint(sbp: SBP) -> SBP:

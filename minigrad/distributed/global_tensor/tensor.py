@@ -46,7 +46,7 @@ from minigrad.distributed.global_tensor.boxing import (
     piece_of,
 )
 from minigrad.distributed.global_tensor.rules import LocalCall, rule_for
-from minigrad.distributed.global_tensor.sbp import as_nd_sbp, broadcast, local_shape
+from minigrad.distributed.global_tensor.sbp import as_nd_sbp, broadcast, describe, local_shape
 from minigrad.distributed.group import get_rank, get_world_size
 from minigrad.tensor import Parameter, Tensor
 
@@ -134,8 +134,9 @@ def dispatch(op: Function, inputs: tuple):
         shapes = rule.shape(op, inputs)
     boxed = [x.to_global(sbp=s) if isinstance(x, Tensor) else x for x, s in zip(inputs, in_sbps)]
     if here:
-        lockstep.record(placement, f"{name} {[x.shape for x in inputs if isinstance(x, Tensor)]}"
-                                   f" {[s for s in in_sbps if s is not None]}")
+        shapes_in = ", ".join(str(x.shape) for x in inputs if isinstance(x, Tensor))
+        sbps_in = ", ".join(describe(s) for s in in_sbps if s is not None)
+        lockstep.record(placement, f"{name} {shapes_in} {sbps_in}")
         views = [local_view(x) if isinstance(x, Tensor) else x for x in boxed]
         if rule is not None and rule.local is not None:
             pieces = [local_shape(shape, s, placement.mesh_shape, placement.coord(me))
@@ -499,7 +500,7 @@ def local_to_global(t: Tensor, placement, sbp, *, grad_sbp=None, check_meta: boo
         placement, as_nd_sbp(grad_sbp, placement.ndim, t.ndim, "to_global(grad_sbp)"))
     shape = _logical_shape(t, layout, check_meta, "to_global")
     if get_rank() in placement:
-        lockstep.record(placement, f"to_global(local) {shape} {layout.sbp}")
+        lockstep.record(placement, f"to_global(local) {shape} {describe(layout.sbp)}")
     out = LocalToGlobal()(t, layout, shape, grad_layout, bool(copy))
     return as_global(out, layout, shape)
 
@@ -518,11 +519,13 @@ def make_global(t: Tensor, placement, sbp, *, logical: bool) -> GlobalTensor:
         return as_global(t, layout, t._lshape)
     if logical:
         shape = tuple(t.shape)
+        if me in placement:
+            lockstep.record(placement, f"new tensor {shape} {describe(layout.sbp)}")
         t._data = piece_of(t._data, layout, me)
     else:
         shape = _logical_shape(t, layout, True, "to_global")
         if me in placement:
-            lockstep.record(placement, f"to_global(local) {shape} {layout.sbp}")
+            lockstep.record(placement, f"to_global(local) {shape} {describe(layout.sbp)}")
             t._data = _broadcast_dims(t._data, layout, shape)
         else:
             t._data = empty_piece(t.dtype, t.xp)
