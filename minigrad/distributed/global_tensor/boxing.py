@@ -21,9 +21,8 @@ reduce-scatter and all-to-all, which need equal chunks, and trimmed after.
 
 With several mesh dimensions the order matters when two mesh dimensions split the same tensor
 axis (pieces nest in mesh order): a 1-D change on mesh dimension ``d`` is valid only when no later
-mesh dimension splits an axis that the change splits or gathers. The planner takes the first
-valid change; when none is valid it first gathers (to broadcast) the last mesh dimension that
-blocks one, which always unblocks.
+mesh dimension splits an axis that the change splits or gathers. The planner (``plan_steps``)
+makes valid direct changes while it can, and routes what is left through broadcast.
 
 A change of placement: when both meshes have the same shape and the source pieces differ (some
 mesh dimension is not broadcast), the SBP is changed on the source placement and each rank sends
@@ -121,28 +120,44 @@ def _splits(s) -> set:
 
 
 def plan_steps(src: tuple, dst: tuple) -> list:
-    """The 1-D changes ``(mesh dim, from, to)`` that take nd-SBP ``src`` to ``dst`` (see the
-    module docstring); each is valid for the state it runs in."""
+    """The 1-D changes ``(mesh dim, from, to, state before)`` that take nd-SBP ``src`` to
+    ``dst``, each valid in the state it runs in (see the module docstring).
+
+    First, direct changes while one is valid (on one mesh dimension that is always: each pair
+    is one collective). When the remaining ones are all blocked by a later mesh dimension
+    splitting the same axis, the rest goes through broadcast: from the last mesh dimension to the
+    first, every dimension that changes or blocks a change is gathered (valid: the later ones
+    are broadcast by then), then from the first to the last each is cut to its destination
+    without communication (nesting in mesh order, as the layout means)."""
     cur, n, steps = list(src), len(src), []
 
-    def axes(d):
+    def axes(d) -> set:
         return _splits(cur[d]) | _splits(dst[d])
 
-    def blocked_by(d):
-        return [e for e in range(d + 1, n) if cur[e].kind == "S" and cur[e].dim in axes(d)]
+    def blocked(d) -> bool:
+        return any(cur[e].kind == "S" and cur[e].dim in axes(d) for e in range(d + 1, n))
 
-    for _ in range(4 * n + 4):
-        if cur == list(dst):
-            return steps
-        pending = [d for d in range(n) if cur[d] != dst[d]]
-        ready = [d for d in pending if not blocked_by(d)]
-        if ready:
-            d, to = ready[0], dst[ready[0]]
-        else:
-            d, to = max(e for p in pending for e in blocked_by(p)), broadcast
+    def step(d, to) -> None:
         steps.append((d, cur[d], to, tuple(cur)))
         cur[d] = to
-    raise AssertionError(f"boxing: no plan from {src} to {dst}")  # unreachable (see docstring)
+
+    while True:
+        pending = [d for d in range(n) if cur[d] != dst[d]]
+        ready = [d for d in pending if not blocked(d)]
+        if not ready:
+            break
+        step(ready[0], dst[ready[0]])
+    if not pending:
+        return steps
+    for d in reversed(range(n)):
+        blocks = cur[d].kind == "S" and any(
+            cur[c] != dst[c] and cur[d].dim in axes(c) for c in range(d))
+        if cur[d].kind != "B" and (cur[d] != dst[d] or blocks):
+            step(d, broadcast)
+    for d in range(n):
+        if cur[d] != dst[d]:
+            step(d, dst[d])
+    return steps
 
 
 def _box_on(a, placement, src: tuple, dst: tuple, shape: tuple, line: str):

@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
+from global_tensor_helpers import SBP_NAMES, CallCounter, assemble, make_global, sbp_of
 
 import minigrad as mg
 import minigrad.autodiff as ad
@@ -14,8 +15,6 @@ import minigrad.distributed as dist
 import minigrad.functional as F
 from minigrad.distributed.global_tensor import set_lockstep_check
 from minigrad.testing.distributed import run_workers
-
-from global_tensor_helpers import SBP_NAMES, CallCounter, assemble, make_global, sbp_of
 
 SHAPE = (5, 7)  # uneven over 2, 3 and 4 ranks on both axes
 EXPECTED = {  # OneFlow's boxing table: the one collective each 1-D pair uses

@@ -13,7 +13,6 @@ import pytest
 
 import minigrad as mg
 import minigrad.autodiff as ad
-import minigrad.distributed as dist
 import minigrad.functional as F
 import minigrad.module as M
 import minigrad.optimizer as optim

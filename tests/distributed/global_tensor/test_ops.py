@@ -3,14 +3,13 @@ shapes gives the single-process result, the documented output SBP, and the singl
 gradients of its inputs. One launched job runs every row."""
 
 import numpy as np
+from global_tensor_helpers import assemble, make_global, sbp_of
 
 import minigrad as mg
 import minigrad.autodiff as ad
 import minigrad.distributed as dist
 import minigrad.functional as F
 from minigrad.testing.distributed import run_workers
-
-from global_tensor_helpers import assemble, make_global, sbp_of
 
 N, D, C = 5, 7, 4  # uneven over 3 ranks
 RNG = np.random.default_rng(7)
@@ -128,7 +127,7 @@ def _dtype(a):
 def _global_rows():
     P = mg.placement("cpu", [0, 1, 2])
     out = []
-    for name, fn, arrays, _ in CASES:
+    for _, fn, arrays, _ in CASES:
         outs, grads = _run(fn, arrays, lambda a, s: make_global(a, (s,), P, dtype=_dtype(a)))
         out.append(dict(
             out=[o.to_local().numpy() for o in outs], sbp=[o.sbp for o in outs],
