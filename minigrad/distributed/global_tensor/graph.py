@@ -20,24 +20,23 @@ optimizers. ``graph(*inputs)`` then runs one training step:
 Because point-to-point sends are buffered and each pair of ranks sees its messages in order, every
 stage may follow its own schedule order: the transfers match as in the pipeline engine.
 
-Example (OneFlow's pipeline tutorial, on two ranks)::
+Example (two stages on ranks 0 and 1; ``examples/global_tensor_pipeline.py`` is OneFlow's whole
+tutorial program)::
 
-    class PipelineGraph(mg.Graph):
+    class Step(mg.Graph):
         def __init__(self):
             super().__init__()
-            self.module_pipeline = module_pipeline
-            self.set_stage(self.module_pipeline.m_stage0, stage_id=0, placement=P0)
-            self.set_stage(self.module_pipeline.m_stage1, stage_id=1, placement=P1)
-            self.loss_fn = M.CrossEntropyLoss()
-            self.config.set_gradient_accumulation_steps(2)
+            self.set_stage(stage0, stage_id=0, placement=P0)   # stage0.to_global(P0, ...) before
+            self.set_stage(stage1, stage_id=1, placement=P1)
+            self.config.set_gradient_accumulation_steps(4)
             self.add_optimizer(sgd)
 
         def build(self, x, y):
-            loss = self.loss_fn(self.module_pipeline(x), y)
+            loss = loss_fn(stage1(stage0(x).to_global(placement=P1)), y)
             loss.backward()
             return loss
 
-    loss = PipelineGraph()(x, y)
+    mean_loss = Step()(x, y)
 """
 
 from __future__ import annotations

@@ -38,11 +38,11 @@ __all__ = [
 
 
 class SBP:
-    """One mesh dimension's layout; instances are immutable and compare by value."""
+    """One mesh dimension's layout (``kind`` "S", "B" or "P"); compares by value."""
 
     __slots__ = ()
 
-    kind = ""  # "S", "B" or "P"
+    kind = ""
 
     def __eq__(self, other) -> bool:
         return isinstance(other, SBP) and self._key() == other._key()
@@ -63,10 +63,7 @@ class Split(SBP):
     def __init__(self, dim: int):
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
             raise ValueError(f"sbp.split: dim must be a non-negative int, got {dim!r}")
-        object.__setattr__(self, "dim", dim)
-
-    def __setattr__(self, name, value):
-        raise AttributeError("SBP values are immutable")
+        self.dim = dim
 
     def _key(self) -> tuple:
         return ("S", self.dim)
@@ -78,32 +75,25 @@ class Split(SBP):
         return f"split(dim={self.dim})"
 
 
-class _Broadcast(SBP):
-    __slots__ = ()
-    kind = "B"
+class _Whole(SBP):
+    """``broadcast`` and ``partial_sum``: layouts without a parameter, one instance each."""
+
+    __slots__ = ("kind", "_name")
+
+    def __init__(self, kind: str, name: str):
+        self.kind, self._name = kind, name
 
     def __repr__(self) -> str:
-        return "broadcast"
+        return self._name
 
     def __reduce__(self):
-        return "broadcast"  # pickled as the module's singleton
-
-
-class _PartialSum(SBP):
-    __slots__ = ()
-    kind = "P"
-
-    def __repr__(self) -> str:
-        return "partial_sum"
-
-    def __reduce__(self):
-        return "partial_sum"
+        return self._name  # pickled as this module's instance of that name
 
 
 #: Every rank holds the whole value.
-broadcast = _Broadcast()
+broadcast = _Whole("B", "broadcast")
 #: Every rank holds a full-shape addend; the logical value is their sum.
-partial_sum = _PartialSum()
+partial_sum = _Whole("P", "partial_sum")
 
 
 def split(dim: int) -> Split:
