@@ -86,6 +86,9 @@ class Tensor:
         x = mg.tensor([[1.0, 2.0]], device="cpu0")
         (x * 2).sum().item()  # 6.0
 
+    ``placement=`` and ``sbp=`` (OneFlow) make a global tensor whose logical value is ``data``
+    (see ``minigrad.distributed.global_tensor``); ``Tensor(global_tensor)`` keeps its layout.
+
     What ops and the autodiff engine read and write (the op protocol): ``_data`` (the backend
     array), ``_device``, ``_node``/``_out_idx`` (the recorded node that produced this tensor and
     which of its outputs it is), ``_requires_grad`` (attached to a GradManager) and ``_wrap``.

@@ -111,11 +111,13 @@ class Skip(Function):
 
     def forward(self, dtypes, *pieces):
         self.dtypes = [x.dtype for x in pieces]
-        outs = tuple(empty_piece(dt) for dt in dtypes)
+        self.xp = pieces[0].xp if pieces else np
+        outs = tuple(empty_piece(dt, self.xp) for dt in dtypes)
         return outs if len(outs) > 1 else outs[0]
 
     def backward(self, *grads):
-        return (None,) + tuple(empty_piece(dt) if dt.kind == "f" else None for dt in self.dtypes)
+        return (None,) + tuple(empty_piece(dt, self.xp) if dt.kind == "f" else None
+                               for dt in self.dtypes)
 
 
 def dispatch(op: Function, inputs: tuple):
@@ -228,6 +230,11 @@ class GlobalTensor(Tensor):
     def size(self) -> int:
         """The number of elements of the logical value."""
         return math.prod(self.shape)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
 
     # -- local and global --------------------------------------------------------------------------
     def to_local(self, copy: bool = False) -> Tensor:
