@@ -112,6 +112,10 @@ def _same_dtype(op, args) -> list:
     return [next(x for x in args if isinstance(x, Tensor)).dtype]
 
 
+def _promoted_dtype(op, args) -> list:
+    return [np.result_type(*(x.dtype for _, x in _tensors(args)))]
+
+
 # -------------------------------------------------------------------------------------------------
 # elementwise: a split survives on an axis every full-size operand shares; partial sums survive
 # the linear ops
@@ -219,7 +223,7 @@ def _matmul_sbp(op, args, sbps):
     return [B, B], [B]
 
 
-RULES[MatMul] = Rule(_matmul_sbp, _matmul_shape)
+RULES[MatMul] = Rule(_matmul_sbp, _matmul_shape, _promoted_dtype)
 
 
 def _linear_shape(op, args) -> list:
@@ -244,7 +248,7 @@ def _linear_sbp(op, args, sbps):
     return [B, B, b(B)], [B]
 
 
-RULES[Linear] = Rule(_linear_sbp, _linear_shape)
+RULES[Linear] = Rule(_linear_sbp, _linear_shape, _promoted_dtype)
 
 
 # -------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import pickle
 
 import numpy as np
 import pytest
-from global_tensor_helpers import assemble, sbp_of
+from global_tensor_helpers import CallCounter, assemble, sbp_of
 
 import minigrad as mg
 import minigrad.autodiff as ad
@@ -225,3 +225,83 @@ def test_module_to_global_and_backward():
         np.testing.assert_allclose(res[rank]["loss"], loss.numpy(), rtol=1e-6)
         assert res[rank]["grad"][0] == (B,)
         np.testing.assert_allclose(res[rank]["grad"][1], ref.fc.weight.grad.numpy(), rtol=1e-5)
+
+
+def _grad_sbp_and_skipping():
+    rank = dist.get_rank()
+    P = mg.placement("cpu", [0, 1])
+    out = {}
+    # global -> global with grad_sbp: the gradient is routed through broadcast (an all-reduce
+    # instead of the adjoint's reduce-scatter); its value does not change
+    x = mg.tensor(np.arange(6.0).reshape(3, 2), dtype="float64", placement=P, sbp=S(0))
+    gm = ad.GradManager().attach([x])
+    with gm:
+        y = x.to_global(sbp=B, grad_sbp=B)
+        loss = (y * y).sum()
+        mg.distributed.global_tensor.set_lockstep_check(False)
+        with CallCounter() as calls:
+            gm.backward(loss)
+        mg.distributed.global_tensor.set_lockstep_check(True)
+    out["calls"] = calls.take()
+    out["grad"] = x.grad.numpy()
+    # local -> global: the local gradient is the piece in grad_sbp (default: sbp)
+    for grad_sbp in (None, PS):
+        local = mg.tensor([1.0, 2.0], dtype="float64")
+        gm = ad.GradManager().attach([local])
+        with gm:
+            g = local.to_global(P, B, grad_sbp=grad_sbp)
+            gm.backward((g * 3.0).sum())
+        out[str(grad_sbp)] = local.grad.tolist()
+    # ranks outside an op's placement skip its computation (at most the dtype of an op is found
+    # on one-element stand-ins)
+    P0 = mg.placement("cpu", [0])
+    a = mg.randn(4, 4, placement=P0, sbp=B)
+    sizes = []
+    patched = [F.linalg.MatMul, F.elementwise.Exp]
+    originals = [cls.forward for cls in patched]
+
+    def counting(original):
+        def forward(self, *args):
+            sizes.append(max(x.size for x in args if isinstance(x, mg.Tensor)))
+            return original(self, *args)
+        return forward
+
+    for cls, original in zip(patched, originals):
+        cls.forward = counting(original)
+    try:
+        b = F.exp(a @ a)
+    finally:
+        for cls, original in zip(patched, originals):
+            cls.forward = original
+    out["sizes"], out["shape"], out["piece"] = sizes, b.shape, b.to_local().shape
+    return rank, out
+
+
+def test_grad_sbp_and_ranks_outside_the_placement():
+    res = dict(run_workers(_grad_sbp_and_skipping, 2))
+    want = 2 * np.arange(6.0).reshape(3, 2)
+    for rank in (0, 1):
+        out = res[rank]
+        assert out["calls"] == {"all_reduce_sum": 1}, out["calls"]
+        np.testing.assert_array_equal(out["grad"], want)
+        assert out["None"] == [3.0, 3.0]  # OneFlow: every rank's local gets the gradient
+        assert out["partial_sum"] == ([3.0, 3.0] if rank == 0 else [0.0, 0.0])
+        assert out["shape"] == (4, 4)
+    assert res[0]["sizes"] == [16, 16] and res[0]["piece"] == (4, 4)
+    assert res[1]["sizes"] in ([], [1]) and res[1]["piece"] == (0,)
+
+
+def test_random_factories_in_one_process():
+    mg.random.seed(3)
+    a = mg.randn(2, 3)
+    mg.random.seed(3)
+    b = mg.randn((2, 3), dtype="float64")
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+    assert a.dtype == np.float32 and b.dtype == np.float64
+    r = mg.randint(2, 5, (1000,))
+    assert r.dtype == np.int32 and r.numpy().min() == 2 and r.numpy().max() == 4
+    assert mg.randint(3, size=(4,)).numpy().max() < 3
+    u = mg.rand(100)
+    assert 0.0 <= u.numpy().min() and u.numpy().max() < 1.0
+    with pytest.raises(ValueError, match=r"randint: high \(1\) must be greater than low \(1\)"):
+        mg.randint(1, 1, (2,))
