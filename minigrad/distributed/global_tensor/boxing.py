@@ -42,6 +42,7 @@ digest exchange (:mod:`.lockstep`).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -213,8 +214,8 @@ def _box_1d(a, placement, d: int, frm, to, seen: tuple, line: str):
     group = placement.slice_group(d, me)
     if frm.kind == "P" or (frm.kind == "S" and to.kind != "P"):  # a collective follows
         lockstep.verify(placement, group, ranks, f"{line} (mesh dimension {d})")
-    if frm.kind == "P" and to.kind == "B":
-        return _collective(dist_functional.all_reduce_sum, a, group)
+    if frm.kind == "P" and to.kind == "B":  # (the reshape keeps 0-d values 0-d)
+        return _collective(dist_functional.all_reduce_sum, a, group).reshape(a.shape)
     if frm.kind == "P":  # -> split(j): reduce-scatter, padded to equal chunks
         j = to.dim
         sizes = balanced_sizes(seen[j], k)
@@ -264,6 +265,8 @@ def _send(a, src_rank: int, dst_rank: int, line: str) -> None:
 def _recv(src_rank: int, dst_rank: int, line: str, expect: tuple, dtype):
     lockstep.check_fingerprint(src_rank, dst_rank, line)
     got = comm.recv(src_rank)
+    if got.size == math.prod(expect):
+        got = got.reshape(expect)  # 0-d arrays may travel as 1-element ones
     if tuple(got.shape) != tuple(expect) or got.dtype != dtype:
         raise lockstep.LockstepError(
             f"{line}: rank {dst_rank} expected a piece of shape {tuple(expect)} and dtype "

@@ -5,7 +5,8 @@ calls ``loss.backward()``; ``set_stage`` names the stage modules and their place
 ``config.set_gradient_accumulation_steps(n)`` the number of micro-batches and ``add_optimizer`` the
 optimizers. ``graph(*inputs)`` then runs one training step:
 
-1. every tensor input is cut into ``n`` micro-batches along axis 0 (logical slices);
+1. every tensor input is cut into ``n`` micro-batches along axis 0: logical slices, except that
+   a batch split along axis 0 (data parallel stages) is cut on each rank, moving no data;
 2. each rank runs its stage's program of the pipeline schedule (1F1B by default:
    ``minigrad.distributed.pipeline.get_schedule(...).compute_order(stage)``). A forward of
    micro-batch ``m`` runs ``build`` on it: every rank runs the whole program, computing only the ops
@@ -44,6 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff import GradManager, no_grad
+from minigrad.distributed.global_tensor.tensor import local_row_chunks
 from minigrad.distributed.group import get_rank
 from minigrad.distributed.pipeline.actions import Forward
 from minigrad.distributed.pipeline.schedule import get_schedule
@@ -142,9 +144,11 @@ class Graph:
         return (mine[0] if mine else None), max(len(ids), 1)
 
     def _micro_batches(self, args, n: int) -> list:
+        """``n`` micro-batches of every tensor input: consecutive slices along axis 0, except
+        that a batch split along axis 0 (data parallel) is cut rank by rank, moving no data."""
         out = [[] for _ in range(n)]
         for i, a in enumerate(args):
-            if not isinstance(a, Tensor):
+            if not isinstance(a, Tensor) or n == 1:
                 for m in range(n):
                     out[m].append(a)
                 continue
@@ -154,9 +158,13 @@ class Graph:
                     f"Graph: input {i} has a batch of {size}, not divisible by the "
                     f"{n} micro-batches of set_gradient_accumulation_steps({n})"
                 )
-            b = size // n
+            if a.is_global and any(s.kind == "S" and s.dim == 0 for s in a.sbp):
+                chunks = local_row_chunks(a, n, f"Graph: input {i}")
+            else:
+                b = size // n
+                chunks = [a[m * b:(m + 1) * b] for m in range(n)]
             for m in range(n):
-                out[m].append(a[m * b:(m + 1) * b] if n > 1 else a)
+                out[m].append(chunks[m])
         return out
 
     def __call__(self, *args):

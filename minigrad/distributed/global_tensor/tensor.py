@@ -50,7 +50,8 @@ from minigrad.distributed.global_tensor.sbp import as_nd_sbp, broadcast, describ
 from minigrad.distributed.group import get_rank, get_world_size
 from minigrad.tensor import Parameter, Tensor
 
-__all__ = ["GlobalParameter", "GlobalTensor", "dispatch", "local_to_global", "make_global"]
+__all__ = ["GlobalParameter", "GlobalTensor", "dispatch", "local_row_chunks", "local_to_global",
+           "make_global"]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -441,7 +442,8 @@ def _broadcast_dims(data, layout: Layout, shape):
         with no_grad():
             src = Tensor._wrap(np.ascontiguousarray(data) if isinstance(data, np.ndarray)
                                else data, None)
-            data = dist_functional.broadcast(src, group, root=ranks[0])._data
+            data = dist_functional.broadcast(src, group, root=ranks[0])._data.reshape(
+                data.shape)
     return data
 
 
@@ -537,3 +539,22 @@ def make_global(t: Tensor, placement, sbp, *, logical: bool) -> GlobalTensor:
         else:
             t._data = empty_piece(t.dtype, t.xp)
     return as_global(t, layout, shape)
+
+
+def local_row_chunks(x: GlobalTensor, n: int, op: str = "local_row_chunks") -> list:
+    """``x``, a batch split along axis 0, cut into ``n`` micro-batches without communication:
+    every rank cuts its own piece into ``n`` equal chunks and micro-batch ``m`` is made of every
+    rank's ``m``-th chunk (its rows are not a contiguous slice of ``x``, which a mean over equal
+    micro-batches does not mind). Every piece's rows must divide by ``n``. Differentiable."""
+    pl = x.placement
+    for coord in np.ndindex(*pl.mesh_shape):
+        rows = local_shape(x.shape, x.sbp, pl.mesh_shape, coord)[0]
+        if rows % n:
+            raise ValueError(
+                f"{op}: rank {pl.rank_at(coord)} holds {rows} rows of the batch of {x.shape[0]}, "
+                f"not divisible into {n} micro-batches"
+            )
+    view = local_view(x)
+    b = view.shape[0] // n if get_rank() in pl else 0
+    shape = (x.shape[0] // n,) + tuple(x.shape[1:])
+    return [as_global(view[m * b:(m + 1) * b], x._layout, shape) for m in range(n)]

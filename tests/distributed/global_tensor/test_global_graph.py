@@ -210,3 +210,43 @@ def test_graph_errors_name_the_problem():
     assert "must call loss.backward() exactly once" in errors["no backward"]
     assert "batch of 3, not divisible by the 2 micro-batches" in errors["indivisible"]
     assert "shares ranks with stage 0" in errors["overlap"]
+
+
+def _run_dp_pp():
+    """Two pipeline stages of two data-parallel ranks each: a batch split along axis 0."""
+    P0, P1 = mg.placement("cpu", [0, 1]), mg.placement("cpu", [2, 3])
+    w0, w1 = _weights()
+    s0 = _Stage(w0, False).to_global(P0, mg.sbp.broadcast)
+    s1 = _Stage(w1, True).to_global(P1, mg.sbp.broadcast)
+    opt = optim.SGD(list(s0.parameters()) + list(s1.parameters()), lr=0.1)
+
+    class G(mg.Graph):
+        def __init__(self):
+            super().__init__()
+            self.set_stage(s0, stage_id=0, placement=P0)
+            self.set_stage(s1, stage_id=1, placement=P1)
+            self.config.set_gradient_accumulation_steps(2)
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            loss = F.nn.cross_entropy(s1(s0(x).to_global(placement=P1)), y)
+            loss.backward()
+            return loss
+
+    x, y = _batch()
+    xg = mg.tensor(x, dtype="float64", placement=P0, sbp=mg.sbp.split(0))
+    yg = mg.tensor(y, placement=P1, sbp=mg.sbp.split(0))
+    graph = G()
+    losses = [graph(xg, yg).numpy() for _ in range(2)]
+    return dict(losses=losses, w=[p.numpy() for p in opt.param_groups[0]["params"]])
+
+
+def test_data_parallel_stages_match_one_process():
+    res = run_workers(_run_dp_pp, 4, timeout=120)
+    losses, ws = _graph_in_one_process(1)  # equal micro-batches: the mean is the batch mean
+    for rank in (2, 3):
+        np.testing.assert_allclose([float(v) for v in res[rank]["losses"]], losses, rtol=1e-10)
+    for rank in (0, 1):
+        np.testing.assert_allclose(res[rank]["w"][0], ws[0], rtol=1e-10, atol=1e-13)
+    for rank in (2, 3):
+        np.testing.assert_allclose(res[rank]["w"][1], ws[1], rtol=1e-10, atol=1e-13)
