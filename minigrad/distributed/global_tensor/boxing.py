@@ -64,7 +64,7 @@ from minigrad.distributed.global_tensor.sbp import (
 from minigrad.distributed.group import get_rank
 from minigrad.tensor import Tensor
 
-__all__ = ["Boxing", "Layout", "box", "empty_piece", "plan_steps"]
+__all__ = ["Boxing", "Layout", "box", "empty_piece", "piece_of", "plan_steps"]
 
 
 class Layout(NamedTuple):
@@ -82,7 +82,6 @@ class Layout(NamedTuple):
         if rank not in self.placement:
             return (0,)
         return local_shape(shape, self.sbp, self.placement.mesh_shape, self.placement.coord(rank))
-
 
 
 def empty_piece(dtype, xp=np):

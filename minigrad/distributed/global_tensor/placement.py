@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 import os
 
 import numpy as np
@@ -30,16 +29,11 @@ import numpy as np
 from minigrad.distributed import group as dist_group
 from minigrad.distributed.global_tensor import tensor as global_tensor
 
-__all__ = ["Placement", "placement", "this_rank"]
+__all__ = ["Placement", "placement"]
 
 _TYPES = {"cpu": "cpu", "cuda": "cuda", "gpu": "cuda"}
 #: Process groups of mesh slices, shared by equal placements: ranks tuple -> Group.
 _GROUPS: dict[tuple, object] = {}
-
-
-def this_rank() -> int:
-    """This process's global rank (0 in a single process)."""
-    return dist_group.get_rank()
 
 
 def _ensure_process_group() -> None:
@@ -177,8 +171,3 @@ class Placement:
 
 
 placement = Placement  # OneFlow's spelling: ``flow.placement(type, ranks)``
-
-
-def every_coord(mesh_shape) -> list:
-    """All mesh coordinates in row-major order."""
-    return list(itertools.product(*(range(n) for n in mesh_shape)))
