@@ -4,8 +4,11 @@ order; misconfigurations raise clear errors."""
 
 import contextlib
 import io
+import os
 import re
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +58,16 @@ def _tutorial_in_one_process(steps=20, micro=2):
         opt.step().clear_grad()
         losses.append(((step[0] + step[1]) * (1.0 / micro)).item())
     return losses
+
+
+def test_tutorial_program_runs_under_the_launcher():
+    """The README's command: the program starts the process group itself (no init call)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "minigrad.distributed.launch", "--nproc_per_node", "2",
+         str(EXAMPLE)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(re.findall(r"Tensor\([-0-9.e]+, dtype=float32", done.stdout)) == 20, done.stdout
 
 
 def test_tutorial_program_matches_one_process():
