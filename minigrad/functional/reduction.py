@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from minigrad.autodiff.function import Function
 from minigrad.functional._util import accumulate_dtype, normalize_axis, recording_backward
-from minigrad.functional.elementwise import _f, _t, exp, log, sqrt, where
+from minigrad.functional.elementwise import _f, _t, dispatches, exp, log, sqrt, where
 from minigrad.functional.elementwise import abs as _abs
 from minigrad.functional.shape import broadcast_to, expand_dims, reshape, transpose
 from minigrad.tensor import Tensor
@@ -228,4 +228,6 @@ def _arg(x, axis, keepdims, name):
     x = _t(x)
     if axis is not None:
         (axis,) = normalize_axis(axis, x.ndim, name)
-    return ArgExtremum()(x, axis, keepdims, name)
+    if dispatches((x,)):
+        return ArgExtremum()(x, axis, keepdims, name)
+    return Tensor._wrap(ArgExtremum().forward(x, axis, keepdims, name), x._device)
