@@ -1,8 +1,9 @@
-"""Ops on global tensors: each row of the SBP table (package docstring) on 3 ranks with uneven
-shapes gives the single-process result, the documented output SBP, and the single-process
-gradients of its inputs. One launched job runs every row."""
+"""Ops on global tensors: each row of the SBP table (package docstring) on 2, 3 and 4 ranks with
+uneven shapes (some pieces empty) gives the single-process result, the documented output SBP, and
+the single-process gradients of its inputs. One launched job per world size runs every row."""
 
 import numpy as np
+import pytest
 from global_tensor_helpers import assemble, make_global, sbp_of
 
 import minigrad as mg
@@ -11,7 +12,7 @@ import minigrad.distributed as dist
 import minigrad.functional as F
 from minigrad.testing.distributed import run_workers
 
-N, D, C = 5, 7, 4  # uneven over 3 ranks
+N, D, C = 5, 7, 4  # uneven over 2, 3 and 4 ranks
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((N, D))
 Y = RNG.standard_normal((N, D))
@@ -124,8 +125,8 @@ def _dtype(a):
     return "float64" if a.dtype.kind == "f" else "int32"
 
 
-def _global_rows():
-    P = mg.placement("cpu", [0, 1, 2])
+def _global_rows(n):
+    P = mg.placement("cpu", list(range(n)))
     out = []
     for _, fn, arrays, _ in CASES:
         outs, grads = _run(fn, arrays, lambda a, s: make_global(a, (s,), P, dtype=_dtype(a)))
@@ -137,9 +138,10 @@ def _global_rows():
     return dist.get_rank(), out
 
 
-def test_every_row_of_the_table_matches_one_process():
-    results = dict(run_workers(_global_rows, 3, timeout=120))
-    mesh = [0, 1, 2]
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_row_of_the_table_matches_one_process(n):
+    results = dict(run_workers(_global_rows, n, n, timeout=120))
+    mesh = list(range(n))
     for i, (name, fn, arrays, expected) in enumerate(CASES):
         outs, grads = _run(fn, arrays, lambda a, s: mg.tensor(a, dtype=_dtype(a)))
         expected = expected if isinstance(expected, list) else [expected]
