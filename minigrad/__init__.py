@@ -13,6 +13,8 @@ Importing minigrad also tunes glibc's allocator for NumPy temporaries
 (``minigrad.backend.allocator``; ``MINIGRAD_MALLOC=default`` turns that off).
 """
 
+import importlib
+
 from minigrad import autodiff, device, functional, random
 from minigrad.autodiff import Function, GradManager, enable_grad, no_grad
 from minigrad.backend import (
@@ -24,10 +26,23 @@ from minigrad.backend import (
 from minigrad.backend.allocator import tune_malloc_unless_disabled
 from minigrad.functional import creation as _creation
 from minigrad.functional.creation import *  # noqa: F403  (mg.zeros, mg.arange... as MegEngine)
+from minigrad.random import rand, randint, randn
 from minigrad.serialization import load, save
 from minigrad.tensor import Parameter, Tensor, tensor
 
 tune_malloc_unless_disabled()
+
+_GLOBAL_VIEW = ("Graph", "placement", "sbp")  # OneFlow's names, from the distributed layer
+
+
+def __getattr__(name: str):
+    """``mg.placement``, ``mg.sbp`` and ``mg.Graph`` (global tensors) load the distributed runtime
+    on first use, so that ``import minigrad`` alone stays light."""
+    if name in _GLOBAL_VIEW:
+        value = getattr(importlib.import_module("minigrad.distributed.global_tensor"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'minigrad' has no attribute {name!r}")
 
 float16, float32, float64 = "float16", "float32", "float64"
 int8, int32, int64, uint8, bool_ = "int8", "int32", "int64", "uint8", "bool"
@@ -48,9 +63,13 @@ __all__ = [
     "is_cuda_available",
     "load",
     "no_grad",
+    "rand",
+    "randint",
+    "randn",
     "random",
     "save",
     "set_default_device",
     "tensor",
     *_creation.__all__,
+    *_GLOBAL_VIEW,
 ]

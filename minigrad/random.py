@@ -15,9 +15,10 @@ import numpy as np
 
 from minigrad.backend.device import as_device
 from minigrad.backend.rng import get_rng, seed
-from minigrad.tensor import Tensor, as_dtype
+from minigrad.tensor import Tensor, as_dtype, place_new_tensor
 
-__all__ = ["beta", "gamma", "get_rng", "normal", "permutation", "poisson", "seed", "uniform"]
+__all__ = ["beta", "gamma", "get_rng", "normal", "permutation", "poisson", "rand", "randint",
+           "randn", "seed", "uniform"]
 
 
 def _cast(arr, dtype):
@@ -109,3 +110,58 @@ def poisson(lam, size=None) -> Tensor:
     tensor); shapes as in :func:`gamma`."""
     dev, dtype, (rate,) = _param_arrays("poisson", {"lam": lam}, size)
     return _draw(dev, dtype, lambda rng: rng.poisson(rate))
+
+
+# -- OneFlow/PyTorch-style factories (``mg.randn``, ``mg.rand``, ``mg.randint``) -----------------
+
+
+def _size(size: tuple) -> tuple:
+    """``f(2, 3)`` and ``f((2, 3))`` both mean shape (2, 3)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    return tuple(int(n) for n in size)
+
+
+def _placed(out: Tensor, placement, sbp, op: str) -> Tensor:
+    """A global tensor when placement/sbp are given: the whole logical tensor was drawn from the
+    seeded generator on every rank, each keeps its piece, so the logical values depend on the
+    seed only, never on the SBP or the number of ranks."""
+    if placement is None and sbp is None:
+        return out
+    return place_new_tensor(out, placement, sbp, op)
+
+
+def randn(*size, dtype="float32", device=None, placement=None, sbp=None) -> Tensor:
+    """Standard normal samples of shape ``size`` (``randn(2, 3)`` or ``randn((2, 3))``); a global
+    tensor with ``placement`` and ``sbp`` (OneFlow's ``flow.randn``).
+
+    Example::
+
+        x = mg.randn(4, 5, placement=mg.placement("cpu", [0, 1]), sbp=mg.sbp.split(0))
+    """
+    return _placed(normal(0.0, 1.0, _size(size), dtype, device), placement, sbp, "randn")
+
+
+def rand(*size, dtype="float32", device=None, placement=None, sbp=None) -> Tensor:
+    """Uniform samples on [0, 1) of shape ``size``; global with ``placement`` and ``sbp``."""
+    return _placed(uniform(0.0, 1.0, _size(size), dtype, device), placement, sbp, "rand")
+
+
+def randint(low, high=None, size=(), dtype="int32", device=None, placement=None,
+            sbp=None) -> Tensor:
+    """Integers drawn uniformly from ``[low, high)`` (``randint(high, size=...)`` starts at 0);
+    int32 like minigrad's other integer tensors; global with ``placement`` and ``sbp``.
+
+    Example::
+
+        labels = mg.randint(0, 10, (16,))
+    """
+    if high is None:
+        low, high = 0, low
+    if int(high) <= int(low):
+        raise ValueError(f"randint: high ({high}) must be greater than low ({low})")
+    dev = as_device(device)
+    with dev.context():
+        arr = get_rng(dev).integers(int(low), int(high), size=_size((size,)))
+        out = Tensor._wrap(dev.xp.asarray(arr).astype(as_dtype(dtype)), dev)
+    return _placed(out, placement, sbp, "randint")

@@ -15,6 +15,12 @@ and tensors) load without that opt-in through a restricted unpickler that cannot
 Writes are atomic: a temporary file in the target directory is written, fsynced and renamed over
 the old file, so a crash mid-save leaves the previous checkpoint intact.
 
+Global tensors (OneFlow's logical checkpoints): ``save(..., global_dst_rank=r)`` stores each global
+tensor's *logical* value, gathered to rank ``r``, which alone writes the file; ``load(...,
+global_src_rank=r)`` reads the file once on rank ``r`` and hands the objects to every rank, where
+``to_global`` can lay them out at any world size and SBP. The distributed side comes in through
+``install_global_io`` (this layer never imports ``minigrad.distributed``).
+
 Example::
 
     mg.save({"net": net.state_dict(), "opt": opt.state_dict(), "epoch": 3}, "ckpt.mgc")
@@ -81,11 +87,39 @@ class UnsafeCheckpointError(CheckpointError):
 
 
 # -- encoding --------------------------------------------------------------------------------------
-class _Encoder:
-    """Turn a Python object into a JSON-able tree plus a dict of named NumPy arrays."""
+class _SingleProcessIO:
+    """What save/load do about ranks until the distributed layer installs its own: one process,
+    rank 0, and no global tensors."""
 
-    def __init__(self, allow_pickle: bool):
+    def rank(self) -> int:
+        return 0
+
+    def gather(self, tensor, dst: int):
+        raise TypeError("mg.save: a global tensor needs minigrad.distributed (not imported)")
+
+    def share(self, payload, src: int) -> bytes:
+        return payload
+
+
+_GLOBAL_IO = _SingleProcessIO()
+
+
+def install_global_io(io) -> None:
+    """Give ``save``/``load`` their distributed side (``minigrad.distributed.global_tensor`` calls
+    this once, when imported): ``io.rank()`` is this process's rank; ``io.gather(tensor, dst)`` is
+    a global tensor's logical value as a NumPy array on rank ``dst`` (None on the others, every
+    rank calls it); ``io.share(payload, src)`` returns rank ``src``'s bytes on every rank."""
+    global _GLOBAL_IO
+    _GLOBAL_IO = io
+
+
+class _Encoder:
+    """Turn a Python object into a JSON-able tree plus a dict of named NumPy arrays. Global
+    tensors are gathered to ``global_dst_rank`` (their logical values)."""
+
+    def __init__(self, allow_pickle: bool, global_dst_rank: int | None = None):
         self.allow_pickle = allow_pickle
+        self.global_dst_rank = global_dst_rank
         self.arrays: dict[str, np.ndarray] = {}
         self.memo: dict[int, str] = {}  # id(Tensor or ndarray) -> key: shared objects stored once
         self.keep: list = []  # keeps memoised objects alive so ids stay unique while encoding
@@ -106,6 +140,8 @@ class _Encoder:
             return {"int": str(obj)} if abs(obj) > 2**53 else obj
         if isinstance(obj, float):
             return {"float": repr(obj)}  # repr round-trips exactly, including nan and inf
+        if isinstance(obj, Tensor) and obj.is_global:
+            return self._global(obj, path)
         if isinstance(obj, Tensor):
             key = self._array(obj, to_numpy(obj.data))
             node = {"tensor": key, "device": str(obj.device)}
@@ -138,6 +174,24 @@ class _Encoder:
             return {"pairs": pairs, "ordered": type(obj) is OrderedDict}
         return self._fallback(obj, path)
 
+    def _global(self, obj, path: str) -> Any:
+        """A global tensor's logical value (gathered to the writing rank; others store None)."""
+        if self.global_dst_rank is None:
+            raise RuntimeError(
+                f"mg.save: {path or 'the object'} is a global tensor (placement {obj.placement}, "
+                f"sbp {obj.sbp}): Please set global_dst_rank in `mg.save` to save global tensor"
+            )
+        key = self.memo.get(id(obj))
+        if key is None:
+            arr = _GLOBAL_IO.gather(obj, self.global_dst_rank)
+            if arr is None:  # not the writing rank: nothing of this file is kept here
+                return None
+            key = self._array(obj, np.ascontiguousarray(arr))
+        node = {"tensor": key, "device": str(obj.device)}
+        if isinstance(obj, Parameter):
+            node["parameter"] = True
+        return node
+
     def _fallback(self, obj, path: str) -> Any:
         if not self.allow_pickle:
             raise TypeError(
@@ -150,15 +204,25 @@ class _Encoder:
         return {"pickle": self._array(data, data)}
 
 
-def save(obj: Any, f, pickle: bool = False) -> None:
+def save(obj: Any, f, pickle: bool = False, global_dst_rank: int | None = None) -> None:
     """Save ``obj`` (nested dicts/lists/tuples of Tensors, arrays, scalars, strings, None) to the
     path ``f`` atomically, or into a writable binary file object.
 
     ``pickle=True`` additionally allows arbitrary Python objects (stored pickled; reading them
     back requires ``mg.load(..., allow_pickle=True)``).
+
+    ``global_dst_rank=r`` (OneFlow): every rank calls ``save``; global tensors are gathered to rank
+    ``r`` as their logical values and only rank ``r`` writes the file. Saving a global tensor
+    without it is an error.
+
+    Example::
+
+        mg.save(model.state_dict(), "ckpt.mgc", global_dst_rank=0)
     """
-    enc = _Encoder(allow_pickle=pickle)
+    enc = _Encoder(allow_pickle=pickle, global_dst_rank=global_dst_rank)
     tree = enc.encode(obj, "")
+    if global_dst_rank is not None and _GLOBAL_IO.rank() != global_dst_rank:
+        return
     checksums = {k: _crc(a) for k, a in enc.arrays.items()}
     meta = {
         "format": FORMAT,
@@ -319,7 +383,8 @@ def _load_megengine(payload: bytes, where: str, map_location) -> Any:
         raise CheckpointError(f"mg.load: {where}: {exc}") from None
 
 
-def load(f, map_location=None, allow_pickle: bool = False, format: str | None = None) -> Any:  # noqa: A002
+def load(f, map_location=None, allow_pickle: bool = False, format: str | None = None,  # noqa: A002
+         global_src_rank: int | None = None) -> Any:
     """Load what ``save`` wrote, or a MegEngine checkpoint, from a path or a binary file object.
 
     ``map_location`` moves tensors: a device name (``"cpu0"``), a dict mapping saved device
@@ -333,19 +398,39 @@ def load(f, map_location=None, allow_pickle: bool = False, format: str | None = 
     ``format=None`` a pickle file (a MegEngine checkpoint or a legacy one) is read the same safe
     way; ``allow_pickle=True`` unpickles it without restriction instead, for trusted files only.
     ``format="minigrad"`` accepts only minigrad's own container.
+
+    ``global_src_rank=r`` (OneFlow): every rank calls ``load``; only rank ``r`` reads the file and
+    the others receive its bytes, so each gets the same (local) objects, e.g. the logical tensors
+    written by ``save(..., global_dst_rank=...)``, ready for ``to_global`` at any world size.
     """
     if format not in (None, "minigrad", "megengine"):
         raise ValueError(f"mg.load: format must be None, 'minigrad' or 'megengine', got {format!r}")
+    if global_src_rank is not None:
+        where = repr(getattr(f, "name", "<file object>") if hasattr(f, "read") else os.fspath(f))
+        payload = None
+        if _GLOBAL_IO.rank() == global_src_rank:
+            payload = f.read() if hasattr(f, "read") else _read_file(f, where)
+        payload = _GLOBAL_IO.share(payload, global_src_rank)
+        return _load_payload(payload, where, map_location, allow_pickle, format)
     if hasattr(f, "read"):
         where = repr(getattr(f, "name", "<file object>"))
         payload = f.read()
     else:
         where = repr(os.fspath(f))
-        try:
-            with open(f, "rb") as handle:
-                payload = handle.read()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"mg.load: no checkpoint at {where}") from None
+        payload = _read_file(f, where)
+    return _load_payload(payload, where, map_location, allow_pickle, format)
+
+
+def _read_file(path, where: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"mg.load: no checkpoint at {where}") from None
+
+
+def _load_payload(payload: bytes, where: str, map_location, allow_pickle: bool, format) -> Any:  # noqa: A002
+    """Decode a checkpoint's bytes (see ``load``)."""
     if format == "megengine":
         return _load_megengine(payload, where, map_location)
     try:

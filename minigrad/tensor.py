@@ -8,6 +8,13 @@ one-way: backend -> ``minigrad.recording`` -> tensor -> the rest of autodiff -> 
 
 Graph-related behaviour (``requires_grad``, ``backward``) asks the node that produced the tensor,
 so this module needs nothing from autodiff but its recording state.
+
+Global tensors (OneFlow's cluster-wide view, ``minigrad.distributed.global_tensor``) reach this
+layer only through duck typing, never through an import: ``to_global`` and the ``placement=`` /
+``sbp=`` arguments of the constructor and the creation functions call methods of the placement
+object the user passes (``placement.to_global(tensor, sbp, ...)`` and ``placement.make_global(
+tensor, sbp, logical)``), and a global tensor is a subclass that sets the class-level
+``__minigrad_dispatch__`` hook read by ``Function.__call__``.
 """
 
 from __future__ import annotations
@@ -79,6 +86,9 @@ class Tensor:
         x = mg.tensor([[1.0, 2.0]], device="cpu0")
         (x * 2).sum().item()  # 6.0
 
+    ``placement=`` and ``sbp=`` (OneFlow) make a global tensor whose logical value is ``data``
+    (see ``minigrad.distributed.global_tensor``); ``Tensor(global_tensor)`` keeps its layout.
+
     What ops and the autodiff engine read and write (the op protocol): ``_data`` (the backend
     array), ``_device``, ``_node``/``_out_idx`` (the recorded node that produced this tensor and
     which of its outputs it is), ``_requires_grad`` (attached to a GradManager) and ``_wrap``.
@@ -97,8 +107,12 @@ class Tensor:
         "__dict__",
     )
     __array_priority__ = 1000  # make ndarray (+) Tensor defer to Tensor.__radd__
+    #: Op dispatch hook of tensor subclasses (see ``minigrad.autodiff.function``); None: ops run
+    #: on ``_data`` directly.
+    __minigrad_dispatch__ = None
 
-    def __init__(self, data=None, dtype=None, device=None, name: str | None = None):
+    def __init__(self, data=None, dtype=None, device=None, name: str | None = None, *,
+                 placement=None, sbp=None):
         if data is None:
             data = []
         dev = as_device(device) if device is not None else None
@@ -127,6 +141,11 @@ class Tensor:
         self._requires_grad = False
         self.grad = None
         self.name = name
+        if placement is not None or sbp is not None:
+            place_new_tensor(self, placement, sbp, "tensor")
+        elif isinstance(data, Tensor) and data.is_global:
+            # OneFlow's nn.Parameter(global_tensor): the new tensor has the same pieces and layout
+            data.placement.make_global(self, data.sbp, logical=False)
 
     @classmethod
     def _wrap(cls, array, device: Device | None) -> "Tensor":
@@ -209,6 +228,66 @@ class Tensor:
                 "it inside `with gm:` and call backward before the recording ends)"
             )
         managers[-1].backward(self, dy)
+
+    def backward_seed(self, dy=None) -> "Tensor":
+        """The gradient a backward pass starts from at this tensor: ``dy`` (already checked to
+        have this tensor's shape) or ones. A global tensor returns this rank's share of it; this
+        is the seam through which ``GradManager`` seeds a backward."""
+        return self._ones_like() if dy is None else dy
+
+    # -- global tensors (OneFlow): a local tensor's side of the protocol ---------------------------
+    @property
+    def is_global(self) -> bool:
+        """False: a plain tensor lives on one process (a global tensor spans a placement)."""
+        return False
+
+    @property
+    def placement(self):
+        """Only global tensors have a placement; this raises for a local tensor."""
+        raise RuntimeError(
+            "Tensor.placement: this is a local tensor, only global tensors have a placement; "
+            "make one with .to_global(placement, sbp)"
+        )
+
+    @property
+    def sbp(self):
+        """Only global tensors have an SBP; this raises for a local tensor."""
+        raise RuntimeError(
+            "Tensor.sbp: this is a local tensor, only global tensors have an SBP; make one with "
+            ".to_global(placement, sbp)"
+        )
+
+    def to_global(self, placement=None, sbp=None, *, grad_sbp=None, check_meta: bool = True,
+                  copy: bool = False) -> "Tensor":
+        """A global tensor whose piece on this rank is this tensor (OneFlow's ``to_global``).
+
+        ``placement`` is ``mg.placement(type, ranks)`` and ``sbp`` one ``mg.sbp`` value per mesh
+        dimension: with ``split(0)`` this rank's rows are this tensor; with ``broadcast`` the data
+        of the placement's first rank wins and overwrites the others' tensors (unless
+        ``copy=True``); with ``partial_sum`` the logical value is the sum of the pieces.
+        ``check_meta`` compares shapes and dtypes across ranks; ``grad_sbp`` fixes the SBP this
+        tensor's gradient is taken in (default ``sbp``). Every rank must call it, in the same order.
+
+        Example::
+
+            x = mg.tensor(np.ones((2, 5))).to_global(mg.placement("cpu", [0, 1]), mg.sbp.split(0))
+            x.shape   # (4, 5) on 2 ranks
+        """
+        if placement is None or sbp is None:
+            raise RuntimeError(
+                "Converting a local tensor to global tensor must have placement and sbp "
+                "parameters."
+            )
+        _check_placement(placement, "Tensor.to_global")
+        return placement.to_global(self, sbp, grad_sbp=grad_sbp, check_meta=check_meta,
+                                   copy=copy)
+
+    def to_local(self, copy: bool = False) -> "Tensor":
+        """Only a global tensor has a local component; this raises for a local tensor."""
+        raise RuntimeError(
+            "Tensor.to_local: expected a global tensor but got a local tensor (shape "
+            f"{self.shape}, dtype {self.dtype})"
+        )
 
     def __len__(self) -> int:
         if self._data.ndim == 0:
@@ -494,6 +573,27 @@ class Parameter(Tensor):
 
     def __repr__(self) -> str:
         return "Parameter" + super().__repr__()[len("Tensor") :]
+
+
+def _check_placement(placement, op: str) -> None:
+    if not (hasattr(placement, "to_global") and hasattr(placement, "make_global")):
+        raise TypeError(
+            f"{op}: placement must be mg.placement(type, ranks), got {placement!r}"
+        )
+
+
+def place_new_tensor(tensor: Tensor, placement, sbp, op: str) -> Tensor:
+    """Make a freshly created ``tensor``, which holds the whole logical value on every rank, a
+    global tensor on ``placement`` with ``sbp`` (each rank keeps its piece; no communication):
+    the ``placement=``/``sbp=`` arguments of the constructor and of the creation functions. Both
+    must be given; ``tensor`` itself becomes the global tensor and is returned."""
+    if placement is None or sbp is None:
+        raise RuntimeError(
+            f"{op}: creating a global tensor needs both placement and sbp, got placement="
+            f"{placement!r} and sbp={sbp!r}"
+        )
+    _check_placement(placement, op)
+    return placement.make_global(tensor, sbp, logical=True)
 
 
 def raw_index(index):

@@ -11,6 +11,12 @@ Calling a Function records a graph node when a GradManager is recording and some
 gradient: the node keeps one *edge* per input (the producing node and output index, the attached
 leaf tensor, or None), the inputs' shapes, dtypes and devices, a creation number ``_seq`` (a
 topological order) and the tape of recordings it belongs to (see ``minigrad.recording``).
+
+Dispatch seam (global tensors): a tensor class may set a class-level ``__minigrad_dispatch__``
+(``None`` on ``Tensor``). When an input carries one, the call is handed to it,
+``dispatch(function, inputs)``, which runs the op its own way (``minigrad.distributed.
+global_tensor`` boxes the inputs and calls the function again on this rank's plain local pieces).
+The hot path pays one attribute check per tensor input; this layer never imports the dispatcher.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ class Function:
     # engine clears once no backward pass needs the node any more (that frees the buffers).
     __slots__ = ("_edges", "_in_meta", "_seq", "_tape", "_n_out", "_wanted", "__dict__",
                  "__weakref__")
+
+    #: False for the few functions that take a dispatching tensor itself as an input and work on
+    #: its local data (the global-tensor layer's own view op): their calls are never dispatched.
+    dispatches = True
 
     def forward(self, *inputs):
         """Compute the outputs from the inputs (arrays or Tensors; a tuple for several outputs)."""
@@ -74,6 +84,8 @@ class Function:
         device = first = None
         for x in inputs:
             if isinstance(x, Tensor):
+                if x.__minigrad_dispatch__ is not None and self.dispatches:
+                    return x.__minigrad_dispatch__(self, inputs)
                 if device is None:
                     device, first = x._device, x
                 elif x._device is not device and x._device != device:

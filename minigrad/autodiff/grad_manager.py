@@ -273,7 +273,7 @@ class GradManager(_WithRecords):
         for t, g in zip(ys, dys):
             if not isinstance(t, Tensor):
                 raise TypeError(f"GradManager.{op}: y must be Tensors, got {type(t).__name__}")
-            g = t._ones_like() if g is None else _as_grad(g, t, op)
+            g = t.backward_seed(None if g is None else _as_grad(g, t, op))
             node = t._node
             if node is not None and rec in node._tape:
                 if node._edges is None or (rec.consumed is not None and node in rec.consumed):

@@ -1,7 +1,9 @@
 """Tensor factories: zeros, ones, full, arange, linspace, eye and the ``*_like`` variants.
 
 Float32 by default, as in MegEngine (NumPy would give float64), on the default device unless
-``device`` says otherwise.
+``device`` says otherwise. ``zeros``, ``ones``, ``full`` and ``arange`` also take OneFlow's
+``placement=`` and ``sbp=``: the result is then a global tensor with that logical value (each rank
+keeps its piece), and the ``*_like`` variants of a global tensor are global alike.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.backend.device import as_device
-from minigrad.tensor import Tensor, as_dtype
+from minigrad.tensor import Tensor, as_dtype, place_new_tensor
 
 __all__ = [
     "arange",
@@ -24,11 +26,14 @@ __all__ = [
 ]
 
 
-def _make(fn, dtype, device, *args) -> Tensor:
+def _make(fn, dtype, device, *args, placement=None, sbp=None, op: str = "") -> Tensor:
     dev = as_device(device)
     dtype = as_dtype(dtype) if dtype is not None else np.dtype(np.float32)
     with dev.context():
-        return Tensor._wrap(fn(dev.xp)(*args, dtype=dtype), dev)
+        out = Tensor._wrap(fn(dev.xp)(*args, dtype=dtype), dev)
+    if placement is not None or sbp is not None:
+        place_new_tensor(out, placement, sbp, op)
+    return out
 
 
 def _shape(shape) -> tuple:
@@ -37,29 +42,33 @@ def _shape(shape) -> tuple:
     return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
 
 
-def zeros(shape, dtype="float32", device=None) -> Tensor:
+def zeros(shape, dtype="float32", device=None, *, placement=None, sbp=None) -> Tensor:
     """A tensor of zeros of ``shape`` (an int or a tuple) on ``device`` (default: the default
-    device).
+    device); with ``placement`` and ``sbp``, a global tensor of that logical shape.
 
     Example::
 
         F.zeros((2, 3))   # float32 zeros, like MegEngine
     """
-    return _make(lambda xp: xp.zeros, dtype, device, _shape(shape))
+    return _make(lambda xp: xp.zeros, dtype, device, _shape(shape), placement=placement,
+                 sbp=sbp, op="zeros")
 
 
-def ones(shape, dtype="float32", device=None) -> Tensor:
-    """A tensor of ones of ``shape`` on ``device``."""
-    return _make(lambda xp: xp.ones, dtype, device, _shape(shape))
+def ones(shape, dtype="float32", device=None, *, placement=None, sbp=None) -> Tensor:
+    """A tensor of ones of ``shape`` on ``device`` (global with ``placement`` and ``sbp``)."""
+    return _make(lambda xp: xp.ones, dtype, device, _shape(shape), placement=placement, sbp=sbp,
+                 op="ones")
 
 
-def full(shape, value, dtype=None, device=None) -> Tensor:
-    """A tensor of ``shape`` filled with ``value``. Without ``dtype`` the type follows the value as
-    in MegEngine: bool -> bool, int -> int32, float -> float32."""
+def full(shape, value, dtype=None, device=None, *, placement=None, sbp=None) -> Tensor:
+    """A tensor of ``shape`` filled with ``value`` (global with ``placement`` and ``sbp``).
+    Without ``dtype`` the type follows the value as in MegEngine: bool -> bool, int -> int32,
+    float -> float32."""
     if dtype is None:
         dtype = "bool" if isinstance(value, (bool, np.bool_)) else (
             "int32" if isinstance(value, (int, np.integer)) else "float32")
-    return _make(lambda xp: xp.full, dtype, device, _shape(shape), value)
+    return _make(lambda xp: xp.full, dtype, device, _shape(shape), value, placement=placement,
+                 sbp=sbp, op="full")
 
 
 def eye(N, M: int | None = None, dtype="float32", device=None) -> Tensor:
@@ -73,12 +82,14 @@ def eye(N, M: int | None = None, dtype="float32", device=None) -> Tensor:
     return _make(lambda xp: xp.eye, dtype, device, int(N), None if M is None else int(M))
 
 
-def arange(start=0, stop=None, step=1, dtype="float32", device=None) -> Tensor:
+def arange(start=0, stop=None, step=1, dtype="float32", device=None, *, placement=None,
+           sbp=None) -> Tensor:
     """``start, start + step, ...`` up to ``stop`` (excluded), like ``np.arange``; float32 by
-    default as in MegEngine (``arange(n)`` counts from 0)."""
+    default as in MegEngine (``arange(n)`` counts from 0). Global with ``placement`` and ``sbp``."""
     if stop is None:
         start, stop = 0, start
-    return _make(lambda xp: xp.arange, dtype, device, start, stop, step)
+    return _make(lambda xp: xp.arange, dtype, device, start, stop, step, placement=placement,
+                 sbp=sbp, op="arange")
 
 
 def linspace(start, stop, num: int, dtype="float32", device=None) -> Tensor:
@@ -88,20 +99,25 @@ def linspace(start, stop, num: int, dtype="float32", device=None) -> Tensor:
 
 
 def _like(x: Tensor, dtype):
-    return (x.dtype if dtype is None else dtype), x.device
+    """dtype, device and (for a global ``x``) placement and sbp of a ``*_like`` result."""
+    glob = dict(placement=x.placement, sbp=x.sbp) if x.is_global else {}
+    return (x.dtype if dtype is None else dtype), x.device, glob
 
 
 def zeros_like(inp: Tensor, dtype=None) -> Tensor:
-    """Zeros with the shape, device and (unless ``dtype`` is given) dtype of ``inp``."""
-    return zeros(inp.shape, *_like(inp, dtype))
+    """Zeros with the shape, device and (unless ``dtype`` is given) dtype of ``inp`` (and its
+    placement and sbp when it is global)."""
+    dtype, device, glob = _like(inp, dtype)
+    return zeros(inp.shape, dtype, device, **glob)
 
 
 def ones_like(inp: Tensor, dtype=None) -> Tensor:
-    """Ones with the shape, device and (unless ``dtype`` is given) dtype of ``inp``."""
-    return ones(inp.shape, *_like(inp, dtype))
+    """Ones with the shape, device, dtype (and global layout) of ``inp``."""
+    dtype, device, glob = _like(inp, dtype)
+    return ones(inp.shape, dtype, device, **glob)
 
 
 def full_like(inp: Tensor, value, dtype=None) -> Tensor:
-    """``value`` everywhere, with the shape, device and (unless given) dtype of ``inp``."""
-    dtype, device = _like(inp, dtype)
-    return full(inp.shape, value, dtype, device)
+    """``value`` everywhere, with the shape, device, dtype (and global layout) of ``inp``."""
+    dtype, device, glob = _like(inp, dtype)
+    return full(inp.shape, value, dtype, device, **glob)

@@ -493,14 +493,42 @@ sign = _rounding("sign", lambda xp, d: xp.sign(d), "-1, 0 or 1 by the sign of ``
 # comparisons and logic (no gradient: results are bool)
 
 
+def _apply_raw(fn, operands):
+    """``fn`` on the arrays of one tensor or of two operands; the result and its device."""
+    if len(operands) == 1:
+        (a,) = operands
+        return fn(a.xp, a._data), a._device
+    a, b = operands
+    ref = a if isinstance(a, Tensor) else b
+    return fn(ref.xp, data(a), data(b)), ref._device
+
+
+class Raw(Function):
+    """``fn(xp, *arrays)`` for comparisons and logic, as a Function for tensors that dispatch
+    their ops (global tensors); not differentiable (the result is bool)."""
+
+    def forward(self, fn, *operands):
+        return _apply_raw(fn, operands)[0]
+
+    def backward(self, dy):
+        return (None,) * len(self._edges)
+
+
+def dispatches(operands) -> bool:
+    """Whether an operand runs ops its own way (a global tensor, see ``Function.__call__``): the
+    ops without a gradient then go through a Function; otherwise they skip that machinery."""
+    for x in operands:
+        if isinstance(x, Tensor) and x.__minigrad_dispatch__ is not None:
+            return True
+    return False
+
+
 def _raw(fn, a, b=None, op="compare"):
     """``fn(xp, a[, b])`` on the operands' arrays, wrapped as a Tensor that is not recorded."""
-    if b is None:
-        a = _t(a)
-        return Tensor._wrap(fn(a.xp, a._data), a._device)
-    a, b = binary_args(a, b, op)
-    ref = a if isinstance(a, Tensor) else b
-    return Tensor._wrap(fn(ref.xp, data(a), data(b)), ref._device)
+    operands = (_t(a),) if b is None else binary_args(a, b, op)
+    if dispatches(operands):
+        return Raw()(fn, *operands)
+    return Tensor._wrap(*_apply_raw(fn, operands))
 
 
 def _comparison(name: str, what: str):

@@ -52,7 +52,7 @@ def _float_pair(op: str, pred, label):
     return pred, label
 
 
-class _LogitsCrossEntropy(Function):
+class LogitsCrossEntropy(Function):
     """Cross entropy of (N, C) logits against labels as one node. It ends nearly every training
     step, and its gradient is simply ``softmax - one_hot``: one pass instead of the backward of
     log-softmax, indexing, negation and mean. Same values as the composition, bit for bit."""
@@ -110,12 +110,12 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True, label_sm
             f"(expected {expect} for axis={axis})"
         )
     n_cls = pred.shape[axis]
-    if label.size:
+    if label._data.size:  # the data this process holds (a global tensor's local piece)
         lo, hi = int(label._data.min()), int(label._data.max())
         if lo < 0 or hi >= n_cls:
             raise ValueError(f"{op}: labels must be in [0, {n_cls}), got min {lo} max {hi}")
     if with_logits and not label_smooth and pred.ndim == 2:
-        return _LogitsCrossEntropy()(pred, label, reduction)
+        return LogitsCrossEntropy()(pred, label, reduction)
     logp = logsoftmax(pred, axis) if with_logits else log(pred)
     nll = -indexing_one_hot(logp, label, axis)
     if label_smooth:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from minigrad.autodiff.function import Function
 from minigrad.functional._util import accumulate_dtype, normalize_axis, recording_backward
-from minigrad.functional.elementwise import _f, _t, exp, log, sqrt, where
+from minigrad.functional.elementwise import _f, _t, dispatches, exp, log, sqrt, where
 from minigrad.functional.elementwise import abs as _abs
 from minigrad.functional.shape import broadcast_to, expand_dims, reshape, transpose
 from minigrad.tensor import Tensor
@@ -204,16 +204,30 @@ def argmin(inp, axis=None, keepdims: bool = False) -> Tensor:
     return _arg(inp, axis, keepdims, "argmin")
 
 
+class ArgExtremum(Function):
+    """argmax/argmin (``name``) along ``axis`` (None: of the flattened tensor): int32 indices,
+    not differentiable (a Function so that tensors with their own dispatch see it)."""
+
+    def forward(self, x, axis, keepdims, name):
+        fn = getattr(x.xp, name)
+        if axis is None:
+            out = fn(x._data.reshape(-1))
+            if keepdims:
+                out = out.reshape((1,) * x.ndim)
+        else:
+            out = fn(x._data, axis=axis)
+            if keepdims:
+                out = x.xp.expand_dims(out, axis)
+        return x.xp.asarray(out).astype("int32")
+
+    def backward(self, dy):
+        return None, None, None, None
+
+
 def _arg(x, axis, keepdims, name):
     x = _t(x)
-    fn = getattr(x.xp, name)
-    if axis is None:
-        out = fn(x._data.reshape(-1))
-        if keepdims:
-            out = out.reshape((1,) * x.ndim)
-    else:
-        (ax,) = normalize_axis(axis, x.ndim, name)
-        out = fn(x._data, axis=ax)
-        if keepdims:
-            out = x.xp.expand_dims(out, ax)
-    return Tensor._wrap(out.astype("int32"), x._device)
+    if axis is not None:
+        (axis,) = normalize_axis(axis, x.ndim, name)
+    if dispatches((x,)):
+        return ArgExtremum()(x, axis, keepdims, name)
+    return Tensor._wrap(ArgExtremum().forward(x, axis, keepdims, name), x._device)

@@ -17,6 +17,7 @@ from minigrad.module.elemwise import Elemwise
 from minigrad.module.embedding import Embedding
 from minigrad.module.identity import Flatten, Identity
 from minigrad.module.linear import Linear
+from minigrad.module.loss import CrossEntropyLoss, MSELoss
 from minigrad.module.module import HookHandler, Module
 from minigrad.module.normalization import (
     BatchNorm1d,
@@ -41,6 +42,7 @@ __all__ = [
     "Conv2d",
     "Conv3d",
     "ConvTranspose2d",
+    "CrossEntropyLoss",
     "Dropout",
     "Elemwise",
     "Embedding",
@@ -52,6 +54,7 @@ __all__ = [
     "LayerNorm",
     "LeakyReLU",
     "Linear",
+    "MSELoss",
     "MaxPool2d",
     "Module",
     "MultiHeadAttention",

@@ -215,12 +215,37 @@ class Module:
             if p.grad is not None:
                 p.grad = F.zeros_like(p.grad)
 
+    def to_global(self, placement, sbp) -> "Module":
+        """OneFlow's ``Module.to_global``: make every parameter and buffer a global tensor on
+        ``placement`` with ``sbp``, in place (each keeps its identity, so optimizers and
+        GradManagers made earlier still hold it). As in ``Tensor.to_global``, a tensor's value is
+        this rank's piece: with ``broadcast`` the placement's first rank's values win. Every rank
+        must call it. Returns the module.
+
+        Example::
+
+            stage0.to_global(placement=mg.placement("cpu", [0]), sbp=mg.sbp.broadcast)
+        """
+        if placement is None or sbp is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.to_global: needs both placement and sbp, got placement="
+                f"{placement!r} and sbp={sbp!r}"
+            )
+        for t in self.tensors():
+            placement.make_global(t, sbp, logical=False)
+        return self
+
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """Ordered ``name -> NumPy array`` copy of every parameter and buffer, in logical form
-        (see :meth:`state_to_logical`)."""
+        (see :meth:`state_to_logical`). A global parameter stays a (detached) global tensor, as in
+        OneFlow: its logical value lives on several ranks, and ``mg.save(...,
+        global_dst_rank=0)`` gathers it."""
         out: OrderedDict[str, np.ndarray] = OrderedDict()
         for name, t in self.named_tensors():
+            if t.is_global:
+                out[name] = t.detach()
+                continue
             arr = to_numpy(t.data)
             out[name] = arr.copy() if arr is t.data else arr
         for prefix, module in self.named_modules():

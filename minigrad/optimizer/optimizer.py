@@ -109,7 +109,7 @@ class Optimizer:
                 if p.grad is None:
                     continue
                 grad = p.grad.data if isinstance(p.grad, Tensor) else p.grad
-                if grad.shape != p.shape:
+                if grad.shape != p.data.shape:  # the arrays updated (a global tensor's pieces)
                     raise ValueError(
                         f"{self._name}.step: gradient shape {grad.shape} does not match parameter "
                         f"shape {p.shape}"

@@ -1,0 +1,48 @@
+"""The distributed side of ``mg.save(global_dst_rank=)`` and ``mg.load(global_src_rank=)``.
+
+``minigrad.serialization`` (a lower layer) asks for three things through the object installed
+here (``serialization.install_global_io``): this process's rank, a global tensor's logical value
+gathered to one rank (boxing to a one-rank placement with ``broadcast``), and one rank's bytes on
+every rank (a broadcast over all ranks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minigrad.autodiff import no_grad
+from minigrad.distributed import functional as dist_functional
+from minigrad.distributed.global_tensor.placement import Placement
+from minigrad.distributed.global_tensor.sbp import broadcast
+from minigrad.distributed.group import WORLD, get_rank, get_world_size
+from minigrad.tensor import Tensor
+
+__all__ = ["GlobalIO"]
+
+
+class GlobalIO:
+    """What ``save``/``load`` need from the distributed runtime (see the module docstring)."""
+
+    def rank(self) -> int:
+        """This process's global rank."""
+        return get_rank()
+
+    def gather(self, tensor, dst: int):
+        """``tensor``'s logical value as a NumPy array on rank ``dst`` (None elsewhere); every
+        rank calls it."""
+        one = Placement(tensor.placement.type, [int(dst)])
+        with no_grad():
+            whole = tensor.detach().to_global(one, broadcast)
+        return whole.numpy() if get_rank() == dst else None
+
+    def share(self, payload: bytes | None, src: int) -> bytes:
+        """Rank ``src``'s ``payload`` on every rank."""
+        if get_world_size() == 1:
+            return payload
+        with no_grad():
+            if get_rank() == src:
+                data = Tensor._wrap(np.frombuffer(payload, dtype=np.uint8).copy(), None)
+                out = dist_functional.broadcast(data, WORLD, root=src)
+            else:
+                out = dist_functional.broadcast(None, WORLD, root=src)
+        return np.asarray(out.numpy(), dtype=np.uint8).tobytes()

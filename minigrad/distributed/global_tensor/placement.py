@@ -1,0 +1,173 @@
+"""``placement``: the devices a global tensor lives on, as a mesh of ranks.
+
+``mg.placement("cpu", [0, 1])`` is a 1-D mesh of two ranks; ``mg.placement("cpu", [[0, 1], [2,
+3]])`` a 2 x 2 mesh, whose dimension 0 runs down the columns (ranks 0 and 2 differ only in it) and
+dimension 1 along the rows. A global tensor has one SBP per mesh dimension.
+
+The process groups a placement needs (one per slice of the mesh along each dimension) are created
+when the placement is: creating a group is collective, so every rank must create the same
+placements in the same order, like every global op. Equal placements share their groups. When the
+program was started by ``python -m minigrad.distributed.launch`` and the process group does not
+exist yet, the first placement creates it (OneFlow programs never call ``init_process_group``).
+
+A placement is also the object through which ``Tensor.to_global``, ``Module.to_global`` and the
+creation functions' ``placement=`` argument reach this package (``to_global`` and ``make_global``).
+
+Example::
+
+    P = mg.placement("cpu", [[0, 1], [2, 3]])
+    P.mesh_shape        # (2, 2)
+    P.slice_ranks(0, 3) # [1, 3]: rank 3's column (mesh dimension 0)
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from minigrad.distributed import group as dist_group
+from minigrad.distributed.global_tensor import tensor as global_tensor
+
+__all__ = ["Placement", "placement"]
+
+_TYPES = {"cpu": "cpu", "cuda": "cuda", "gpu": "cuda"}
+#: Process groups of mesh slices, shared by equal placements: ranks tuple -> Group.
+_GROUPS: dict[tuple, object] = {}
+
+
+def _ensure_process_group() -> None:
+    """Start the process group of a launched program that has not started it itself."""
+    if not dist_group.is_distributed() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist_group.init_process_group()
+
+
+class Placement:
+    """A device type and a mesh of global ranks (OneFlow's ``flow.placement``).
+
+    ``type`` is "cpu" or "cuda" (alias "gpu"); ``ranks`` a list of ranks or a nested list (an
+    N-d device mesh). Two placements are equal when their type and rank arrays are equal.
+
+    Example::
+
+        mg.placement("cpu", ranks=[0, 1])   # placement(type="cpu", ranks=[0, 1])
+    """
+
+    def __init__(self, type: str, ranks):  # noqa: A002  (OneFlow's argument name)
+        if type not in _TYPES:
+            raise ValueError(f"placement: type must be 'cpu' or 'cuda' (or 'gpu'), got {type!r}")
+        mesh = np.asarray(ranks)
+        if mesh.size == 0 or mesh.dtype.kind not in "iu" or mesh.ndim == 0:
+            raise ValueError(
+                f"placement: ranks must be a non-empty list (or nested list) of ints, got {ranks!r}"
+            )
+        flat = [int(r) for r in mesh.reshape(-1)]
+        _ensure_process_group()
+        world = dist_group.get_world_size()
+        if len(set(flat)) != len(flat) or not all(0 <= r < world for r in flat):
+            raise ValueError(
+                f"placement: ranks must be distinct and in [0, {world}) (the job has {world} "
+                f"rank(s)), got {mesh.tolist()}"
+            )
+        self.type = _TYPES[type]
+        self._mesh = mesh.astype(np.int64)
+        self._flat = flat
+        self._create_groups()
+
+    # -- the mesh -------------------------------------------------------------------------------
+    @property
+    def ranks(self) -> list:
+        """The rank mesh as a (nested) list."""
+        return self._mesh.tolist()
+
+    @property
+    def mesh_shape(self) -> tuple:
+        """The shape of the rank mesh (OneFlow's ``hierarchy``)."""
+        return tuple(self._mesh.shape)
+
+    @property
+    def ndim(self) -> int:
+        """The number of mesh dimensions (= entries of an SBP tuple on this placement)."""
+        return self._mesh.ndim
+
+    @property
+    def size(self) -> int:
+        """The number of ranks."""
+        return len(self._flat)
+
+    @property
+    def rank_list(self) -> list:
+        """The ranks in row-major mesh order (the first is the placement's *first rank*)."""
+        return list(self._flat)
+
+    def __contains__(self, rank: int) -> bool:
+        return rank in self._flat
+
+    def coord(self, rank: int) -> tuple:
+        """The mesh coordinate of ``rank`` (which must be in the placement)."""
+        return tuple(int(i) for i in np.unravel_index(self._flat.index(rank), self.mesh_shape))
+
+    def rank_at(self, coord) -> int:
+        """The rank at a mesh coordinate."""
+        return int(self._mesh[tuple(coord)])
+
+    def slice_ranks(self, dim: int, rank: int) -> list:
+        """The ranks that share every mesh coordinate of ``rank`` except along ``dim``, in order
+        along ``dim``: ``rank``'s group for SBP conversions on that mesh dimension."""
+        index = list(self.coord(rank))
+        index[dim] = slice(None)
+        return [int(r) for r in self._mesh[tuple(index)]]
+
+    def slice_group(self, dim: int, rank: int):
+        """The process group of ``slice_ranks(dim, rank)`` (None for a single rank)."""
+        ranks = tuple(self.slice_ranks(dim, rank))
+        return None if len(ranks) == 1 else _GROUPS[ranks]
+
+    def group(self):
+        """The process group of all the placement's ranks (None for a single rank)."""
+        return None if self.size == 1 else _GROUPS[tuple(self._flat)]
+
+    def _create_groups(self) -> None:
+        """Create the groups of every mesh slice and of the whole placement, in one fixed order
+        on every rank (creating a group is collective)."""
+        if not dist_group.is_distributed():
+            return
+        rows = [tuple(self._flat)]
+        for dim in range(self.ndim):
+            moved = np.moveaxis(self._mesh, dim, -1).reshape(-1, self._mesh.shape[dim])
+            rows += [tuple(int(r) for r in row) for row in moved]
+        for ranks in rows:
+            if len(ranks) > 1 and ranks not in _GROUPS:
+                _GROUPS[ranks] = dist_group.new_group(list(ranks))
+
+    # -- identity -------------------------------------------------------------------------------
+    def __eq__(self, other) -> bool:
+        return (
+            isinstance(other, Placement)
+            and self.type == other.type
+            and self._mesh.shape == other._mesh.shape
+            and self._flat == other._flat
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.type, self._mesh.shape, tuple(self._flat)))
+
+    def __repr__(self) -> str:
+        return f'placement(type="{self.type}", ranks={self.ranks})'
+
+    # -- the protocol of Tensor.to_global, Module.to_global and placement= ----------------------
+    def to_global(self, tensor, sbp, *, grad_sbp=None, check_meta: bool = True,
+                  copy: bool = False):
+        """``tensor.to_global(self, sbp, ...)`` for a local tensor (see ``Tensor.to_global``)."""
+        return global_tensor.local_to_global(tensor, self, sbp, grad_sbp=grad_sbp,
+                                             check_meta=check_meta, copy=copy)
+
+    def make_global(self, tensor, sbp, *, logical: bool):
+        """Turn ``tensor`` itself into a global tensor on this placement (not differentiable):
+        ``logical=True`` when it holds the whole logical value on every rank (creation
+        functions: each rank keeps its piece), ``logical=False`` when it is this rank's piece
+        (``Module.to_global``; a global tensor is redistributed)."""
+        return global_tensor.make_global(tensor, self, sbp, logical=logical)
+
+
+placement = Placement  # OneFlow's spelling: ``flow.placement(type, ranks)``
