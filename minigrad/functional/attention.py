@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.backend import kernels
 from minigrad.functional._util import recording_backward
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import matmul
@@ -56,43 +57,43 @@ def _weights(q, k, bias, scale):
 class _Attention(Function):
     """``w = softmax(q k^T * scale + bias); out = w v``, keeping only ``w`` for backward::
 
-        dv = w^T dout,  ds = w * (dw - rowsum(dw * w)) with dw = dout v^T,
-        dq = ds k * scale,  dk = ds^T q * scale
-    """
+        dv = w^T dout,  ds = scale * w * (dw - rowsum(dw * w)) with dw = dout v^T,
+        dq = ds k,  dk = ds^T q
 
-    def forward(self, q, k, v, bias, scale):
+    The products are batched matrix products; the scaling, the mask, causality and the softmax
+    are one fused kernel (``kernels.attention_softmax``), and so is ``ds``. ``causal`` masks keys
+    after the query without a mask array (and skips their exponentials)."""
+
+    def forward(self, q, k, v, bias, scale, causal):
         xp = q.xp
-        w = xp.matmul(q._data * scale, xp.swapaxes(k._data, -1, -2))
-        if bias is not None:  # in place unless the mask broadcasts the scores to a larger shape
-            if np.broadcast_shapes(w.shape, bias.shape) == w.shape:
-                w += bias._data
-            else:
-                w = w + bias._data
-        w -= w.max(axis=-1, keepdims=True)
-        xp.exp(w, out=w)
-        w /= w.sum(axis=-1, keepdims=True)
-        self.q, self.k, self.v, self.bias, self.scale, self.w = q, k, v, bias, scale, w
+        w = xp.matmul(q._data, xp.swapaxes(k._data, -1, -2))
+        if bias is not None and np.broadcast_shapes(w.shape, bias.shape) != w.shape:
+            w = xp.ascontiguousarray(xp.broadcast_to(w, np.broadcast_shapes(w.shape, bias.shape)))
+        kernels.attention_softmax(w, scale, None if bias is None else bias._data, causal)
+        self.q, self.k, self.v, self.bias, self.scale, self.causal = q, k, v, bias, scale, causal
+        self.w = w
         return xp.matmul(w, v._data)
 
     def backward(self, dy):
         q, k, v, scale = self.q, self.k, self.v, self.scale
         need_q, need_k, need_v = (self.needs_input_grad(i) for i in range(3))
         if recording_backward():  # Tensor ops, so that a second-order gradient flows through
-            w = _weights(q, k, self.bias, scale)
+            bias = self.bias
+            if self.causal:
+                bias = _mask_bias("scaled_dot_product_attention", bias, True, q, q.shape[-2],
+                                  k.shape[-2])
+            w = _weights(q, k, bias, scale)
             dw = matmul(dy, v, transpose_b=True)
             ds = w * (dw - _sum(dw * w, -1, keepdims=True))
             return (matmul(ds, k) * scale if need_q else None,
                     matmul(ds, q, transpose_a=True) * scale if need_k else None,
-                    matmul(w, dy, transpose_a=True) if need_v else None, None, None)
+                    matmul(w, dy, transpose_a=True) if need_v else None, None, None, None)
         xp, w, g = q.xp, self.w, dy._data
         dv = xp.matmul(xp.swapaxes(w, -1, -2), g) if need_v else None
-        ds = xp.matmul(g, xp.swapaxes(v._data, -1, -2))
-        ds -= (ds * w).sum(axis=-1, keepdims=True)
-        ds *= w
-        ds *= scale
+        ds = kernels.attention_softmax_grad(w, xp.matmul(g, xp.swapaxes(v._data, -1, -2)), scale)
         dq = xp.matmul(ds, k._data) if need_q else None
         dk = xp.matmul(xp.swapaxes(ds, -1, -2), q._data) if need_k else None
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
@@ -122,10 +123,11 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
             f"q[-1] == k[-1] and k[-2] == v[-2])"
         )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    bias = _mask_bias(op, attn_mask, is_causal, q, q.shape[-2], k.shape[-2])
     if dropout_p > 0.0:
+        bias = _mask_bias(op, attn_mask, is_causal, q, q.shape[-2], k.shape[-2])
         return matmul(dropout(_weights(q, k, bias, scale), dropout_p, training=True), v)
-    return _Attention()(q, k, v, bias, scale)
+    bias = _mask_bias(op, attn_mask, False, q, q.shape[-2], k.shape[-2])
+    return _Attention()(q, k, v, bias, scale, bool(is_causal))
 
 
 def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_proj_bias=None,

@@ -1,0 +1,125 @@
+"""The CPU implementation of :mod:`minigrad.backend.kernels`: allocate the outputs, run the numba
+loops of :mod:`~minigrad.backend.kernels.loops` on them.
+
+Arguments arrive in the canonical shapes ``minigrad.backend.kernels`` prepares (C-contiguous rows,
+NCHW images); importing this module imports numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minigrad.backend.kernels import loops
+
+
+def gelu(x):
+    y, cdf = np.empty_like(x), np.empty_like(x)
+    loops.gelu_forward(x.reshape(-1), y.reshape(-1), cdf.reshape(-1))
+    return y, cdf
+
+
+def gelu_grad(x, cdf, dy):
+    dx = np.empty_like(x)
+    loops.gelu_backward(x.reshape(-1), cdf.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+    return dx
+
+
+def softmax(x):
+    y = np.empty_like(x)
+    loops.softmax_forward(x, y)
+    return y
+
+
+def softmax_grad(y, dy):
+    dx = np.empty_like(y)
+    loops.softmax_backward(y, dy, dx)
+    return dx
+
+
+def log_softmax(x):
+    y = np.empty_like(x)
+    loops.log_softmax_forward(x, y)
+    return y
+
+
+def log_softmax_grad(y, dy):
+    dx = np.empty_like(y)
+    loops.log_softmax_backward(y, dy, dx)
+    return dx
+
+
+def attention_softmax(scores, scale, bias, causal):
+    if bias is None:
+        bias = np.zeros((1,) + scores.shape[1:], scores.dtype)
+    loops.attention_softmax(scores, scale, bias, causal)
+
+
+def attention_softmax_grad(w, dw, scale):
+    loops.attention_softmax_backward(w, dw, scale)
+
+
+def layer_norm(x, weight, bias, eps):
+    n = x.shape[1]
+    w = np.ones(n, x.dtype) if weight is None else np.ascontiguousarray(weight.reshape(-1))
+    b = np.zeros(n, x.dtype) if bias is None else np.ascontiguousarray(bias.reshape(-1))
+    y, xhat, rstd = np.empty_like(x), np.empty_like(x), np.empty(x.shape[0], np.float64)
+    loops.layer_norm_forward(x, w, b, eps, y, xhat, rstd)
+    return y, xhat, rstd
+
+
+def layer_norm_grad(dy, xhat, rstd, weight):
+    n = dy.shape[1]
+    w = np.ones(n, dy.dtype) if weight is None else np.ascontiguousarray(weight.reshape(-1))
+    dx = np.empty_like(dy)
+    dw, db = np.zeros(n, np.float64), np.zeros(n, np.float64)
+    loops.layer_norm_backward(dy, xhat, rstd, w, dx, dw, db)
+    return dx, dw.astype(dy.dtype, copy=False), db.astype(dy.dtype, copy=False)
+
+
+def max_pool2d(x, kernel, stride, padding, out_hw):
+    n, c, h, w = x.shape
+    out = np.empty((n * c,) + tuple(out_hw), x.dtype)
+    argmax = np.empty(out.shape, np.int32)
+    planes = x.reshape(n * c, h, w)
+    if kernel == stride == (2, 2) and padding == (0, 0):
+        loops.max_pool2x2_forward(planes, out, argmax)
+    else:
+        loops.max_pool2d_forward(planes, *kernel, *stride, *padding, out, argmax)
+    return out.reshape((n, c) + tuple(out_hw)), argmax
+
+
+def max_pool2d_grad(dy, argmax, x_shape):
+    dx = np.zeros(x_shape, dy.dtype)
+    planes = x_shape[0] * x_shape[1]
+    loops.max_pool2d_backward(dy.reshape(planes, -1), argmax.reshape(planes, -1),
+                              dx.reshape(planes, -1))
+    return dx
+
+
+def im2col(x, kernel, stride, padding, dilation, out_hw):
+    n, c = x.shape[:2]
+    (kh, kw), (oh, ow) = kernel, out_hw
+    cols = np.empty((c * kh * kw, n * oh * ow), x.dtype)
+    loops.im2col(x, kh, kw, *stride, *padding, *dilation, oh, ow, cols)
+    return cols
+
+
+def col2im(cols, x_shape, kernel, stride, padding, dilation, out_hw):
+    x = np.zeros(x_shape, cols.dtype)
+    loops.col2im(cols, *kernel, *stride, *padding, *dilation, *out_hw, x)
+    return x
+
+
+def from_product_layout(mat, bias):
+    o, n, p = mat.shape
+    b = np.zeros(o, mat.dtype) if bias is None else np.ascontiguousarray(bias, dtype=mat.dtype)
+    out = np.empty((n, o, p), mat.dtype)
+    loops.channels_to_batch_first(mat, b, out)
+    return out
+
+
+def to_product_layout(dy):
+    n, o, p = dy.shape
+    mat, dbias = np.empty((o, n, p), dy.dtype), np.empty(o, dy.dtype)
+    loops.batch_to_channels_first(dy, mat, dbias)
+    return mat, dbias

@@ -1,0 +1,75 @@
+"""numba, imported on first use, and the decorators every CPU kernel is compiled with.
+
+Importing numba takes about 0.3 s, more than the rest of minigrad together, so nothing here runs
+at ``import minigrad``: ``minigrad.backend.kernels`` imports the CPU kernels (and with them this
+module and numba) when the first kernel is called.
+
+Compiled machine code is cached on disk (``cache=True``): next to the sources in
+``__pycache__`` when that folder is writable (a source checkout or editable install), otherwise in
+numba's user-wide cache (``~/.cache/numba``, or ``$NUMBA_CACHE_DIR``), which is what happens in a
+read-only site-packages. Where no cache folder is writable at all numba refuses ``cache=True``;
+the kernels are then compiled in memory in every process, after a one-time warning. A kernel
+compiles (or loads from the cache) on its first call with each argument type, so a process only
+pays for the kernels and dtypes it uses.
+
+Flags:
+
+* ``error_model="numpy"``: division by zero gives inf/NaN as in NumPy instead of raising, which
+  also removes the per-division checks that would stop loops from vectorising;
+* no ``fastmath`` in element-wise code: results keep IEEE semantics (NaN, inf, signed zeros) and
+  the float32 ``exp`` relies on exactly rounded arithmetic for its range reduction;
+* :func:`scalar` helpers are inlined into their callers (and so compiled with the caller's
+  flags, which are strict: no reduction calls them);
+* :func:`reduction` kernels (row sums and maxima) get ``fastmath={"reassoc", "nsz"}`` (plus
+  ``"nnan"`` for maxima) so that LLVM may spread one running sum over the SIMD lanes: the same
+  freedom NumPy takes with its pairwise sums, and the only way such a loop vectorises. A NaN still
+  reaches every result of its row through the element-wise code around the reduction.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numba
+
+_STRICT = {"error_model": "numpy", "nogil": True}
+SUM_FLAGS = frozenset({"reassoc", "nsz", "contract"})
+MAX_FLAGS = frozenset({"reassoc", "nsz", "nnan"})
+_cache_warned = False
+
+
+def _compile(fn, options: dict):
+    global _cache_warned
+    try:
+        return numba.njit(cache=True, **options)(fn)
+    except RuntimeError as exc:  # "cannot cache function ...: no locator available"
+        if not _cache_warned:
+            _cache_warned = True
+            warnings.warn(
+                f"minigrad kernels: numba cannot cache compiled code ({exc}); compiling in "
+                "memory instead (set NUMBA_CACHE_DIR to a writable folder to keep it)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return numba.njit(cache=False, **options)(fn)
+
+
+def kernel(fn):
+    """Compile ``fn`` as a strict (IEEE, NumPy error model) CPU kernel, cached on disk."""
+    return _compile(fn, _STRICT)
+
+
+def scalar(fn):
+    """Compile a scalar helper (``exp``, ``erfc``) that is inlined into every kernel calling it, so
+    that the kernel's loop still vectorises (a call per element would stop it)."""
+    return _compile(fn, {**_STRICT, "inline": "always"})
+
+
+def reduction(flags: frozenset):
+    """Compile a small reduction helper with the reassociation ``flags`` above (``SUM_FLAGS`` or
+    ``MAX_FLAGS``); kernels call it, and LLVM inlines it while keeping its flags to itself."""
+
+    def wrap(fn):
+        return _compile(fn, {**_STRICT, "fastmath": set(flags)})
+
+    return wrap

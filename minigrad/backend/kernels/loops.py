@@ -1,0 +1,472 @@
+"""The numba loops behind the CPU kernels: one pass over C-contiguous arrays where NumPy needs many.
+
+Each kernel writes into arrays its caller allocated (see ``minigrad.backend.kernels``, which holds
+the shapes, dtypes and the choice of device) and runs on one thread; the matrix products around
+them are left to BLAS, which has the cores.
+
+float64 keeps the C library's ``exp``/``erfc``, so float64 results match NumPy to a few ulp (the
+tests compare to 1e-10). float32 uses the vectorisable :func:`exp` and :func:`erfc` below: a few
+ulp from the correctly rounded value, 16 lanes at a time, where NumPy's float32 GELU takes about 30
+passes over memory. Sums run with the reassociation flags of
+:func:`minigrad.backend.kernels.jit.reduction` and accumulate float32 in float64.
+
+All of this module (and numba with it) is imported on the first kernel call, never by
+``import minigrad``. The file is one unit for numba's on-disk cache: editing it recompiles every
+kernel, so a helper can never be stale in the cached code of its callers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+from minigrad.backend.kernels.jit import MAX_FLAGS, SUM_FLAGS, kernel, reduction, scalar
+
+F32 = np.float32
+I32 = np.int32
+INV_SQRT2 = 1.0 / math.sqrt(2.0)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+# --------------------------------------------------------------------------------------------------
+# scalar math: exp and erfc that vectorise for float32, the C library for float64
+
+
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """Reinterpret an int32 as the float32 with the same bits (a free register move)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def _bits_from_f32(typingctx, value):
+    """Reinterpret a float32 as the int32 with the same bits."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(types.float32), codegen
+
+
+_EXP_LO = F32(-87.33654)  # ln(smallest normal float32): below it the result is 0 (no denormals)
+_EXP_HI = F32(88.72283)  # ln(largest float32): above it the result is inf
+_ROUND = F32(12582912.0)  # 1.5 * 2**23: adding it rounds a float32 of magnitude < 2**22 to an int
+_LN2_HI, _LN2_LO = F32(0.693145751953125), F32(1.428606765330187e-06)  # ln 2, split (Cody-Waite)
+
+
+@scalar
+def _exp_f32(x):
+    """``e**x`` for float32 within 2 ulp: ``x = n ln2 + r`` with ``|r| <= ln2 / 2``, a degree-7
+    Taylor polynomial for ``e**r``, and ``2**n`` built from its bits (as two factors, so that
+    ``n = 128`` does not overflow the exponent field). Exactly 0 below ln(FLT_MIN) ~ -87.34, inf
+    above ln(FLT_MAX), NaN for NaN."""
+    xc = min(max(x, _EXP_LO), _EXP_HI)
+    t = xc * F32(1.442695) + _ROUND  # round(x / ln2) sits in the low bits of t
+    n = t - _ROUND
+    r = xc - n * _LN2_HI
+    r = r - n * _LN2_LO
+    p = F32(1.0) + r * (F32(1.0) + r * (F32(0.5) + r * (F32(1.6666667e-1) + r * (
+        F32(4.1666668e-2) + r * (F32(8.333334e-3) + r * (F32(1.3888889e-3) + r * F32(
+            1.984127e-4)))))))
+    k = _bits_from_f32(t) - _bits_from_f32(_ROUND)  # the integer n
+    half = k >> I32(1)
+    y = p * _f32_from_bits((half + I32(127)) << I32(23))
+    y = y * _f32_from_bits((k - half + I32(127)) << I32(23))
+    if x < _EXP_LO:
+        y = F32(0.0)
+    elif x > _EXP_HI:
+        y = F32(np.inf)
+    elif x != x:
+        y = x
+    return y
+
+
+# Chebyshev fit of erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), z >= 0: fractional error
+# < 1.2e-7 everywhere, tails included (Numerical Recipes, "erfcc").
+_C0, _C1, _C2, _C3, _C4 = F32(-1.26551223), F32(1.00002368), F32(0.37409196), F32(0.09678418), F32(
+    -0.18628806)
+_C5, _C6, _C7, _C8, _C9 = F32(0.27886807), F32(-1.13520398), F32(1.48851587), F32(-0.82215223), F32(
+    0.17087277)
+
+
+@scalar
+def _erfc_f32(x):
+    """``erfc(x)`` for float32 from the fit above (relative error < 1.2e-7 on both tails)."""
+    z = abs(x)
+    t = F32(1.0) / (F32(1.0) + F32(0.5) * z)
+    p = _C0 + t * (_C1 + t * (_C2 + t * (_C3 + t * (_C4 + t * (_C5 + t * (_C6 + t * (_C7 + t * (
+        _C8 + t * _C9))))))))
+    r = t * _exp_f32(p - z * z)
+    return r if x >= F32(0.0) else F32(2.0) - r
+
+
+def exp(x):
+    """``e**x``, typed by numba: :func:`_exp_f32` for float32, the C library otherwise."""
+    return math.exp(x)
+
+
+def erfc(x):
+    """``erfc(x)``, typed by numba: :func:`_erfc_f32` for float32, the C library otherwise."""
+    return math.erfc(x)
+
+
+@overload(exp, inline="always")
+def _exp_typed(x):
+    if x == types.float32:
+        return lambda x: _exp_f32(x)
+    return lambda x: math.exp(x)
+
+
+@overload(erfc, inline="always")
+def _erfc_typed(x):
+    if x == types.float32:
+        return lambda x: _erfc_f32(x)
+    return lambda x: math.erfc(x)
+
+
+# --------------------------------------------------------------------------------------------------
+# reductions over one contiguous row (float32 accumulates in float64)
+
+
+@reduction(SUM_FLAGS)
+def row_sum(a):
+    s = 0.0
+    for i in range(a.size):
+        s += a[i]
+    return s
+
+
+@reduction(SUM_FLAGS)
+def row_dot(a, b):
+    s = 0.0
+    for i in range(a.size):
+        s += np.float64(a[i]) * b[i]
+    return s
+
+
+@reduction(SUM_FLAGS)
+def row_centered_sumsq(a, mean):
+    s = 0.0
+    for i in range(a.size):
+        d = a[i] - mean
+        s += d * d
+    return s
+
+
+@reduction(SUM_FLAGS)
+def row_affine_sums(g, w, xhat):
+    """``sum(g * w)`` and ``sum(g * w * xhat)`` over a row, in one pass."""
+    s1 = 0.0
+    s2 = 0.0
+    for i in range(g.size):
+        gw = np.float64(g[i]) * w[i]
+        s1 += gw
+        s2 += gw * xhat[i]
+    return s1, s2
+
+
+@reduction(MAX_FLAGS)
+def row_max(a):
+    m = a.dtype.type(-np.inf)
+    for i in range(a.size):
+        m = max(m, a[i])
+    return m
+
+
+# --------------------------------------------------------------------------------------------------
+# GELU (exact erf form) on flat arrays
+
+
+@kernel
+def gelu_forward(x, y, cdf):
+    """``cdf = Phi(x)`` (saved for backward), ``y = x * Phi(x)``; ``Phi(x) = erfc(-x/sqrt2)/2``
+    is accurate in both tails."""
+    for i in range(x.size):
+        v = x[i]
+        c = erfc(-v * x.dtype.type(INV_SQRT2)) * x.dtype.type(0.5)
+        cdf[i] = c
+        y[i] = v * c
+
+
+@kernel
+def gelu_backward(x, cdf, dy, dx):
+    """``dx = dy * (Phi(x) + x * pdf(x))``."""
+    for i in range(x.size):
+        v = x[i]
+        pdf = exp(v * v * x.dtype.type(-0.5)) * x.dtype.type(INV_SQRT_2PI)
+        dx[i] = dy[i] * (cdf[i] + v * pdf)
+
+
+# --------------------------------------------------------------------------------------------------
+# softmax family over the rows of (R, C) arrays
+
+
+@kernel
+def softmax_forward(x, y):
+    for r in range(x.shape[0]):
+        xr, yr = x[r], y[r]
+        m = row_max(xr)
+        for c in range(xr.size):
+            yr[c] = exp(xr[c] - m)
+        s = y.dtype.type(row_sum(yr))
+        for c in range(xr.size):
+            yr[c] = yr[c] / s
+
+
+@kernel
+def softmax_backward(y, dy, dx):
+    """``dx = y * (dy - sum(dy * y))`` per row."""
+    for r in range(y.shape[0]):
+        yr, gr, dr = y[r], dy[r], dx[r]
+        s = y.dtype.type(row_dot(gr, yr))
+        for c in range(yr.size):
+            dr[c] = yr[c] * (gr[c] - s)
+
+
+@kernel
+def log_softmax_forward(x, y):
+    """``y = x - max - log(sum(exp(x - max)))`` per row (``y`` holds the exps in between)."""
+    for r in range(x.shape[0]):
+        xr, yr = x[r], y[r]
+        m = row_max(xr)
+        for c in range(xr.size):
+            yr[c] = exp(xr[c] - m)
+        shift = m + y.dtype.type(math.log(row_sum(yr)))
+        for c in range(xr.size):
+            yr[c] = xr[c] - shift
+
+
+@kernel
+def log_softmax_backward(y, dy, dx):
+    """``dx = dy - exp(y) * sum(dy)`` per row."""
+    for r in range(y.shape[0]):
+        yr, gr, dr = y[r], dy[r], dx[r]
+        s = y.dtype.type(row_sum(gr))
+        for c in range(yr.size):
+            dr[c] = gr[c] - exp(yr[c]) * s
+
+
+# --------------------------------------------------------------------------------------------------
+# attention weights: softmax(scale * scores + bias) in place over (G, L, S), causal masking
+
+
+@kernel
+def attention_softmax(s, scale, bias, causal):
+    """``s[g] <- softmax(scale * s[g] + bias[g or 0])`` over the last axis; with ``causal`` query
+    ``i`` sees keys ``j <= i`` only (top-left aligned; the others get weight 0, as ``-inf``)."""
+    gb = bias.shape[0]
+    for g in range(s.shape[0]):
+        bg = bias[g if gb > 1 else 0]
+        for i in range(s.shape[1]):
+            row = s[g, i]
+            n = min(i + 1, row.size) if causal else row.size
+            brow = bg[i]
+            for j in range(n):
+                row[j] = row[j] * scale + brow[j]
+            m = row_max(row[:n])
+            for j in range(n):
+                row[j] = exp(row[j] - m)
+            total = s.dtype.type(row_sum(row[:n]))
+            for j in range(n):
+                row[j] = row[j] / total
+            for j in range(n, row.size):
+                row[j] = 0.0
+
+
+@kernel
+def attention_softmax_backward(w, dw, scale):
+    """``dw <- scale * w * (dw - rowsum(dw * w))`` in place: the gradient of the scaled scores."""
+    for g in range(w.shape[0]):
+        for i in range(w.shape[1]):
+            wr, gr = w[g, i], dw[g, i]
+            s = w.dtype.type(row_dot(gr, wr))
+            for j in range(wr.size):
+                gr[j] = scale * wr[j] * (gr[j] - s)
+
+
+# --------------------------------------------------------------------------------------------------
+# layer norm with its affine part over the rows of (R, C) arrays
+
+
+@kernel
+def layer_norm_forward(x, w, b, eps, y, xhat, rstd):
+    """``xhat = (x - mean) / sqrt(var + eps)``, ``y = xhat * w + b``; the biased variance."""
+    n = x.shape[1]
+    for r in range(x.shape[0]):
+        xr = x[r]
+        mean = row_sum(xr) / n
+        rs = 1.0 / math.sqrt(row_centered_sumsq(xr, mean) / n + eps)
+        rstd[r] = rs
+        yr, hr = y[r], xhat[r]
+        for c in range(n):
+            h = (xr[c] - mean) * rs
+            hr[c] = h
+            yr[c] = h * w[c] + b[c]
+
+
+@kernel
+def layer_norm_backward(g, xhat, rstd, w, dx, dw, db):
+    """``dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat))``; ``dw += sum(g * xhat)`` and
+    ``db += sum(g)`` over rows (``dw``, ``db`` are float64 accumulators)."""
+    n = g.shape[1]
+    for r in range(g.shape[0]):
+        gr, hr, dr = g[r], xhat[r], dx[r]
+        s1, s2 = row_affine_sums(gr, w, hr)
+        m1, m2, rs = s1 / n, s2 / n, rstd[r]
+        for c in range(n):
+            dr[c] = rs * (gr[c] * w[c] - m1 - hr[c] * m2)
+        for c in range(n):
+            dw[c] += gr[c] * np.float64(hr[c])
+            db[c] += gr[c]
+
+
+# --------------------------------------------------------------------------------------------------
+# max pooling with the winner's index saved for backward
+
+
+@scalar
+def _window_max(plane, y0, y1, x0, x1, m, k):
+    """Fold the window ``plane[y0:y1, x0:x1]`` into the running max ``m`` at flat index ``k``: the
+    first maximum in row-major order wins, a NaN beats any number (as NumPy's maximum). Selects,
+    not branches: on random data a branch would be mispredicted half the time."""
+    wd = plane.shape[1]
+    for a in range(y0, y1):
+        src = plane[a]
+        for b in range(x0, x1):
+            v = src[b]
+            win = (v > m) | ((v != v) & (m == m))
+            m = v if win else m
+            k = a * wd + b if win else k
+    return m, k
+
+
+@kernel
+def max_pool2d_forward(x, kh, kw, sh, sw, ph, pw, out, argmax):
+    """``out[p, i, j]`` = max over its window of plane ``p`` (padding never wins); ``argmax`` holds
+    the flat ``h * W + w`` index of the window's first maximum. Planes are (N*C, H, W), outputs
+    (N*C, OH, OW)."""
+    h, wd = x.shape[1], x.shape[2]
+    for p in range(x.shape[0]):
+        plane, best, at = x[p], out[p], argmax[p]
+        for i in range(out.shape[1]):
+            y0, y1 = max(i * sh - ph, 0), min(i * sh - ph + kh, h)
+            for j in range(out.shape[2]):
+                x0, x1 = max(j * sw - pw, 0), min(j * sw - pw + kw, wd)
+                best[i, j], at[i, j] = _window_max(plane, y0, y1, x0, x1, plane[y0, x0],
+                                                   y0 * wd + x0)
+
+
+@kernel
+def max_pool2x2_forward(x, out, argmax):
+    """:func:`max_pool2d_forward` for the common 2x2 window, stride 2, no padding: with the window
+    size known to the compiler the window loops unroll (about 10x faster than the general loop)."""
+    wd = x.shape[2]
+    for p in range(x.shape[0]):
+        plane, best, at = x[p], out[p], argmax[p]
+        for i in range(out.shape[1]):
+            for j in range(out.shape[2]):
+                best[i, j], at[i, j] = _window_max(plane, 2 * i, 2 * i + 2, 2 * j, 2 * j + 2,
+                                                   plane[2 * i, 2 * j], 2 * i * wd + 2 * j)
+
+
+@kernel
+def max_pool2d_backward(dy, argmax, dx):
+    """``dx[p, argmax[p, k]] += dy[p, k]`` for every plane ``p`` (``dy``, ``argmax`` are
+    (planes, OH*OW), ``dx`` is (planes, H*W), zeroed by the caller)."""
+    for p in range(dy.shape[0]):
+        g, a, d = dy[p], argmax[p], dx[p]
+        for k in range(g.size):
+            d[a[k]] += g[k]
+
+
+# --------------------------------------------------------------------------------------------------
+# convolution layout: im2col / col2im on NCHW, channel-major <-> batch-first copies with bias
+
+
+@kernel
+def _valid_range(k, size, stride, pad, dil, count):
+    """Outputs ``o`` in ``[lo, hi)`` read input ``o * stride - pad + k * dil`` inside ``[0, size)``."""
+    off = k * dil - pad
+    lo = 0 if off >= 0 else (-off + stride - 1) // stride
+    hi = 0 if size - 1 - off < 0 else (size - 1 - off) // stride + 1
+    return min(lo, count), max(min(hi, count), min(lo, count))
+
+
+@kernel
+def im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols):
+    """``cols[(c, i, j), (n, y, x)] = x[n, c, y*sh - ph + i*dh, x*sw - pw + j*dw]`` (0 outside):
+    the ``(C*kh*kw, N*OH*OW)`` matrix whose product with the weights is the convolution."""
+    nb, ch, h, wd = x.shape
+    p = oh * ow
+    for c in range(ch):
+        for i in range(kh):
+            ylo, yhi = _valid_range(i, h, sh, ph, dh, oh)
+            for j in range(kw):
+                xlo, xhi = _valid_range(j, wd, sw, pw, dw, ow)
+                row = cols[(c * kh + i) * kw + j]
+                for n in range(nb):
+                    plane, dst = x[n, c], row[n * p : (n + 1) * p]
+                    for y in range(oh):
+                        d = dst[y * ow : (y + 1) * ow]
+                        if y < ylo or y >= yhi:
+                            d[:] = 0.0
+                            continue
+                        src = plane[y * sh - ph + i * dh]
+                        for t in range(xlo):
+                            d[t] = 0.0
+                        for t in range(xlo, xhi):
+                            d[t] = src[t * sw - pw + j * dw]
+                        for t in range(xhi, ow):
+                            d[t] = 0.0
+
+
+@kernel
+def col2im(cols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, x):
+    """The adjoint of :func:`im2col`: ``x += `` every entry of ``cols`` at the pixel it was read
+    from (``x`` is zeroed by the caller; entries that fall in the padding are dropped)."""
+    nb, ch, h, wd = x.shape
+    p = oh * ow
+    for c in range(ch):
+        for i in range(kh):
+            ylo, yhi = _valid_range(i, h, sh, ph, dh, oh)
+            for j in range(kw):
+                xlo, xhi = _valid_range(j, wd, sw, pw, dw, ow)
+                row = cols[(c * kh + i) * kw + j]
+                for n in range(nb):
+                    plane, src = x[n, c], row[n * p : (n + 1) * p]
+                    for y in range(ylo, yhi):
+                        dst, s = plane[y * sh - ph + i * dh], src[y * ow : (y + 1) * ow]
+                        for t in range(xlo, xhi):
+                            dst[t * sw - pw + j * dw] += s[t]
+
+
+@kernel
+def channels_to_batch_first(mat, bias, out):
+    """``out[n, o, :] = mat[o, n, :] + bias[o]``: the (O, N, P) product back to (N, O, P)."""
+    for o in range(mat.shape[0]):
+        b = bias[o]
+        for n in range(mat.shape[1]):
+            src, dst = mat[o, n], out[n, o]
+            for k in range(src.size):
+                dst[k] = src[k] + b
+
+
+@kernel
+def batch_to_channels_first(dy, out, dbias):
+    """``out[o, n, :] = dy[n, o, :]`` and ``dbias[o] = sum(dy[:, o, :])``: an output gradient in
+    the product's (O, N, P) layout, with the bias gradient summed on the way."""
+    for o in range(dy.shape[1]):
+        total = 0.0
+        for n in range(dy.shape[0]):
+            src, dst = dy[n, o], out[o, n]
+            for k in range(src.size):
+                dst[k] = src[k]
+            total += row_sum(src)
+        dbias[o] = total
