@@ -16,8 +16,10 @@ from minigrad.autodiff import Function, GradManager, enable_grad, no_grad  # noq
 from minigrad.backend import (  # noqa: E402
     get_default_device,
     get_device_count,
+    get_num_threads,
     is_cuda_available,
     set_default_device,
+    set_num_threads,
 )
 from minigrad.functional.creation import (  # noqa: E402
     arange,
@@ -52,6 +54,7 @@ __all__ = [
     "functional",
     "get_default_device",
     "get_device_count",
+    "get_num_threads",
     "is_cuda_available",
     "linspace",
     "load",
@@ -61,6 +64,7 @@ __all__ = [
     "random",
     "save",
     "set_default_device",
+    "set_num_threads",
     "tensor",
     "zeros",
     "zeros_like",

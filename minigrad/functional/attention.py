@@ -69,7 +69,7 @@ class _Attention(Function):
         w = xp.matmul(q._data, xp.swapaxes(k._data, -1, -2))
         if bias is not None and np.broadcast_shapes(w.shape, bias.shape) != w.shape:
             w = xp.ascontiguousarray(xp.broadcast_to(w, np.broadcast_shapes(w.shape, bias.shape)))
-        kernels.attention_softmax(w, scale, None if bias is None else bias._data, causal)
+        w = kernels.attention_softmax(w, scale, None if bias is None else bias._data, causal)
         self.q, self.k, self.v, self.bias, self.scale, self.causal = q, k, v, bias, scale, causal
         self.w = w
         return xp.matmul(w, v._data)

@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 
@@ -73,15 +74,34 @@ def _contiguous(a):
     return a if a.flags.c_contiguous else a.copy()
 
 
+def _half_in_float32(fn):
+    """Run ``fn`` on float32 copies of its float16 array arguments (the kernels compute in float32
+    or float64) and hand float32 array results back as float16."""
+
+    @functools.wraps(fn)
+    def wrapper(*args):
+        if not any(getattr(a, "dtype", None) == "float16" for a in args):
+            return fn(*args)
+        out = fn(*(a.astype("float32") if getattr(a, "dtype", None) == "float16" else a
+                   for a in args))
+        back = [r.astype("float16") if getattr(r, "dtype", None) == "float32" else r
+                for r in (out if isinstance(out, tuple) else (out,))]
+        return tuple(back) if isinstance(out, tuple) else back[0]
+
+    return wrapper
+
+
 # --------------------------------------------------------------------------------------------------
 # GELU
 
 
+@_half_in_float32
 def gelu(x):
-    """Exact GELU ``x * Phi(x)``; returns ``(y, cdf)`` with ``cdf = Phi(x)`` for :func:`gelu_grad`."""
+    """Exact GELU ``x * Phi(x)``; returns ``(y, cdf)``, ``cdf = Phi(x)`` for :func:`gelu_grad`."""
     return backend_for(x).gelu(_contiguous(x))
 
 
+@_half_in_float32
 def gelu_grad(x, cdf, dy):
     """``dy * (Phi(x) + x * pdf(x))``, the gradient of :func:`gelu`."""
     return backend_for(x).gelu_grad(_contiguous(x), cdf, _contiguous(dy))
@@ -109,21 +129,25 @@ def _row_op(name: str, axis: int, *arrays):
     return _from_rows(getattr(backend_for(arrays[0]), name)(*rows), arrays[0], axis)
 
 
+@_half_in_float32
 def softmax(x, axis: int):
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``."""
     return _row_op("softmax", axis, x)
 
 
+@_half_in_float32
 def softmax_grad(y, dy, axis: int):
-    """``y * (dy - sum(dy * y))`` along ``axis``: the gradient of :func:`softmax` given its output."""
+    """``y * (dy - sum(dy * y))`` along ``axis``: :func:`softmax`'s gradient, given its output."""
     return _row_op("softmax_grad", axis, y, dy)
 
 
+@_half_in_float32
 def log_softmax(x, axis: int):
     """``x - max - log(sum(exp(x - max)))`` along ``axis``."""
     return _row_op("log_softmax", axis, x)
 
 
+@_half_in_float32
 def log_softmax_grad(y, dy, axis: int):
     """``dy - exp(y) * sum(dy)`` along ``axis``: the gradient of :func:`log_softmax` given its
     output."""
@@ -134,11 +158,13 @@ def log_softmax_grad(y, dy, axis: int):
 # attention weights
 
 
+@_half_in_float32
 def attention_softmax(scores, scale: float, bias=None, causal: bool = False):
-    """``softmax(scale * scores + bias)`` over the last axis of the contiguous ``scores`` (..., L, S),
-    computed in place and returned. ``bias`` is an additive mask that broadcasts to ``scores``
-    (``-inf`` drops a key); ``causal`` lets query ``i`` see keys ``j <= i`` only (top-left aligned)
-    without materialising a mask: the others get weight 0."""
+    """``softmax(scale * scores + bias)`` over the last axis of the contiguous ``scores``
+    (..., L, S), computed in place and returned (use the result: float16 works on a copy).
+    ``bias`` is an additive mask that broadcasts to ``scores`` (``-inf`` drops a key); ``causal``
+    lets query ``i`` see keys ``j <= i`` only (top-left aligned) without materialising a mask:
+    the others get weight 0."""
     length, src = scores.shape[-2:]
     if bias is not None:
         xp = get_array_module(bias)
@@ -154,9 +180,10 @@ def attention_softmax(scores, scale: float, bias=None, causal: bool = False):
     return scores
 
 
+@_half_in_float32
 def attention_softmax_grad(w, dw, scale: float):
-    """``scale * w * (dw - rowsum(dw * w))`` in place on ``dw``: the gradient of the raw scores of
-    :func:`attention_softmax` given its output ``w`` and the gradient ``dw`` of ``w``."""
+    """``scale * w * (dw - rowsum(dw * w))`` in place on ``dw`` (returned): the gradient of the raw
+    scores of :func:`attention_softmax` given its output ``w`` and the gradient ``dw`` of ``w``."""
     length, src = w.shape[-2:]
     backend_for(w).attention_softmax_grad(w.reshape(-1, length, src), dw.reshape(-1, length, src),
                                           float(scale))
@@ -167,15 +194,18 @@ def attention_softmax_grad(w, dw, scale: float):
 # layer norm
 
 
+@_half_in_float32
 def layer_norm(x, weight, bias, eps: float, n: int):
     """Normalise ``x`` over groups of its ``n`` trailing elements, then ``* weight + bias`` (both of
     size ``n``, or None). Returns ``(y, xhat, rstd)``: the output, the normalised input and
-    ``1 / sqrt(var + eps)`` per group (biased variance), the last two for :func:`layer_norm_grad`."""
+    ``1 / sqrt(var + eps)`` per group (biased variance); the last two are for
+    :func:`layer_norm_grad`."""
     rows = _contiguous(x).reshape(-1, n)
     y, xhat, rstd = backend_for(x).layer_norm(rows, weight, bias, float(eps))
     return y.reshape(x.shape), xhat, rstd
 
 
+@_half_in_float32
 def layer_norm_grad(dy, xhat, rstd, weight):
     """Gradients ``(dx, dweight, dbias)`` of :func:`layer_norm` (``dweight``/``dbias`` flat, of
     size ``n``; computed whether or not the op had them)."""
@@ -188,23 +218,30 @@ def layer_norm_grad(dy, xhat, rstd, weight):
 # pooling and convolution layout
 
 
+@_half_in_float32
 def max_pool2d(x, kernel: tuple, stride: tuple, padding: tuple, out_hw: tuple):
-    """Max pooling of an NCHW array (padding never wins). Returns ``(out, argmax)``; ``argmax`` holds
-    the flat ``h * W + w`` index of each window's first maximum, for :func:`max_pool2d_grad`."""
+    """Max pooling of an NCHW array (padding never wins). Returns ``(out, argmax)``; ``argmax``
+    holds the flat ``h * W + w`` index of each window's first maximum, for
+    :func:`max_pool2d_grad`."""
     return backend_for(x).max_pool2d(_contiguous(x), kernel, stride, padding, out_hw)
 
 
+@_half_in_float32
 def max_pool2d_grad(dy, argmax, x_shape: tuple):
-    """Scatter ``dy`` onto the input pixels that won their windows (adding where windows overlap)."""
+    """Scatter ``dy`` onto the input pixels that won their windows (adding where windows
+    overlap)."""
     return backend_for(dy).max_pool2d_grad(_contiguous(dy), argmax, tuple(x_shape))
 
 
+@_half_in_float32
 def im2col(x, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple, out_hw: tuple):
     """Receptive fields of an NCHW array as a ``(C*kh*kw, N*OH*OW)`` matrix: row ``(c, i, j)``,
-    column ``(n, y, x)`` holds ``x[n, c, y*sh - ph + i*dh, x*sw - pw + j*dw]`` (0 in the padding)."""
+    column ``(n, y, x)`` holds ``x[n, c, y*sh - ph + i*dh, x*sw - pw + j*dw]`` (0 in the
+    padding)."""
     return backend_for(x).im2col(_contiguous(x), kernel, stride, padding, dilation, out_hw)
 
 
+@_half_in_float32
 def col2im(cols, x_shape: tuple, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple,
            out_hw: tuple):
     """The adjoint of :func:`im2col`: add every entry of ``cols`` onto the NCHW pixel it came from
@@ -213,6 +250,7 @@ def col2im(cols, x_shape: tuple, kernel: tuple, stride: tuple, padding: tuple, d
                                     dilation, out_hw)
 
 
+@_half_in_float32
 def from_product_layout(mat, n: int, bias=None):
     """A convolution's product ``(O, N*P)`` as the contiguous batch-first ``(N, O, P)`` array, plus
     ``bias[o]`` when given: the channels-first copy and the bias add in one pass."""
@@ -220,6 +258,7 @@ def from_product_layout(mat, n: int, bias=None):
     return backend_for(mat).from_product_layout(_contiguous(mat).reshape(o, n, -1), bias)
 
 
+@_half_in_float32
 def to_product_layout(dy):
     """``dy`` (N, O, ...) as the ``(O, N*P)`` matrix a convolution's backward multiplies, and the
     bias gradient ``dy.sum over every axis but 1`` computed on the way. Returns ``(mat, dbias)``."""
