@@ -30,6 +30,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from minigrad.backend.threads import set_num_threads
 from minigrad.distributed import group as _group
 from minigrad.distributed import store as _store
 from minigrad.distributed.backends.cpu import SHM_DIR, shm_prefix
@@ -201,7 +202,7 @@ def _child_main(spec: dict, func: Callable, args: tuple, kwargs: dict, conn) -> 
     if threads is not None:
         for var in _THREAD_VARS:
             os.environ[var] = str(threads)
-        limit_blas_threads(threads)
+        set_num_threads(threads)
     try:
         from minigrad.backend import set_default_device
 

@@ -114,7 +114,7 @@ def gelu_grad(x, cdf, dy):
 def _as_rows(a, axis: int):
     """``a`` with ``axis`` moved last, as a contiguous (rows, n) array."""
     moved = a if axis in (-1, a.ndim - 1) else a.swapaxes(axis, -1)
-    return _contiguous(moved).reshape(-1, a.shape[axis])
+    return _contiguous(moved).reshape(math.prod(moved.shape[:-1]), a.shape[axis])
 
 
 def _from_rows(rows, like, axis: int):
@@ -158,6 +158,11 @@ def log_softmax_grad(y, dy, axis: int):
 # attention weights
 
 
+def _groups(shape) -> int:
+    """The number of (L, S) matrices in an array of shape (..., L, S)."""
+    return math.prod(shape[:-2])
+
+
 @_half_in_float32
 def attention_softmax(scores, scale: float, bias=None, causal: bool = False):
     """``softmax(scale * scores + bias)`` over the last axis of the contiguous ``scores``
@@ -168,15 +173,15 @@ def attention_softmax(scores, scale: float, bias=None, causal: bool = False):
     length, src = scores.shape[-2:]
     if bias is not None:
         xp = get_array_module(bias)
-        if math.prod(bias.shape[:-2]) == 1:  # one mask for every batch and head
+        if _groups(bias.shape) == 1:  # one mask for every batch and head
             bias = bias.reshape(bias.shape[-2:]) if bias.ndim > 2 else bias
             shape = (length, src)
         else:
             shape = scores.shape
         bias = xp.ascontiguousarray(xp.broadcast_to(bias.astype(scores.dtype, copy=False), shape))
-        bias = bias.reshape(-1, length, src)
-    backend_for(scores).attention_softmax(scores.reshape(-1, length, src), float(scale), bias,
-                                          bool(causal))
+        bias = bias.reshape(_groups(shape), length, src)
+    s3 = scores.reshape(_groups(scores.shape), length, src)
+    backend_for(scores).attention_softmax(s3, float(scale), bias, bool(causal))
     return scores
 
 
@@ -185,7 +190,8 @@ def attention_softmax_grad(w, dw, scale: float):
     """``scale * w * (dw - rowsum(dw * w))`` in place on ``dw`` (returned): the gradient of the raw
     scores of :func:`attention_softmax` given its output ``w`` and the gradient ``dw`` of ``w``."""
     length, src = w.shape[-2:]
-    backend_for(w).attention_softmax_grad(w.reshape(-1, length, src), dw.reshape(-1, length, src),
+    g = _groups(w.shape)
+    backend_for(w).attention_softmax_grad(w.reshape(g, length, src), dw.reshape(g, length, src),
                                           float(scale))
     return dw
 
@@ -200,7 +206,7 @@ def layer_norm(x, weight, bias, eps: float, n: int):
     size ``n``, or None). Returns ``(y, xhat, rstd)``: the output, the normalised input and
     ``1 / sqrt(var + eps)`` per group (biased variance); the last two are for
     :func:`layer_norm_grad`."""
-    rows = _contiguous(x).reshape(-1, n)
+    rows = _contiguous(x).reshape(x.size // n if n else 0, n)
     y, xhat, rstd = backend_for(x).layer_norm(rows, weight, bias, float(eps))
     return y.reshape(x.shape), xhat, rstd
 

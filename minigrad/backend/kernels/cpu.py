@@ -85,14 +85,16 @@ def max_pool2d(x, kernel, stride, padding, out_hw):
         loops.max_pool2x2_forward(planes, out, argmax)
     else:
         loops.max_pool2d_forward(planes, *kernel, *stride, *padding, out, argmax)
-    return out.reshape((n, c) + tuple(out_hw)), argmax
+    shape = (n, c) + tuple(out_hw)
+    return out.reshape(shape), argmax.reshape(shape)
 
 
 def max_pool2d_grad(dy, argmax, x_shape):
+    n, c, h, w = x_shape
     dx = np.zeros(x_shape, dy.dtype)
-    planes = x_shape[0] * x_shape[1]
-    loops.max_pool2d_backward(dy.reshape(planes, -1), argmax.reshape(planes, -1),
-                              dx.reshape(planes, -1))
+    outputs = dy.shape[2] * dy.shape[3]
+    loops.max_pool2d_backward(dy.reshape(n * c, outputs), argmax.reshape(n * c, outputs),
+                              dx.reshape(n * c, h * w))
     return dx
 
 

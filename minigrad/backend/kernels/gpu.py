@@ -193,7 +193,8 @@ def max_pool2d(x, kernel, stride, padding, out_hw):
 def max_pool2d_grad(dy, argmax, x_shape):
     planes, hw = x_shape[0] * x_shape[1], x_shape[2] * x_shape[3]
     dx = cp.zeros(planes * hw, dy.dtype)
-    index = argmax.reshape(planes, -1) + cp.arange(planes, dtype=cp.int64)[:, None] * hw
+    index = argmax.reshape(planes, argmax.size // planes if planes else 0)
+    index = index + cp.arange(planes, dtype=cp.int64)[:, None] * hw
     cupyx.scatter_add(dx, index.reshape(-1), dy.reshape(-1))
     return dx.reshape(x_shape)
 
