@@ -313,3 +313,20 @@ def test_kernels_compile_without_a_writable_cache():
     out = _python(code, NUMBA_CACHE_LOCATOR_CLASSES="ZipCacheLocator")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(round(math.e / (1 + math.e), 6)), "1"]
+
+
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_multi_head_attention_head_layout_is_twice_differentiable(self_attention, device, rng,
+                                                                   double_grad):
+    """The fused head split/merge of multi_head_attention records Tensor ops in a recorded
+    backward, so second-order gradients flow through them."""
+    x, m = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 5, 4))
+    w_in, w_out = rng.standard_normal((12, 4)) * 0.5, rng.standard_normal((4, 4)) * 0.5
+    if self_attention:
+        fn = lambda x: F.multi_head_attention(x, x, x, 2, mg.tensor(w_in, device=device),  # noqa
+                                              None, mg.tensor(w_out, device=device))
+        double_grad(fn, x, device=device)
+    else:
+        fn = lambda x, m: F.multi_head_attention(x, m, m, 2, mg.tensor(w_in, device=device),  # noqa
+                                                 None, mg.tensor(w_out, device=device))
+        double_grad(fn, x, m, device=device)

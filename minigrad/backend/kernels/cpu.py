@@ -24,28 +24,28 @@ def gelu_grad(x, cdf, dy):
     return dx
 
 
+def _rows(loop, *arrays):
+    """Run a row loop on flat views of (R, C) arrays into a new output; rows of 0 have no work."""
+    out = np.empty_like(arrays[0])
+    if out.shape[1]:
+        loop(*(a.reshape(-1) for a in arrays), out.reshape(-1), out.shape[1])
+    return out
+
+
 def softmax(x):
-    y = np.empty_like(x)
-    loops.softmax_forward(x, y)
-    return y
+    return _rows(loops.softmax_forward, x)
 
 
 def softmax_grad(y, dy):
-    dx = np.empty_like(y)
-    loops.softmax_backward(y, dy, dx)
-    return dx
+    return _rows(loops.softmax_backward, y, dy)
 
 
 def log_softmax(x):
-    y = np.empty_like(x)
-    loops.log_softmax_forward(x, y)
-    return y
+    return _rows(loops.log_softmax_forward, x)
 
 
 def log_softmax_grad(y, dy):
-    dx = np.empty_like(y)
-    loops.log_softmax_backward(y, dy, dx)
-    return dx
+    return _rows(loops.log_softmax_backward, y, dy)
 
 
 def attention_softmax(scores, scale, bias, causal):
@@ -55,24 +55,29 @@ def attention_softmax(scores, scale, bias, causal):
 
 
 def attention_softmax_grad(w, dw, scale):
-    loops.attention_softmax_backward(w, dw, scale)
+    if w.shape[-1]:
+        loops.attention_softmax_backward(w.reshape(-1), dw.reshape(-1), scale, w.shape[-1])
+
+
+def _vector(p, n, dtype, fill):
+    return np.full(n, fill, dtype) if p is None else np.ascontiguousarray(p.reshape(-1))
 
 
 def layer_norm(x, weight, bias, eps):
-    n = x.shape[1]
-    w = np.ones(n, x.dtype) if weight is None else np.ascontiguousarray(weight.reshape(-1))
-    b = np.zeros(n, x.dtype) if bias is None else np.ascontiguousarray(bias.reshape(-1))
-    y, xhat, rstd = np.empty_like(x), np.empty_like(x), np.empty(x.shape[0], np.float64)
-    loops.layer_norm_forward(x, w, b, eps, y, xhat, rstd)
+    r, n = x.shape
+    y, xhat, rstd = np.empty_like(x), np.empty_like(x), np.empty(r, np.float64)
+    loops.layer_norm_forward(x.reshape(-1), _vector(weight, n, x.dtype, 1),
+                             _vector(bias, n, x.dtype, 0), eps, y.reshape(-1), xhat.reshape(-1),
+                             rstd)
     return y, xhat, rstd
 
 
 def layer_norm_grad(dy, xhat, rstd, weight):
     n = dy.shape[1]
-    w = np.ones(n, dy.dtype) if weight is None else np.ascontiguousarray(weight.reshape(-1))
     dx = np.empty_like(dy)
     dw, db = np.zeros(n, np.float64), np.zeros(n, np.float64)
-    loops.layer_norm_backward(dy, xhat, rstd, w, dx, dw, db)
+    loops.layer_norm_backward(dy.reshape(-1), xhat.reshape(-1), rstd,
+                              _vector(weight, n, dy.dtype, 1), dx.reshape(-1), dw, db)
     return dx, dw.astype(dy.dtype, copy=False), db.astype(dy.dtype, copy=False)
 
 

@@ -20,10 +20,9 @@ Flags:
   the float32 ``exp`` relies on exactly rounded arithmetic for its range reduction;
 * :func:`scalar` helpers are inlined into their callers (and so compiled with the caller's
   flags, which are strict: no reduction calls them);
-* :func:`reduction` kernels (row sums and maxima) get ``fastmath={"reassoc", "nsz"}`` (plus
-  ``"nnan"`` for maxima) so that LLVM may spread one running sum over the SIMD lanes: the same
-  freedom NumPy takes with its pairwise sums, and the only way such a loop vectorises. A NaN still
-  reaches every result of its row through the element-wise code around the reduction.
+* :func:`reduction` kernels (row sums) get ``fastmath={"reassoc", "nsz", "contract"}`` so that
+  LLVM may spread one running sum over the SIMD lanes: the same freedom NumPy takes with its
+  pairwise sums, and the only way such a loop vectorises. NaN and inf keep their meaning.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ import numba
 
 _STRICT = {"error_model": "numpy", "nogil": True}
 SUM_FLAGS = frozenset({"reassoc", "nsz", "contract"})
-MAX_FLAGS = frozenset({"reassoc", "nsz", "nnan"})
 _cache_warned = False
 
 
@@ -66,8 +64,8 @@ def scalar(fn):
 
 
 def reduction(flags: frozenset):
-    """Compile a small reduction helper with the reassociation ``flags`` above (``SUM_FLAGS`` or
-    ``MAX_FLAGS``); kernels call it, and LLVM inlines it while keeping its flags to itself."""
+    """Compile a small reduction helper with the reassociation ``flags`` above (``SUM_FLAGS``);
+    kernels call it as a function, so its flags stay its own."""
 
     def wrap(fn):
         return _compile(fn, {**_STRICT, "fastmath": set(flags)})

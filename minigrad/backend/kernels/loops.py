@@ -26,7 +26,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from minigrad.backend.kernels.jit import MAX_FLAGS, SUM_FLAGS, kernel, reduction, scalar
+from minigrad.backend.kernels.jit import SUM_FLAGS, kernel, reduction, scalar
 
 F32 = np.float32
 I32 = np.int32
@@ -138,52 +138,87 @@ def _erfc_typed(x):
 
 
 # --------------------------------------------------------------------------------------------------
-# reductions over one contiguous row (float32 accumulates in float64)
+# reductions over the run a[lo:hi] of a flat array (float32 accumulates in float64)
+#
+# Row kernels take flat arrays and offsets rather than a view per row: creating a view in numba
+# touches its reference count (an atomic operation), which cost more than a 64-element row.
 
 
 @reduction(SUM_FLAGS)
-def row_sum(a):
+def run_sum(a, lo, hi):
     s = 0.0
-    for i in range(a.size):
-        s += a[i]
+    for i in range(lo, hi):
+        s += a[U(i)]
     return s
 
 
 @reduction(SUM_FLAGS)
-def row_dot(a, b):
+def run_dot(a, b, lo, hi):
     s = 0.0
-    for i in range(a.size):
-        s += np.float64(a[i]) * b[i]
+    for i in range(lo, hi):
+        s += np.float64(a[U(i)]) * b[U(i)]
     return s
 
 
 @reduction(SUM_FLAGS)
-def row_centered_sumsq(a, mean):
+def run_centered_sumsq(a, lo, hi, mean):
     s = 0.0
-    for i in range(a.size):
-        d = a[i] - mean
+    for i in range(lo, hi):
+        d = a[U(i)] - mean
         s += d * d
     return s
 
 
 @reduction(SUM_FLAGS)
-def row_affine_sums(g, w, xhat):
-    """``sum(g * w)`` and ``sum(g * w * xhat)`` over a row, in one pass."""
+def run_affine_sums(g, w, xhat, lo, n):
+    """``sum(g * w)`` and ``sum(g * w * xhat)`` over ``g[lo:lo+n]`` (``w`` has ``n`` entries)."""
     s1 = 0.0
     s2 = 0.0
-    for i in range(g.size):
-        gw = np.float64(g[i]) * w[i]
+    for c in range(n):
+        gw = np.float64(g[U(lo + c)]) * w[U(c)]
         s1 += gw
-        s2 += gw * xhat[i]
+        s2 += gw * xhat[U(lo + c)]
     return s1, s2
 
 
-@reduction(MAX_FLAGS)
-def row_max(a):
-    m = a.dtype.type(-np.inf)
-    for i in range(a.size):
-        m = max(m, a[i])
-    return m
+@intrinsic
+def _ordered_int(typingctx, value):
+    """The bits of a float as an int whose signed order is the float order (flip the magnitude of
+    negatives): integer max loops vectorise where float max loops do not, in numba. A NaN with the
+    sign bit clear sorts above +inf, one with it set below -inf."""
+    width = value.bitwidth
+
+    def codegen(context, builder, signature, args):
+        it = ir.IntType(width)
+        bits = builder.bitcast(args[0], it)
+        sign = builder.ashr(bits, ir.Constant(it, width - 1))
+        return builder.xor(bits, builder.and_(sign, ir.Constant(it, (1 << (width - 1)) - 1)))
+
+    return (types.int32 if width == 32 else types.int64)(value), codegen
+
+
+@intrinsic
+def _ordered_float(typingctx, key):
+    """The inverse of :func:`_ordered_int` (the same flip, then back to a float)."""
+    width = key.bitwidth
+
+    def codegen(context, builder, signature, args):
+        it = ir.IntType(width)
+        sign = builder.ashr(args[0], ir.Constant(it, width - 1))
+        bits = builder.xor(args[0], builder.and_(sign, ir.Constant(it, (1 << (width - 1)) - 1)))
+        return builder.bitcast(bits, ir.FloatType() if width == 32 else ir.DoubleType())
+
+    return (types.float32 if width == 32 else types.float64)(key), codegen
+
+
+@kernel
+def run_max(a, lo, hi):
+    """The largest of ``a[lo:hi]`` (-inf when empty; NaN if a NaN with a clear sign bit is in it,
+    and any NaN still reaches a softmax through its own exponential)."""
+    m = _ordered_int(a.dtype.type(-np.inf))
+    for i in range(lo, hi):
+        m = max(m, _ordered_int(a[U(i)]))
+    return _ordered_float(m)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -211,52 +246,51 @@ def gelu_backward(x, cdf, dy, dx):
 
 
 # --------------------------------------------------------------------------------------------------
-# softmax family over the rows of (R, C) arrays
+# softmax family over rows of n elements of flat arrays (the caller ensures n > 0)
 
 
 @kernel
-def softmax_forward(x, y):
-    for r in range(x.shape[0]):
-        xr, yr = x[r], y[r]
-        m = row_max(xr)
-        for c in range(xr.size):
-            yr[c] = exp(xr[c] - m)
-        s = y.dtype.type(row_sum(yr))
-        for c in range(xr.size):
-            yr[c] = yr[c] / s
+def _exp_shifted(x, y, lo, hi, m):
+    """``y[lo:hi] = exp(x[lo:hi] - m)``; returns their sum."""
+    for i in range(lo, hi):
+        y[U(i)] = exp(x[U(i)] - m)
+    return run_sum(y, lo, hi)
 
 
 @kernel
-def softmax_backward(y, dy, dx):
+def softmax_forward(x, y, n):
+    for lo in range(0, x.size, n):
+        total = y.dtype.type(_exp_shifted(x, y, lo, lo + n, run_max(x, lo, lo + n)))
+        for i in range(lo, lo + n):
+            y[U(i)] = y[U(i)] / total
+
+
+@kernel
+def softmax_backward(y, dy, dx, n):
     """``dx = y * (dy - sum(dy * y))`` per row."""
-    for r in range(y.shape[0]):
-        yr, gr, dr = y[r], dy[r], dx[r]
-        s = y.dtype.type(row_dot(gr, yr))
-        for c in range(yr.size):
-            dr[c] = yr[c] * (gr[c] - s)
+    for lo in range(0, y.size, n):
+        s = y.dtype.type(run_dot(dy, y, lo, lo + n))
+        for i in range(lo, lo + n):
+            dx[U(i)] = y[U(i)] * (dy[U(i)] - s)
 
 
 @kernel
-def log_softmax_forward(x, y):
+def log_softmax_forward(x, y, n):
     """``y = x - max - log(sum(exp(x - max)))`` per row (``y`` holds the exps in between)."""
-    for r in range(x.shape[0]):
-        xr, yr = x[r], y[r]
-        m = row_max(xr)
-        for c in range(xr.size):
-            yr[c] = exp(xr[c] - m)
-        shift = m + y.dtype.type(math.log(row_sum(yr)))
-        for c in range(xr.size):
-            yr[c] = xr[c] - shift
+    for lo in range(0, x.size, n):
+        m = run_max(x, lo, lo + n)
+        shift = m + y.dtype.type(math.log(_exp_shifted(x, y, lo, lo + n, m)))
+        for i in range(lo, lo + n):
+            y[U(i)] = x[U(i)] - shift
 
 
 @kernel
-def log_softmax_backward(y, dy, dx):
+def log_softmax_backward(y, dy, dx, n):
     """``dx = dy - exp(y) * sum(dy)`` per row."""
-    for r in range(y.shape[0]):
-        yr, gr, dr = y[r], dy[r], dx[r]
-        s = y.dtype.type(row_sum(gr))
-        for c in range(yr.size):
-            dr[c] = gr[c] - exp(yr[c]) * s
+    for lo in range(0, y.size, n):
+        s = y.dtype.type(run_sum(dy, lo, lo + n))
+        for i in range(lo, lo + n):
+            dx[U(i)] = dy[U(i)] - exp(y[U(i)]) * s
 
 
 # --------------------------------------------------------------------------------------------------
@@ -265,72 +299,73 @@ def log_softmax_backward(y, dy, dx):
 
 @kernel
 def attention_softmax(s, scale, bias, causal):
-    """``s[g] <- softmax(scale * s[g] + bias[g or 0])`` over the last axis; with ``causal`` query
-    ``i`` sees keys ``j <= i`` only (top-left aligned; the others get weight 0, as ``-inf``)."""
-    gb = bias.shape[0]
-    for g in range(s.shape[0]):
-        bg = bias[g if gb > 1 else 0]
-        for i in range(s.shape[1]):
-            row = s[g, i]
-            n = min(i + 1, row.size) if causal else row.size
-            brow = bg[i]
-            for j in range(n):
-                row[j] = row[j] * scale + brow[j]
-            m = row_max(row[:n])
-            for j in range(n):
-                row[j] = exp(row[j] - m)
-            total = s.dtype.type(row_sum(row[:n]))
-            for j in range(n):
-                row[j] = row[j] / total
-            for j in range(n, row.size):
-                row[j] = 0.0
+    """``s[g] <- softmax(scale * s[g] + bias[g or 0])`` over the last axis of (G, L, S); with
+    ``causal`` query ``i`` sees keys ``j <= i`` only (top-left aligned; the others get weight 0,
+    as ``-inf`` would, and cost no exponential)."""
+    groups, length, src = s.shape
+    flat, bflat = s.reshape(-1), bias.reshape(-1)
+    sc = s.dtype.type(scale)
+    for g in range(groups):
+        boff = 0 if bias.shape[0] == 1 else g * length * src
+        for i in range(length):
+            lo, blo = (g * length + i) * src, boff + i * src
+            hi = lo + (min(i + 1, src) if causal else src)
+            for j in range(hi - lo):
+                flat[U(lo + j)] = flat[U(lo + j)] * sc + bflat[U(blo + j)]
+            m = run_max(flat, lo, hi)
+            for j in range(lo, hi):  # in place, not _exp_shifted(flat, flat): an aliased
+                flat[U(j)] = exp(flat[U(j)] - m)  # call fails LLVM's overlap check (scalar loop)
+            total = s.dtype.type(run_sum(flat, lo, hi))
+            for j in range(lo, hi):
+                flat[U(j)] = flat[U(j)] / total
+            for j in range(hi, lo + src):
+                flat[U(j)] = 0.0
 
 
 @kernel
-def attention_softmax_backward(w, dw, scale):
-    """``dw <- scale * w * (dw - rowsum(dw * w))`` in place: the gradient of the scaled scores."""
-    for g in range(w.shape[0]):
-        for i in range(w.shape[1]):
-            wr, gr = w[g, i], dw[g, i]
-            s = w.dtype.type(row_dot(gr, wr))
-            for j in range(wr.size):
-                gr[j] = scale * wr[j] * (gr[j] - s)
+def attention_softmax_backward(w, dw, scale, n):
+    """``dw <- scale * w * (dw - rowsum(dw * w))`` in place over rows of ``n``: the gradient of
+    the scaled scores."""
+    sc = w.dtype.type(scale)
+    for lo in range(0, w.size, n):
+        s = w.dtype.type(run_dot(dw, w, lo, lo + n))
+        for i in range(lo, lo + n):
+            dw[U(i)] = sc * w[U(i)] * (dw[U(i)] - s)
 
 
 # --------------------------------------------------------------------------------------------------
-# layer norm with its affine part over the rows of (R, C) arrays
+# layer norm with its affine part over rows of n elements of flat arrays
 
 
 @kernel
 def layer_norm_forward(x, w, b, eps, y, xhat, rstd):
     """``xhat = (x - mean) / sqrt(var + eps)``, ``y = xhat * w + b``; the biased variance."""
-    n = x.shape[1]
-    for r in range(x.shape[0]):
-        xr = x[r]
-        mean = row_sum(xr) / n
-        rs = 1.0 / math.sqrt(row_centered_sumsq(xr, mean) / n + eps)
+    n = w.size
+    for r in range(rstd.size):
+        lo = r * n
+        mean = run_sum(x, lo, lo + n) / n
+        rs = 1.0 / math.sqrt(run_centered_sumsq(x, lo, lo + n, mean) / n + eps)
         rstd[r] = rs
-        yr, hr = y[r], xhat[r]
         for c in range(n):
-            h = (xr[c] - mean) * rs
-            hr[c] = h
-            yr[c] = h * w[c] + b[c]
+            h = (x[U(lo + c)] - mean) * rs
+            xhat[U(lo + c)] = h
+            y[U(lo + c)] = h * w[U(c)] + b[U(c)]
 
 
 @kernel
 def layer_norm_backward(g, xhat, rstd, w, dx, dw, db):
     """``dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat))``; ``dw += sum(g * xhat)`` and
     ``db += sum(g)`` over rows (``dw``, ``db`` are float64 accumulators)."""
-    n = g.shape[1]
-    for r in range(g.shape[0]):
-        gr, hr, dr = g[r], xhat[r], dx[r]
-        s1, s2 = row_affine_sums(gr, w, hr)
+    n = w.size
+    for r in range(rstd.size):
+        lo = r * n
+        s1, s2 = run_affine_sums(g, w, xhat, lo, n)
         m1, m2, rs = s1 / n, s2 / n, rstd[r]
         for c in range(n):
-            dr[c] = rs * (gr[c] * w[c] - m1 - hr[c] * m2)
-        for c in range(n):
-            dw[c] += gr[c] * np.float64(hr[c])
-            db[c] += gr[c]
+            gc, hc = g[U(lo + c)], xhat[U(lo + c)]
+            dx[U(lo + c)] = rs * (gc * w[U(c)] - m1 - hc * m2)
+            dw[U(c)] += gc * np.float64(hc)
+            db[U(c)] += gc
 
 
 # --------------------------------------------------------------------------------------------------
@@ -477,5 +512,5 @@ def batch_to_channels_first(dy, out, dbias):
             src, dst = dy[n, o], out[o, n]
             for k in range(src.size):
                 dst[k] = src[k]
-            total += row_sum(src)
+            total += run_sum(src, 0, src.size)
         dbias[o] = total
