@@ -25,9 +25,13 @@ from minigrad.tensor import Tensor
 # binary arithmetic
 
 
+# The four arithmetic ops inline ``data()`` (``x._data`` for a Tensor, else the Python number): two
+# calls fewer is about 0.3 us of the ~3 us a recorded op on a tiny tensor costs.
+
+
 class Add(Function):
     def forward(self, a, b):
-        return data(a) + data(b)
+        return (a._data if isinstance(a, Tensor) else a) + (b._data if isinstance(b, Tensor) else b)
 
     def backward(self, dy):
         return dy, dy
@@ -35,7 +39,7 @@ class Add(Function):
 
 class Sub(Function):
     def forward(self, a, b):
-        return data(a) - data(b)
+        return (a._data if isinstance(a, Tensor) else a) - (b._data if isinstance(b, Tensor) else b)
 
     def backward(self, dy):
         return dy, -dy
@@ -44,7 +48,7 @@ class Sub(Function):
 class Mul(Function):
     def forward(self, a, b):
         self.a, self.b = a, b
-        return data(a) * data(b)
+        return (a._data if isinstance(a, Tensor) else a) * (b._data if isinstance(b, Tensor) else b)
 
     def backward(self, dy):
         a, b = self.a, self.b
@@ -56,7 +60,7 @@ class Mul(Function):
 class Div(Function):
     def forward(self, a, b):
         self.a, self.b = a, b
-        return data(a) / data(b)
+        return (a._data if isinstance(a, Tensor) else a) / (b._data if isinstance(b, Tensor) else b)
 
     def backward(self, dy):
         a, b = self.a, self.b
