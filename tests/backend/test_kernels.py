@@ -330,28 +330,3 @@ def test_multi_head_attention_head_layout_is_twice_differentiable(self_attention
         fn = lambda x, m: F.multi_head_attention(x, m, m, 2, mg.tensor(w_in, device=device),  # noqa
                                                  None, mg.tensor(w_out, device=device))
         double_grad(fn, x, m, device=device)
-
-
-def test_parallel_kernels_equal_the_serial_ones(rng):
-    """The parallel variants cut the same loops into parts: results are bit for bit the same."""
-    from minigrad.backend.kernels import loops
-
-    x, dy = (rng.standard_normal(10_001).astype(np.float32) for _ in range(2))
-    outs = [np.empty_like(x) for _ in range(6)]
-    loops.gelu_forward(x, outs[0], outs[1])
-    loops.gelu_forward_parallel(x, outs[2], outs[3], 7)
-    loops.gelu_backward(x, outs[1], dy, outs[4])
-    loops.gelu_backward_parallel(x, outs[1], dy, outs[5], 7)
-    for a, b in ((0, 2), (1, 3), (4, 5)):
-        np.testing.assert_array_equal(outs[a], outs[b])
-    s = rng.standard_normal((5, 6, 7))
-    bias = np.where(rng.random((5, 6, 7)) < 0.2, -np.inf, 0.0)
-    for b in (bias, bias[:1]):
-        one, par = s.copy(), s.copy()
-        loops.attention_softmax(one, 0.3, b, True)
-        loops.attention_softmax_parallel(par, 0.3, b, True, 3)
-        np.testing.assert_array_equal(one, par)
-    g1, g2 = s.reshape(-1).copy(), s.reshape(-1).copy()
-    loops.attention_softmax_backward(one.reshape(-1), g1, 0.3, 7)
-    loops.attention_softmax_backward_parallel(one.reshape(-1), g2, 0.3, 7, 4)
-    np.testing.assert_array_equal(g1, g2)

@@ -3,79 +3,24 @@ loops of :mod:`~minigrad.backend.kernels.loops` on them.
 
 Arguments arrive in the canonical shapes ``minigrad.backend.kernels`` prepares (C-contiguous rows,
 NCHW images); importing this module imports numba.
-
-Threads: the largest kernels (GELU, the attention softmax) run on ``mg.get_num_threads()`` threads
-of numba's OpenMP pool when their input has at least ``PARALLEL_MIN_WORK`` elements, the rest on
-the calling thread. The pool's threads sleep as soon as a kernel ends (``OMP_WAIT_POLICY=PASSIVE``
-while it starts), so they never spin on the cores the next matrix product needs; waking one costs
-about 40 us, hence the size threshold. They are only used when BLAS's threads also wait briefly
-(``threads.blas_waits_briefly``), else every kernel runs on the calling thread.
 """
 
 from __future__ import annotations
 
-import os
-
-import numba
 import numpy as np
 
-from minigrad.backend import threads
 from minigrad.backend.kernels import loops
-
-PARALLEL_MIN_WORK = 1 << 17  # elements: about 0.2 ms of work, five times the cost of a wake-up
-PARTS_PER_THREAD = 4
-_openmp_ready: bool | None = None
-
-
-def _start_openmp() -> bool:
-    """Start numba's OpenMP pool once, with passively waiting threads; False if it cannot load
-    (then the kernels stay serial). A threading layer the user chose is respected."""
-    global _openmp_ready
-    if _openmp_ready is None:
-        if "NUMBA_THREADING_LAYER" not in os.environ:
-            numba.config.THREADING_LAYER = "omp"
-        policy = os.environ.get("OMP_WAIT_POLICY")
-        os.environ["OMP_WAIT_POLICY"] = policy or "PASSIVE"  # read once, when OpenMP loads
-        try:
-            probe = np.zeros(4, np.float32)
-            loops.gelu_forward_parallel(probe, probe.copy(), probe.copy(), 2)
-            _openmp_ready = True
-        except (ValueError, ImportError, OSError):  # "No threading layer could be loaded"
-            _openmp_ready = False
-        finally:
-            if policy is None:
-                del os.environ["OMP_WAIT_POLICY"]
-    return _openmp_ready
-
-
-def _run(serial, parallel, work: int, *args) -> None:
-    """``serial(*args)``, or, when ``work`` is large enough (see above), ``parallel`` on the
-    kernel threads with the work cut into ``PARTS_PER_THREAD`` parts per thread that idle threads
-    take one at a time: a thread that is late (its core busy with another process) then delays
-    nothing, where an equal split would make the caller wait for it."""
-    n = threads.kernel_threads() if work >= PARALLEL_MIN_WORK else 1
-    if n > 1 and threads.blas_waits_briefly() and _start_openmp():
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-        previous = numba.set_parallel_chunksize(1)
-        try:
-            parallel(*args, PARTS_PER_THREAD * n)
-        finally:
-            numba.set_parallel_chunksize(previous)
-    else:
-        serial(*args)
 
 
 def gelu(x):
     y, cdf = np.empty_like(x), np.empty_like(x)
-    _run(loops.gelu_forward, loops.gelu_forward_parallel, x.size, x.reshape(-1), y.reshape(-1),
-         cdf.reshape(-1))
+    loops.gelu_forward(x.reshape(-1), y.reshape(-1), cdf.reshape(-1))
     return y, cdf
 
 
 def gelu_grad(x, cdf, dy):
     dx = np.empty_like(x)
-    _run(loops.gelu_backward, loops.gelu_backward_parallel, x.size, x.reshape(-1),
-         cdf.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+    loops.gelu_backward(x.reshape(-1), cdf.reshape(-1), dy.reshape(-1), dx.reshape(-1))
     return dx
 
 
@@ -106,14 +51,12 @@ def log_softmax_grad(y, dy):
 def attention_softmax(scores, scale, bias, causal):
     if bias is None:
         bias = np.zeros((1,) + scores.shape[1:], scores.dtype)
-    _run(loops.attention_softmax, loops.attention_softmax_parallel, scores.size, scores, scale,
-         bias, causal)
+    loops.attention_softmax(scores, scale, bias, causal)
 
 
 def attention_softmax_grad(w, dw, scale):
     if w.shape[-1]:
-        _run(loops.attention_softmax_backward, loops.attention_softmax_backward_parallel, w.size,
-             w.reshape(-1), dw.reshape(-1), scale, w.shape[-1])
+        loops.attention_softmax_backward(w.reshape(-1), dw.reshape(-1), scale, w.shape[-1])
 
 
 def _vector(p, n, dtype, fill):

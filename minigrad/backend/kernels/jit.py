@@ -63,12 +63,6 @@ def scalar(fn):
     return _compile(fn, {**_STRICT, "inline": "always"})
 
 
-def parallel_kernel(fn):
-    """Compile a strict kernel whose ``prange`` loop runs on numba's thread pool (see
-    ``minigrad.backend.kernels.cpu`` for when the kernels use it)."""
-    return _compile(fn, {**_STRICT, "parallel": True})
-
-
 def reduction(flags: frozenset):
     """Compile a small reduction helper with the reassociation ``flags`` above (``SUM_FLAGS``);
     kernels call it as a function, so its flags stay its own."""

@@ -23,10 +23,10 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import types
 from numba.extending import intrinsic, overload
 
-from minigrad.backend.kernels.jit import SUM_FLAGS, kernel, parallel_kernel, reduction, scalar
+from minigrad.backend.kernels.jit import SUM_FLAGS, kernel, reduction, scalar
 
 F32 = np.float32
 I32 = np.int32
@@ -245,31 +245,6 @@ def gelu_backward(x, cdf, dy, dx):
         dx[i] = dy[i] * (cdf[i] + v * pdf)
 
 
-# Parallel variants: each is its own Python function (numba caches per function, so a kernel
-# compiled twice with different options from one function would share a cache entry), running
-# the serial kernel on ``chunks`` contiguous parts of the work.
-
-
-@kernel
-def _part(total, chunks, c):
-    """The ``c``-th of ``chunks`` near-equal parts of ``range(total)``, as ``(lo, hi)``."""
-    return c * total // chunks, (c + 1) * total // chunks
-
-
-@parallel_kernel
-def gelu_forward_parallel(x, y, cdf, chunks):
-    for c in prange(chunks):
-        lo, hi = _part(x.size, chunks, c)
-        gelu_forward(x[lo:hi], y[lo:hi], cdf[lo:hi])
-
-
-@parallel_kernel
-def gelu_backward_parallel(x, cdf, dy, dx, chunks):
-    for c in prange(chunks):
-        lo, hi = _part(x.size, chunks, c)
-        gelu_backward(x[lo:hi], cdf[lo:hi], dy[lo:hi], dx[lo:hi])
-
-
 # --------------------------------------------------------------------------------------------------
 # softmax family over rows of n elements of flat arrays (the caller ensures n > 0)
 
@@ -347,13 +322,6 @@ def attention_softmax(s, scale, bias, causal):
                 flat[U(j)] = 0.0
 
 
-@parallel_kernel
-def attention_softmax_parallel(s, scale, bias, causal, chunks):
-    for c in prange(chunks):
-        lo, hi = _part(s.shape[0], chunks, c)
-        attention_softmax(s[lo:hi], scale, bias if bias.shape[0] == 1 else bias[lo:hi], causal)
-
-
 @kernel
 def attention_softmax_backward(w, dw, scale, n):
     """``dw <- scale * w * (dw - rowsum(dw * w))`` in place over rows of ``n``: the gradient of
@@ -363,13 +331,6 @@ def attention_softmax_backward(w, dw, scale, n):
         s = w.dtype.type(run_dot(dw, w, lo, lo + n))
         for i in range(lo, lo + n):
             dw[U(i)] = sc * w[U(i)] * (dw[U(i)] - s)
-
-
-@parallel_kernel
-def attention_softmax_backward_parallel(w, dw, scale, n, chunks):
-    for c in prange(chunks):
-        lo, hi = _part(w.size // n, chunks, c)
-        attention_softmax_backward(w[lo * n : hi * n], dw[lo * n : hi * n], scale, n)
 
 
 # --------------------------------------------------------------------------------------------------
