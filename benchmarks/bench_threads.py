@@ -1,14 +1,16 @@
 """BLAS thread count and waiting policy: an MLP training step idle and next to a busy process.
 
-Usage: python benchmarks/bench_threads.py [--rounds 6] [--steps 150]
+Usage: python benchmarks/bench_threads.py [--rounds 4] [--steps 100] [--spins 4 12]
 
 Each configuration runs in a fresh interpreter (OpenBLAS reads its waiting policy when it loads):
 
 * threads: 1, or every core (``mg.set_num_threads``);
-* spin: OpenBLAS's default (idle workers spin ~0.1 s after each product) or minigrad's
-  (``OPENBLAS_THREAD_TIMEOUT``, see ``minigrad.backend.threads``);
-* load: idle, or with a competing busy-loop process pinned to the last core (``taskset``), the
-  situation of a data-loading worker or another job on the same machine.
+* spin: how long OpenBLAS's idle workers spin after a product before they sleep, as
+  ``OPENBLAS_THREAD_TIMEOUT`` (2**value cycles): minigrad's default (see
+  ``minigrad.backend.threads``), OpenBLAS's own (28, about 0.1 s) and those given with ``--spins``;
+* load: idle; a busy-loop process pinned to the last core (``taskset``), like a data-loading
+  worker; or another training job using every core with the same spin setting, like a second
+  experiment started on the same machine.
 
 Configurations alternate over ``--rounds`` rounds; the median and p10 of the per-step times of each
 are reported with the CPU model. Results go to stdout and ``benchmarks/results/threads.json``.
@@ -68,47 +70,66 @@ def _cpu_model() -> str:
     return "unknown CPU"
 
 
-def run(threads: int, spin: str, steps: int) -> dict:
+def _env(spin: str) -> dict:
+    """This repository's minigrad, no inherited thread settings, the given OpenBLAS spin."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(HERE),
                                                                     os.environ.get("PYTHONPATH")])))
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.pop(var, None)
-    if spin == "openblas default":
-        env["OPENBLAS_THREAD_TIMEOUT"] = "28"  # OpenBLAS's own default, made explicit
-    else:
+    if spin == "minigrad":
         env.pop("OPENBLAS_THREAD_TIMEOUT", None)  # minigrad's setting applies at import
-    out = subprocess.run([sys.executable, "-c", WORKER, str(threads), str(steps)], env=env,
+    else:
+        env["OPENBLAS_THREAD_TIMEOUT"] = spin
+    return env
+
+
+def run(threads: int, spin: str, steps: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", WORKER, str(threads), str(steps)], env=_env(spin),
                          capture_output=True, text=True, check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _competitor(load: str, cores: int, spin: str):
+    """Start the competing process of ``load`` (None when idle) and let it warm up."""
+    if load == "idle":
+        return None
+    if load.startswith("busy"):
+        cmd = ["taskset", "-c", str(cores - 1), sys.executable, "-c", "while True: pass"]
+        env = None
+    else:  # the same training step, forever, on every core
+        cmd = [sys.executable, "-c", WORKER.replace("int(sys.argv[2])", "10**9"), str(cores), "0"]
+        env = _env(spin)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    time.sleep(1.5)
+    return proc
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--spins", nargs="*", default=[],
+                   help="more OPENBLAS_THREAD_TIMEOUT values to try (4..30)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "threads.json"))
     args = p.parse_args()
     cores = len(os.sched_getaffinity(0))
     load_before = os.getloadavg()[0]
-    configs = [(t, s) for t in sorted({1, cores}) for s in ("openblas default", "minigrad")]
+    spins = ["minigrad", "28"] + [s for s in args.spins if s != "28"]
+    configs = [(t, s) for t in sorted({1, cores}) for s in spins]
     results: dict = {}
-    for load in ("idle", "busy"):
-        busy = None
-        if load == "busy":
-            busy = subprocess.Popen(["taskset", "-c", str(cores - 1), sys.executable, "-c",
-                                     "while True: pass"])
-            time.sleep(0.5)
-        try:
-            samples: dict = {c: [] for c in configs}
-            for _ in range(args.rounds):
-                for c in configs:
+    for load in ("idle", "busy loop on one core", "another job on all cores"):
+        samples: dict = {c: [] for c in configs}
+        for _ in range(args.rounds):
+            for c in configs:
+                other = _competitor(load, cores, c[1])
+                try:
                     r = run(*c, args.steps)
-                    assert r["threads"] == c[0], r["threads"]
-                    samples[c] += r["times"]
-        finally:
-            if busy is not None:
-                busy.kill()
-                busy.wait()
+                finally:
+                    if other is not None:
+                        other.kill()
+                        other.wait()
+                assert r["threads"] == c[0], r["threads"]
+                samples[c] += r["times"]
         for (t, s), times in samples.items():
             times = sorted(times)
             results[f"{load}, {t} thread(s), spin: {s}"] = {
@@ -118,7 +139,7 @@ def main() -> None:
     print(f"MLP 784-512-512-10 b128 training step, {_cpu_model()}, {cores} cores, "
           f"1-min load average at the start: {load_before:.2f}")
     for name, r in results.items():
-        print(f"  {name:<48} median {r['median_ms']:6.2f} ms   p10 {r['p10_ms']:6.2f} ms")
+        print(f"  {name:<64} median {r['median_ms']:7.2f} ms   p10 {r['p10_ms']:7.2f} ms")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump({"cpu": _cpu_model(), "cores": cores, "load_average_at_start": load_before,

@@ -11,14 +11,17 @@ Defaults: a single process uses every core it may run on (its CPU affinity mask)
 ``dist.launcher`` job calls ``set_num_threads(cores // ranks)``, so ranks never oversubscribe the
 machine.
 
-Waiting policy: after each product OpenBLAS's workers spin for about 0.1 s (2**28 cycles) before
-they sleep. On an idle machine that saves a wake-up per product; next to another busy process the
-spinning threads take the core that process (or this one's main thread) needs, and a two-thread
-step became 2-5x slower than a one-thread step. :func:`configure_blas_waiting`, run when minigrad
-is imported, shortens the spin to 2**``BLAS_SPIN_EXPONENT`` cycles, which costs a few percent when
-idle and removes most of that slowdown (``benchmarks/bench_threads.py`` measures both). OpenBLAS
-reads the setting when it loads, so it only applies when minigrad is imported before NumPy, and
-never overrides a value the user set.
+Waiting policy: after each product OpenBLAS's workers spin for 2**28 cycles (about 0.1 s) before
+they sleep. Next to another process that wants the cores, those spinning threads take them: two
+2-thread MLP jobs on a 2-core machine ran a step in 108 ms instead of 4 (measured with
+``benchmarks/bench_threads.py``). :func:`configure_blas_waiting`, run when minigrad is imported,
+shortens the spin to 2**``BLAS_SPIN_EXPONENT`` cycles (about 0.4 ms): long enough to bridge the
+gaps between the products of one training step (idle, within a few percent of OpenBLAS's
+default), short enough that the two jobs above took 10-16 ms. That is still slower than one
+thread each (5.7 ms): on a machine shared with other work, ``mg.set_num_threads`` is the real
+remedy, and ``dist.launcher`` does it for its own ranks. OpenBLAS reads the setting when it
+loads, so it only applies when minigrad is imported before NumPy, and never overrides a value
+the user set.
 
 Example::
 
@@ -34,7 +37,7 @@ import sys
 import threadpoolctl
 
 BLAS_SPIN_ENV = "OPENBLAS_THREAD_TIMEOUT"
-BLAS_SPIN_EXPONENT = 4  # OpenBLAS's minimum: spin 2**4 cycles, then sleep until the next product
+BLAS_SPIN_EXPONENT = 20  # spin 2**20 cycles (~0.4 ms) after a product, then sleep
 
 __all__ = ["available_cores", "configure_blas_waiting", "get_num_threads", "set_num_threads"]
 
