@@ -1,8 +1,8 @@
 """numba, imported on first use, and the decorators every CPU kernel is compiled with.
 
-Importing numba takes about 0.3 s, more than the rest of minigrad together, so nothing here runs
-at ``import minigrad``: ``minigrad.backend.kernels`` imports the CPU kernels (and with them this
-module and numba) when the first kernel is called.
+Importing numba and initialising its compiler take about half a second, more than the rest of
+minigrad together, so nothing here runs at ``import minigrad``: ``minigrad.backend.kernels``
+imports the CPU kernels (and with them this module and numba) when the first kernel is called.
 
 Compiled machine code is cached on disk (``cache=True``): next to the sources in
 ``__pycache__`` when that folder is writable (a source checkout or editable install), otherwise in
@@ -20,9 +20,9 @@ Flags:
   the float32 ``exp`` relies on exactly rounded arithmetic for its range reduction;
 * :func:`scalar` helpers are inlined into their callers (and so compiled with the caller's
   flags, which are strict: no reduction calls them);
-* :func:`reduction` kernels (row sums) get ``fastmath={"reassoc", "nsz", "contract"}`` so that
-  LLVM may spread one running sum over the SIMD lanes: the same freedom NumPy takes with its
-  pairwise sums, and the only way such a loop vectorises. NaN and inf keep their meaning.
+* :func:`reduction` helpers (sums) get ``fastmath={"reassoc", "nsz", "contract"}`` so that LLVM
+  may spread one running sum over the SIMD lanes: the same freedom NumPy takes with its pairwise
+  sums, and the only way such a loop vectorises. NaN and inf keep their meaning.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import warnings
 import numba
 
 _STRICT = {"error_model": "numpy", "nogil": True}
-SUM_FLAGS = frozenset({"reassoc", "nsz", "contract"})
+_SUM = {**_STRICT, "fastmath": {"reassoc", "nsz", "contract"}}
 _cache_warned = False
 
 
@@ -63,11 +63,7 @@ def scalar(fn):
     return _compile(fn, {**_STRICT, "inline": "always"})
 
 
-def reduction(flags: frozenset):
-    """Compile a small reduction helper with the reassociation ``flags`` above (``SUM_FLAGS``);
-    kernels call it as a function, so its flags stay its own."""
-
-    def wrap(fn):
-        return _compile(fn, {**_STRICT, "fastmath": set(flags)})
-
-    return wrap
+def reduction(fn):
+    """Compile a sum helper with the reassociation flags above; kernels call it as a function (it
+    is not inlined), so the flags stay its own."""
+    return _compile(fn, _SUM)

@@ -1,8 +1,11 @@
 """The numba loops of the CPU kernels: one pass over C-contiguous arrays where NumPy needs many.
 
 Each kernel writes into arrays its caller allocated (see ``minigrad.backend.kernels``, which holds
-the shapes, dtypes and the choice of device) and runs on one thread; the matrix products around
-them are left to BLAS, which has the cores.
+the shapes, dtypes and the choice of device) and runs on the calling thread; the matrix products
+around them are left to BLAS, which has the cores. (numba's parallel loops were tried: next to
+OpenBLAS's pool, every switch between the two pools cost a thread wake-up of 40-150 us on the
+reference VM when both wait passively, and they fought for the cores when either spins, so a
+GEMM + GELU pair got no faster.)
 
 float64 keeps the C library's ``exp``/``erfc``, so float64 results match NumPy to a few ulp (the
 tests compare to 1e-10). float32 uses the vectorisable :func:`exp` and :func:`erfc` below, 16
@@ -26,7 +29,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from minigrad.backend.kernels.jit import SUM_FLAGS, kernel, reduction, scalar
+from minigrad.backend.kernels.jit import kernel, reduction, scalar
 
 F32 = np.float32
 I32 = np.int32
@@ -144,7 +147,7 @@ def _erfc_typed(x):
 # touches its reference count (an atomic operation), which cost more than a 64-element row.
 
 
-@reduction(SUM_FLAGS)
+@reduction
 def run_sum(a, lo, hi):
     s = 0.0
     for i in range(lo, hi):
@@ -152,7 +155,7 @@ def run_sum(a, lo, hi):
     return s
 
 
-@reduction(SUM_FLAGS)
+@reduction
 def run_dot(a, b, lo, hi):
     s = 0.0
     for i in range(lo, hi):
@@ -160,7 +163,7 @@ def run_dot(a, b, lo, hi):
     return s
 
 
-@reduction(SUM_FLAGS)
+@reduction
 def run_centered_sumsq(a, lo, hi, mean):
     s = 0.0
     for i in range(lo, hi):
@@ -169,7 +172,7 @@ def run_centered_sumsq(a, lo, hi, mean):
     return s
 
 
-@reduction(SUM_FLAGS)
+@reduction
 def run_affine_sums(g, w, xhat, lo, n):
     """``sum(g * w)`` and ``sum(g * w * xhat)`` over ``g[lo:lo+n]`` (``w`` has ``n`` entries)."""
     s1 = 0.0
