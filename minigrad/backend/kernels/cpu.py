@@ -107,13 +107,13 @@ def im2col(x, kernel, stride, padding, dilation, out_hw):
     n, c = x.shape[:2]
     (kh, kw), (oh, ow) = kernel, out_hw
     cols = np.empty((c * kh * kw, n * oh * ow), x.dtype)
-    loops.im2col(x, kh, kw, *stride, *padding, *dilation, oh, ow, cols)
+    loops.patches(x, cols, kh, kw, *stride, *padding, *dilation, oh, ow, False)
     return cols
 
 
 def col2im(cols, x_shape, kernel, stride, padding, dilation, out_hw):
     x = np.zeros(x_shape, cols.dtype)
-    loops.col2im(cols, *kernel, *stride, *padding, *dilation, *out_hw, x)
+    loops.patches(x, cols, *kernel, *stride, *padding, *dilation, *out_hw, True)
     return x
 
 

@@ -20,15 +20,11 @@ import cupyx
 # GELU
 
 _gelu_forward = cp.ElementwiseKernel(
-    "T x", "T y, T cdf",
-    "cdf = T(0.5) * erfc(-x * T(0.70710678118654752)); y = x * cdf",
-    "minigrad_gelu_forward",
-)
+    "T x", "T y, T cdf", "cdf = T(0.5) * erfc(-x * T(0.70710678118654752)); y = x * cdf",
+    "minigrad_gelu_forward")
 _gelu_backward = cp.ElementwiseKernel(
     "T x, T cdf, T dy", "T dx",
-    "dx = dy * (cdf + x * exp(T(-0.5) * x * x) * T(0.39894228040143268))",
-    "minigrad_gelu_backward",
-)
+    "dx = dy * (cdf + x * exp(T(-0.5) * x * x) * T(0.39894228040143268))", "minigrad_gelu_backward")
 
 
 def gelu(x):
@@ -121,15 +117,11 @@ _sum_sq_dev = cp.ReductionKernel(
     "T x, T m", "T s", "(x - m) * (x - m)", "a + b", "s = a", "0", "minigrad_sum_sq_dev",
 )
 _layer_norm_forward = cp.ElementwiseKernel(
-    "T x, T m, T r, T w, T b", "T xhat, T y",
-    "xhat = (x - m) * r; y = xhat * w + b",
-    "minigrad_layer_norm_forward",
-)
+    "T x, T m, T r, T w, T b", "T xhat, T y", "xhat = (x - m) * r; y = xhat * w + b",
+    "minigrad_layer_norm_forward")
 _layer_norm_backward = cp.ElementwiseKernel(
-    "T gw, T xhat, T m1, T m2, T r", "T dx",
-    "dx = r * (gw - m1 - xhat * m2)",
-    "minigrad_layer_norm_backward",
-)
+    "T gw, T xhat, T m1, T m2, T r", "T dx", "dx = r * (gw - m1 - xhat * m2)",
+    "minigrad_layer_norm_backward")
 
 
 def _affine(p, n, dtype, fill):

@@ -445,9 +445,12 @@ def _valid_range(k, size, stride, pad, dil, count):
 
 
 @kernel
-def im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols):
-    """``cols[(c, i, j), (n, y, x)] = x[n, c, y*sh - ph + i*dh, x*sw - pw + j*dw]`` (0 outside):
-    the ``(C*kh*kw, N*OH*OW)`` matrix whose product with the weights is the convolution."""
+def patches(x, cols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, adjoint):
+    """im2col, or its adjoint col2im (``adjoint``), between an NCHW image ``x`` and the
+    ``(C*kh*kw, N*OH*OW)`` matrix ``cols`` whose product with the weights is the convolution:
+    ``cols[(c, i, j), (n, y, x)] = x[n, c, y*sh - ph + i*dh, x*sw - pw + j*dw]``, 0 where that
+    pixel is padding; the adjoint adds every entry of ``cols`` onto its pixel (``x`` zeroed by the
+    caller) and drops those in the padding. One loop nest for both, so they cannot disagree."""
     nb, ch, h, wd = x.shape
     p = oh * ow
     flat = x.reshape(-1)
@@ -457,41 +460,37 @@ def im2col(x, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, cols):
             for j in range(kw):
                 xlo, xhi = _valid_range(j, wd, sw, pw, dw, ow)
                 row = cols[(c * kh + i) * kw + j]
-                for n in range(nb):
-                    for y in range(oh):
-                        o = U(n * p + y * ow)
-                        if y < ylo or y >= yhi:
-                            for t in range(ow):
-                                row[o + U(t)] = 0.0
-                            continue
-                        src = U(((n * ch + c) * h + y * sh - ph + i * dh) * wd - pw + j * dw)
-                        for t in range(xlo):
-                            row[o + U(t)] = 0.0
-                        for t in range(xlo, xhi):
-                            row[o + U(t)] = flat[src + U(t) * U(sw)]
-                        for t in range(xhi, ow):
-                            row[o + U(t)] = 0.0
-
-
-@kernel
-def col2im(cols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, x):
-    """The adjoint of :func:`im2col`: ``x += `` every entry of ``cols`` at the pixel it was read
-    from (``x`` is zeroed by the caller; entries that fall in the padding are dropped)."""
-    nb, ch, h, wd = x.shape
-    p = oh * ow
-    flat = x.reshape(-1)
-    for c in range(ch):
-        for i in range(kh):
-            ylo, yhi = _valid_range(i, h, sh, ph, dh, oh)
-            for j in range(kw):
-                xlo, xhi = _valid_range(j, wd, sw, pw, dw, ow)
-                row = cols[(c * kh + i) * kw + j]
+                if not adjoint:
+                    _zero_padding_reads(row, nb, oh, ow, ylo, yhi, xlo, xhi)
                 for n in range(nb):
                     for y in range(ylo, yhi):
                         o = U(n * p + y * ow)
-                        dst = U(((n * ch + c) * h + y * sh - ph + i * dh) * wd - pw + j * dw)
-                        for t in range(xlo, xhi):
-                            flat[dst + U(t) * U(sw)] += row[o + U(t)]
+                        at = U(((n * ch + c) * h + y * sh - ph + i * dh) * wd - pw + j * dw)
+                        if adjoint:
+                            for t in range(xlo, xhi):
+                                flat[at + U(t) * U(sw)] += row[o + U(t)]
+                        else:
+                            for t in range(xlo, xhi):
+                                row[o + U(t)] = flat[at + U(t) * U(sw)]
+
+
+@kernel
+def _zero_padding_reads(row, nb, oh, ow, ylo, yhi, xlo, xhi):
+    """Zero the entries of an im2col row whose pixel is padding: output rows outside
+    ``[ylo, yhi)`` and columns outside ``[xlo, xhi)`` (nothing to do without padding)."""
+    if ylo == 0 and yhi == oh and xlo == 0 and xhi == ow:
+        return
+    for n in range(nb):
+        for y in range(oh):
+            o = U((n * oh + y) * ow)
+            if y < ylo or y >= yhi:
+                for t in range(ow):
+                    row[o + U(t)] = 0.0
+            else:
+                for t in range(xlo):
+                    row[o + U(t)] = 0.0
+                for t in range(xhi, ow):
+                    row[o + U(t)] = 0.0
 
 
 @kernel
