@@ -59,10 +59,10 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-def _pad(xp, x, ph: int, pw: int, value: float = 0.0):
+def _pad(xp, x, ph: int, pw: int):
     if ph == 0 and pw == 0:
         return x
-    return xp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), mode="constant", constant_values=value)
+    return xp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
 
 
 def _offset(i: int, j: int, oh: int, ow: int, stride, dilation) -> tuple:
