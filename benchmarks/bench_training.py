@@ -1,27 +1,33 @@
-"""Full training steps in minigrad vs PyTorch (CPU), same models, same weights, same thread count.
+"""Training steps in minigrad vs PyTorch (CPU): same models, weights and threads, in one process.
 
-Usage: python benchmarks/bench_training.py [--threads 2] [--steps 90] [--warmup 5] [--only mlp]
+Usage: python benchmarks/bench_training.py [--threads N] [--rounds 16] [--steps 12] [--only mlp ...]
 
-A step is forward, backward (``GradManager`` / ``loss.backward()``) and an SGD update with momentum
-(``minigrad.optimizer.SGD`` / ``torch.optim.SGD``). Both frameworks are timed in the same process,
-alternating model by model; the median step time over ``--steps`` steps after ``--warmup`` is
-reported with the ratio minigrad/PyTorch. Models are built from functional ops directly:
+A step is forward, backward (``GradManager`` / ``loss.backward()``) and an SGD update with momentum.
+Models, written twice with the same functional vocabulary:
 
-* MLP 784-512-512-10, batch 128 (target ratio <= 1.0)
+* MLP 784-512-512-10, batch 128;
 * LeNet-style CNN (conv 1->6 5x5, relu, maxpool 2, conv 6->16 5x5, relu, maxpool 2,
-  fc 256-120-84-10), batch 64 on 28x28 (target <= 1.5)
-* one pre-norm Transformer block (d_model 128, 4 heads, seq 64, batch 16, MLP 512, GELU, causal
-  attention, two layer norms) (target <= 1.3)
-* per-op overhead: one recorded elementwise add on a 4-element tensor (target <= 15 us), and the
-  same op recorded and then back-propagated (a chain of 200 adds, per op).
+  fc 256-120-84-10), batch 64 on 28x28;
+* one pre-norm Transformer block (d_model 128, 4 heads, seq 64, batch 16, MLP 512, exact GELU,
+  causal attention, two layer norms);
+* the recorded tiny op: one recorded add of two 4-element tensors (us per op), and the same op
+  recorded and back-propagated (a chain of 200 adds, per op).
 
-By default everything runs twice in the one process: with glibc's allocator defaults, then with
-``minigrad.backend.allocator.tune_malloc()``, which ``import minigrad`` applies unless
-``MINIGRAD_MALLOC=default`` (page faults of fresh NumPy temporaries otherwise dominate the CNN).
-Results go to stdout and ``benchmarks/results/training.json``.
+How it is timed, so that machine noise hits both frameworks alike: the two frameworks alternate in
+``--rounds`` rounds (who goes first alternates too), each round times ``--steps`` steps of each
+after a pause that lets the other framework's idle worker threads stop spinning, and the ratio
+minigrad/PyTorch is taken *per round* (median step of each). Reported: the median and p10 of those
+per-round ratios, with each framework's median step time.
+
+The GEMM floor: the matrix products a model's step issues (the same shapes and layouts), timed
+alone with NumPy (minigrad's BLAS) and with PyTorch, in the same alternating rounds. A model cannot
+get closer to PyTorch than its floor ratio without a faster BLAS; the table shows both.
+
+The CPU (model and SIMD flags), thread counts and the machine's load average go with the results,
+to stdout and ``benchmarks/results/training.json``. ``benchmarks/report.py`` renders them.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001  (minigrad is imported before NumPy on purpose)
 
 import argparse
 import json
@@ -31,42 +37,60 @@ import statistics
 import sys
 import time
 
+import minigrad as mg  # first: its BLAS waiting policy applies before NumPy loads OpenBLAS
 
-def _parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                        help="BLAS/intra-op threads for both frameworks (default: all cores)")
-    parser.add_argument("--steps", type=int, default=90)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--only", nargs="*", default=None,
-                        help="subset of: mlp lenet transformer overhead")
-    parser.add_argument("--malloc", choices=["default", "tuned", "both"], default="both",
-                        help="glibc allocator setting(s) to measure under (see tune_malloc)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
-                                                      "training.json"))
-    return parser.parse_args()
+import numpy as np
+import torch
 
-
-ARGS = _parse_args()
-# BLAS reads its thread count when NumPy loads, so it is pinned before the imports below.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = str(ARGS.threads)
-os.environ["MINIGRAD_MALLOC"] = "default"  # importing minigrad must not tune: main() decides
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import minigrad as mg  # noqa: E402
-import minigrad.functional as F  # noqa: E402
-from minigrad.backend.allocator import tune_malloc  # noqa: E402
-from minigrad.optimizer import SGD  # noqa: E402
+import minigrad.functional as F
+from minigrad.optimizer import SGD
 
 tF = torch.nn.functional
 LR, MOMENTUM = 0.01, 0.9
+TARGETS = {"mlp": "within 5% of its GEMM floor", "lenet": 1.15, "transformer": 1.35,
+           "record": "2.5 us"}
+NAMES = {"mlp": "MLP 784-512-512-10, batch 128", "lenet": "LeNet CNN, batch 64, 28x28",
+         "transformer": "Transformer block d128 h4 s64 b16"}
+
+
+def _parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="threads for both frameworks (default: every available core)")
+    p.add_argument("--rounds", type=int, default=16)
+    p.add_argument("--steps", type=int, default=12, help="timed steps per framework per round")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--only", nargs="*", default=None,
+                   help="subset of: mlp lenet transformer overhead")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 "results", "training.json"))
+    return p.parse_args(argv)
 
 
 # ---------------------------------------------------------------------------------------------
-# shared parameter initialisation (both frameworks start from the same float32 arrays)
+# the machine
+
+
+def cpu_info() -> dict:
+    """CPU model, the SIMD flags that matter for BLAS and the cores this process may use."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:
+        pass
+    simd = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                        "amx_tile") if f in flags]
+    return {"model": model, "simd": simd, "cores": len(os.sched_getaffinity(0))}
+
+
+# ---------------------------------------------------------------------------------------------
+# the models
 
 
 def _init(rng: np.random.Generator, shapes: dict) -> dict:
@@ -83,9 +107,10 @@ def _init(rng: np.random.Generator, shapes: dict) -> dict:
 
 
 class Pair:
-    """One model in both frameworks: params, a batch, and a ``step()`` for each."""
+    """One model in both frameworks (same float32 weights and batch) with a ``step_*`` each, and
+    the list of matrix products its step issues (``gemms``: (a shape, b shape, transpose b))."""
 
-    def __init__(self, shapes: dict, x: np.ndarray, y: np.ndarray, fwd_mg, fwd_torch, loss: str):
+    def __init__(self, shapes, x, y, fwd_mg, fwd_torch, loss, gemms):
         arrays = _init(np.random.default_rng(0), shapes)
         self.mg_params = {k: mg.Parameter(v) for k, v in arrays.items()}
         self.t_params = {k: torch.tensor(v, requires_grad=True) for k, v in arrays.items()}
@@ -93,7 +118,7 @@ class Pair:
         int_y = y.dtype.kind in "iu"
         self.mg_y = mg.tensor(y, dtype="int32" if int_y else None)
         self.t_y = torch.tensor(y.astype(np.int64) if int_y else y)
-        self.fwd_mg, self.fwd_torch, self.loss = fwd_mg, fwd_torch, loss
+        self.fwd_mg, self.fwd_torch, self.loss, self.gemms = fwd_mg, fwd_torch, loss, gemms
         self.gm = mg.GradManager().attach(list(self.mg_params.values()))
         self.mg_opt = SGD(list(self.mg_params.values()), lr=LR, momentum=MOMENTUM)
         self.t_opt = torch.optim.SGD(list(self.t_params.values()), lr=LR, momentum=MOMENTUM)
@@ -119,8 +144,16 @@ class Pair:
         return loss.item()
 
 
-# ---------------------------------------------------------------------------------------------
-# the models, written twice with the same functional vocabulary
+def _linear_gemms(batch: int, sizes: list, first_needs_dx: bool = False) -> list:
+    """Forward ``x @ w.T``, backward ``g @ w`` (input gradient) and ``g.T @ x`` (weight gradient)
+    of a stack of linear layers, as Linear issues them."""
+    out = []
+    for i, (fin, fout) in enumerate(zip(sizes[:-1], sizes[1:])):
+        out.append(((batch, fin), (fout, fin), True))
+        out.append(((fout, batch), (batch, fin), False))
+        if i > 0 or first_needs_dx:
+            out.append(((batch, fout), (fout, fin), False))
+    return out
 
 
 def mlp_pair() -> Pair:
@@ -137,7 +170,7 @@ def mlp_pair() -> Pair:
             return f.linear(h, p["w3"], p["b3"])
         return fwd
 
-    return Pair(shapes, x, y, make(F), make(tF), "ce")
+    return Pair(shapes, x, y, make(F), make(tF), "ce", _linear_gemms(128, [784, 512, 512, 10]))
 
 
 def lenet_pair() -> Pair:
@@ -158,7 +191,13 @@ def lenet_pair() -> Pair:
             return f.linear(h, p["w3"], p["b3"])
         return fwd
 
-    return Pair(shapes, x, y, make(F), make(tF), "ce")
+    convs = [  # im2col products: W (O, K) @ cols (K, P); dW = dY (O, P) @ cols.T; dcols = W.T @ dY
+        ((6, 25), (25, 36864), False), ((6, 36864), (25, 36864), True),
+        ((16, 150), (150, 4096), False), ((16, 4096), (150, 4096), True),
+        ((150, 16), (16, 4096), False),
+    ]
+    gemms = convs + _linear_gemms(64, [256, 120, 84, 10], first_needs_dx=True)
+    return Pair(shapes, x, y, make(F), make(tF), "ce", gemms)
 
 
 def transformer_pair() -> Pair:
@@ -188,77 +227,116 @@ def transformer_pair() -> Pair:
             return x + f.linear(h, p["w_fc2"], p["b_fc2"])
         return fwd
 
-    ln_mg = lambda x, g, b: F.layer_norm(x, d, True, g, b)  # noqa: E731
-    ln_t = lambda x, g, b: tF.layer_norm(x, (d,), g, b)  # noqa: E731
-    return Pair(shapes, x, y, make(F, attention_mg, ln_mg), make(tF, attention_torch, ln_t), "mse")
+    tokens, g = batch * seq, batch * heads
+    gemms = []
+    for fin, fout in ((d, 3 * d), (d, d), (d, hidden), (hidden, d)):
+        gemms += _linear_gemms(tokens, [fin, fout], first_needs_dx=True)
+    gemms += [  # the attention core, batched over (batch, heads)
+        ((g, seq, hd), (g, seq, hd), True), ((g, seq, seq), (g, seq, hd), False),
+        ((g, seq, seq), (g, seq, hd), False), ((g, seq, hd), (g, seq, hd), True),
+        ((g, seq, seq), (g, seq, hd), False), ((g, seq, seq), (g, seq, hd), False),
+    ]
+    ln_mg = lambda x, g_, b: F.layer_norm(x, d, True, g_, b)  # noqa: E731
+    ln_t = lambda x, g_, b: tF.layer_norm(x, (d,), g_, b)  # noqa: E731
+    return Pair(shapes, x, y, make(F, attention_mg, ln_mg), make(tF, attention_torch, ln_t), "mse",
+                gemms)
 
 
 # ---------------------------------------------------------------------------------------------
 # timing
 
 
-def timed_steps(fn, steps: int) -> list:
+def _settle() -> None:
+    """Let the other framework's idle worker threads stop spinning before timing."""
+    time.sleep(0.2)
+
+
+def _median_step(fn, steps: int) -> float:
+    fn()  # untimed: wakes this framework's threads
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return times
+    return statistics.median(times)
 
 
-def bench_model(pair: Pair, steps: int, warmup: int, rounds: int = 9) -> dict:
-    """Median step time of each framework; the steps are taken in ``rounds`` alternating blocks
-    (each after ``_settle``) so that a change of machine load hits both frameworks alike."""
+def _p(values: list, q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def alternate(fn_mg, fn_torch, rounds: int, steps: int) -> dict:
+    """Per-round median step of each framework (alternating who goes first) and the summary of
+    the per-round ratios."""
+    t_mg, t_t = [], []
+    for r in range(rounds):
+        order = ((fn_mg, t_mg), (fn_torch, t_t)) if r % 2 == 0 else ((fn_torch, t_t), (fn_mg, t_mg))
+        for fn, acc in order:
+            _settle()
+            acc.append(_median_step(fn, steps))
+    ratios = [a / b for a, b in zip(t_mg, t_t)]
+    return {"minigrad_ms": statistics.median(t_mg) * 1e3, "torch_ms": statistics.median(t_t) * 1e3,
+            "ratio_median": statistics.median(ratios), "ratio_p10": _p(ratios, 0.1),
+            "ratio_p90": _p(ratios, 0.9), "rounds": rounds, "steps_per_round": steps}
+
+
+def gemm_floor(gemms: list, rounds: int, steps: int) -> dict:
+    """The model's matrix products alone: NumPy (minigrad's BLAS) vs PyTorch, alternating."""
+    rng = np.random.default_rng(0)
+    cases = []
+    for a_shape, b_shape, trans_b in gemms:
+        a = rng.standard_normal(a_shape).astype(np.float32)
+        b = rng.standard_normal(b_shape).astype(np.float32)
+        cases.append((a, b, torch.from_numpy(a), torch.from_numpy(b), trans_b))
+
+    def run_numpy():
+        for a, b, _, _, tb in cases:
+            np.matmul(a, np.swapaxes(b, -1, -2) if tb else b)
+
+    def run_torch():
+        for _, _, ta, tb_, tb in cases:
+            torch.matmul(ta, tb_.transpose(-1, -2) if tb else tb_)
+
+    r = alternate(run_numpy, run_torch, rounds, steps)
+    return {"numpy_ms": r["minigrad_ms"], "torch_ms": r["torch_ms"],
+            "ratio_median": r["ratio_median"], "ratio_p10": r["ratio_p10"],
+            "ratio_p90": r["ratio_p90"]}
+
+
+def bench_model(pair: Pair, args) -> dict:
     l_mg, l_t = pair.step_mg(), pair.step_torch()  # same weights: the first losses agree
     if not np.isclose(l_mg, l_t, rtol=1e-3):
         raise RuntimeError(f"first-step losses differ: minigrad {l_mg} vs torch {l_t}")
-    for _ in range(warmup):
+    for _ in range(args.warmup):
         pair.step_mg()
         pair.step_torch()
-    t_mg, t_t = [], []
-    per_round = max(1, steps // rounds)
-    for _ in range(rounds):
-        _settle(pair.step_mg)
-        t_mg += timed_steps(pair.step_mg, per_round)
-        _settle(pair.step_torch)
-        t_t += timed_steps(pair.step_torch, per_round)
-    return _summary(t_mg, t_t, l_mg)
+    out = alternate(pair.step_mg, pair.step_torch, args.rounds, args.steps)
+    out["first_loss"] = l_mg
+    out["gemm_floor"] = gemm_floor(pair.gemms, args.rounds, args.steps)
+    return out
 
 
-def _settle(step) -> None:
-    """Let the other framework's idle worker threads stop spinning (OpenBLAS spins for ~0.1 s
-    after a call, OpenMP briefly), then take one untimed step."""
-    time.sleep(0.3)
-    step()
-
-
-def _summary(t_mg, t_t, l_mg) -> dict:
-    mg_ms, t_ms = statistics.median(t_mg) * 1e3, statistics.median(t_t) * 1e3
-    return {"minigrad_ms": mg_ms, "torch_ms": t_ms, "ratio": mg_ms / t_ms, "first_loss": l_mg}
-
-
-def bench_overhead(n: int = 20000) -> dict:
+def bench_overhead(rounds: int) -> dict:
     """Per-op cost of a recorded add on a 4-element tensor: forward only, and forward+backward."""
     a = mg.Parameter(np.ones(4, np.float32))
     b = mg.tensor(np.ones(4, np.float32))
     gm = mg.GradManager().attach(a)
-    ta = torch.ones(4, requires_grad=True)
-    tb = torch.ones(4)
+    ta, tb = torch.ones(4, requires_grad=True), torch.ones(4)
+    n, chain = 5000, 200
 
-    def per_op_mg():
+    def record_mg():
         with gm:
             t0 = time.perf_counter()
             for _ in range(n):
                 a + b
             return (time.perf_counter() - t0) / n * 1e6
 
-    def per_op_torch():
+    def record_torch():
         t0 = time.perf_counter()
         for _ in range(n):
             ta + tb
         return (time.perf_counter() - t0) / n * 1e6
-
-    chain = 200
 
     def chain_mg():
         t0 = time.perf_counter()
@@ -280,74 +358,66 @@ def bench_overhead(n: int = 20000) -> dict:
         return (time.perf_counter() - t0) / chain * 1e6
 
     out = {}
-    for key, fn, reps in (("record", (per_op_mg, per_op_torch), 5),
-                          ("record+backward", (chain_mg, chain_torch), 50)):
-        fn[0](), fn[1]()
-        mg_us = statistics.median(fn[0]() for _ in range(reps))
-        t_us = statistics.median(fn[1]() for _ in range(reps))
-        out[key] = {"minigrad_us": mg_us, "torch_us": t_us, "ratio": mg_us / t_us}
+    for key, fn_mg, fn_t in (("record", record_mg, record_torch),
+                             ("record+backward", chain_mg, chain_torch)):
+        fn_mg(), fn_t()
+        us_mg, us_t = [], []
+        for _ in range(rounds):
+            us_mg.append(min(fn_mg() for _ in range(3)))
+            us_t.append(min(fn_t() for _ in range(3)))
+        ratios = [m / t for m, t in zip(us_mg, us_t)]
+        out[key] = {"minigrad_us": statistics.median(us_mg), "torch_us": statistics.median(us_t),
+                    "ratio_median": statistics.median(ratios), "ratio_p10": _p(ratios, 0.1)}
     return out
 
 
-TARGETS = {"mlp": 1.0, "lenet": 1.5, "transformer": 1.3}
-NAMES = {"mlp": "MLP 784-512-512-10, b128", "lenet": "LeNet CNN, b64 28x28",
-         "transformer": "Transformer block d128 h4 s64 b16"}
-
-
-def run_models(which: list, label: str) -> dict:
-    out = {}
-    print(f"\n[{label}]")
-    header = f"{'model':<36} {'minigrad ms':>12} {'torch ms':>10} {'ratio':>7} {'target':>7}"
-    print(header)
-    print("-" * len(header))
+def main(argv=None) -> None:
+    args = _parse_args(argv)
+    mg.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    which = args.only or ["mlp", "lenet", "transformer", "overhead"]
+    cpu = cpu_info()
+    meta = {
+        "cpu": cpu, "threads": {"minigrad (BLAS)": mg.get_num_threads(),
+                                "torch (intra-op)": torch.get_num_threads()},
+        "rounds": args.rounds, "steps_per_round": args.steps,
+        "python": sys.version.split()[0], "numpy": np.__version__, "torch": torch.__version__,
+        "load_average_start": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    print(f"{cpu['model']} ({', '.join(cpu['simd'])}), {cpu['cores']} cores; threads: minigrad "
+          f"{mg.get_num_threads()}, torch {torch.get_num_threads()}; numpy {np.__version__}, "
+          f"torch {torch.__version__}; {args.rounds} rounds x {args.steps} steps; "
+          f"load average {meta['load_average_start']:.2f}")
+    header = (f"{'model':<36} {'minigrad ms':>11} {'torch ms':>9} {'ratio':>6} {'p10':>6} "
+              f"{'GEMM floor':>10} {'target':>8}")
+    print(header + "\n" + "-" * len(header))
+    results: dict = {"meta": meta, "models": {}}
     builders = {"mlp": mlp_pair, "lenet": lenet_pair, "transformer": transformer_pair}
     for key in ("mlp", "lenet", "transformer"):
         if key not in which:
             continue
-        r = bench_model(builders[key](), ARGS.steps, ARGS.warmup)
-        r["target_ratio"] = TARGETS[key]
-        r["meets_target"] = r["ratio"] <= TARGETS[key]
-        out[key] = r
-        flag = "ok" if r["meets_target"] else "MISS"
-        print(f"{NAMES[key]:<36} {r['minigrad_ms']:>12.2f} {r['torch_ms']:>10.2f} "
-              f"{r['ratio']:>6.2f}x {TARGETS[key]:>5.1f}x  {flag}")
+        r = bench_model(builders[key](), args)
+        r["target"] = TARGETS[key]
+        results["models"][key] = r
+        target = f"<= {r['target']}x" if isinstance(r["target"], float) else "floor+5%"
+        print(f"{NAMES[key]:<36} {r['minigrad_ms']:>11.2f} {r['torch_ms']:>9.2f} "
+              f"{r['ratio_median']:>5.2f}x {r['ratio_p10']:>5.2f}x "
+              f"{r['gemm_floor']['ratio_median']:>9.2f}x {target:>8}")
     if "overhead" in which:
-        ov = bench_overhead()
-        out["overhead"] = ov
-        for key, r in ov.items():
-            flag = ("ok" if r["minigrad_us"] <= 15 else "MISS") if key == "record" else ""
-            target = "15us" if key == "record" else ""
-            print(f"{'per-op ' + key + ' (us/op)':<36} {r['minigrad_us']:>12.2f} "
-                  f"{r['torch_us']:>10.2f} {r['ratio']:>6.2f}x {target:>7}  {flag}")
-    return out
-
-
-def main() -> None:
-    torch.set_num_threads(ARGS.threads)
-    torch.manual_seed(0)
-    which = ARGS.only or ["mlp", "lenet", "transformer", "overhead"]
-    results: dict = {
-        "meta": {
-            "threads": ARGS.threads, "steps": ARGS.steps, "warmup": ARGS.warmup,
-            "python": sys.version.split()[0], "numpy": np.__version__,
-            "torch": torch.__version__, "machine": platform.machine(),
-            "processor": platform.processor(), "cpus": os.cpu_count(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        },
-    }
-    print(f"threads={ARGS.threads}  numpy {np.__version__}  torch {torch.__version__}  "
-          f"median of {ARGS.steps} steps after {ARGS.warmup} warm-up")
-    if ARGS.malloc in ("default", "both"):
-        results["default_malloc"] = run_models(which, "glibc malloc defaults")
-    if ARGS.malloc in ("tuned", "both"):
-        results["tuned_malloc_applied"] = tune_malloc()
-        results["tuned_malloc"] = run_models(which, "malloc tuned: no mmap < 32 MB, no trim")
-    os.makedirs(os.path.dirname(ARGS.out), exist_ok=True)
-    tmp = ARGS.out + ".tmp"
+        results["overhead"] = bench_overhead(args.rounds)
+        for key, r in results["overhead"].items():
+            print(f"{'tiny op, ' + key + ' (us/op)':<36} {r['minigrad_us']:>11.2f} "
+                  f"{r['torch_us']:>9.2f} {r['ratio_median']:>5.2f}x {r['ratio_p10']:>5.2f}x "
+                  f"{'':>10} {'<= 2.5us' if key == 'record' else '':>8}")
+    meta["load_average_end"] = os.getloadavg()[0]
+    print(f"load average at the end: {meta['load_average_end']:.2f}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    tmp = args.out + ".tmp"
     with open(tmp, "w") as fh:
         json.dump(results, fh, indent=2)
-    os.replace(tmp, ARGS.out)
-    print(f"wrote {ARGS.out}")
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

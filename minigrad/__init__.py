@@ -15,13 +15,19 @@ Importing minigrad also tunes glibc's allocator for NumPy temporaries
 
 import importlib
 
+# First, before anything imports NumPy: minigrad.backend sets OpenBLAS's thread-waiting policy,
+# which OpenBLAS reads once, when NumPy loads it (see minigrad.backend.threads).
+from minigrad import backend  # isort: split
+
 from minigrad import autodiff, device, functional, random
 from minigrad.autodiff import Function, GradManager, enable_grad, no_grad
 from minigrad.backend import (
     get_default_device,
     get_device_count,
+    get_num_threads,
     is_cuda_available,
     set_default_device,
+    set_num_threads,
 )
 from minigrad.backend.allocator import tune_malloc_unless_disabled
 from minigrad.functional import creation as _creation
@@ -55,11 +61,13 @@ __all__ = [
     "Parameter",
     "Tensor",
     "autodiff",
+    "backend",
     "device",
     "enable_grad",
     "functional",
     "get_default_device",
     "get_device_count",
+    "get_num_threads",
     "is_cuda_available",
     "load",
     "no_grad",
@@ -69,6 +77,7 @@ __all__ = [
     "random",
     "save",
     "set_default_device",
+    "set_num_threads",
     "tensor",
     *_creation.__all__,
     *_GLOBAL_VIEW,

@@ -5,7 +5,11 @@ module that is for a given device or array, and keeps the CuPy import optional s
 installs never touch CUDA.
 """
 
-from minigrad.backend.device import (
+from minigrad.backend.threads import configure_blas_waiting
+
+configure_blas_waiting()  # before NumPy loads OpenBLAS, which reads it then (see threads.py)
+
+from minigrad.backend.device import (  # noqa: E402
     Device,
     as_device,
     get_default_device,
@@ -13,7 +17,8 @@ from minigrad.backend.device import (
     is_cuda_available,
     set_default_device,
 )
-from minigrad.backend.xp import cupy_or_none, get_array_module, to_numpy
+from minigrad.backend.threads import get_num_threads, set_num_threads  # noqa: E402
+from minigrad.backend.xp import cupy_or_none, get_array_module, to_numpy  # noqa: E402
 
 __all__ = [
     "Device",
@@ -22,7 +27,9 @@ __all__ = [
     "get_array_module",
     "get_default_device",
     "get_device_count",
+    "get_num_threads",
     "is_cuda_available",
     "set_default_device",
+    "set_num_threads",
     "to_numpy",
 ]

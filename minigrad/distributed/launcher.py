@@ -35,6 +35,7 @@ import warnings
 from typing import Any, Callable
 
 from minigrad.backend.device import cuda_initialized, probe_gpus
+from minigrad.backend.threads import set_num_threads
 from minigrad.distributed import env as _env
 from minigrad.distributed import group as _group
 from minigrad.distributed import store as _store
@@ -69,48 +70,6 @@ def visible_gpu_count(device_type: str = "xpu") -> int:
             raise RuntimeError(f"dist.launcher(device_type='gpu'): {probe.reason}")
         warnings.warn(f"dist.launcher: running on the CPU: {probe.reason}", stacklevel=3)
     return probe.count
-
-
-_blas_limiter: Any = None
-
-
-def limit_blas_threads(n: int) -> bool:
-    """Limit BLAS threads in *this* process (env vars are too late after fork: the pool exists).
-
-    Uses threadpoolctl when installed, else calls OpenBLAS's setter found in the loaded libraries.
-    Returns whether a limit was applied.
-    """
-    global _blas_limiter
-    try:
-        import threadpoolctl  # noqa: PLC0415  (optional)
-
-        _blas_limiter = threadpoolctl.threadpool_limits(n)
-        return True
-    except ImportError:
-        pass
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "blas" in line.lower() and ".so" in line}
-    except OSError:
-        return False
-    done = False
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for sym in (
-            "scipy_openblas_set_num_threads64_",
-            "scipy_openblas_set_num_threads",
-            "openblas_set_num_threads64_",
-            "openblas_set_num_threads",
-        ):
-            fn = getattr(lib, sym, None)
-            if fn is not None:
-                fn(ctypes.c_int(n))
-                done = True
-                break
-    return done
 
 
 PR_SET_PDEATHSIG = 1
@@ -215,7 +174,7 @@ def _child_main(spec: dict, func: Callable, args: tuple, kwargs: dict, conn) -> 
     if threads is not None:
         for var in _THREAD_VARS:
             os.environ[var] = str(threads)
-        limit_blas_threads(threads)
+        set_num_threads(threads)
     try:
         _group.init_process_group(
             spec["master_ip"],

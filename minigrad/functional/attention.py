@@ -15,11 +15,12 @@ import math
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.backend import kernels
 from minigrad.functional._util import recording_backward
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import linear, matmul
 from minigrad.functional.reduction import sum as _sum
-from minigrad.functional.shape import reshape, split, transpose
+from minigrad.functional.shape import reshape, stack, transpose
 from minigrad.functional.softmax_family import softmax
 from minigrad.functional.stochastic import dropout
 from minigrad.tensor import Tensor
@@ -79,46 +80,94 @@ def _weights(q, k, bias, scale):
     return softmax(scores if bias is None else scores + bias, -1)
 
 
+def _transposed(xp, a):
+    """``a`` with its last two axes swapped, as a contiguous copy: NumPy multiplies stacks of
+    matrices about 2x faster when the right operand is not a transposed view (measured on the
+    attention shapes: 0.17 vs 0.33 ms, the copy 0.07 ms)."""
+    return xp.ascontiguousarray(xp.swapaxes(a, -1, -2))
+
+
 class _Attention(Function):
     """``w = softmax(q k^T * scale + bias); out = w v``, keeping only ``w`` for backward::
 
-        dv = w^T dout,  ds = w * (dw - rowsum(dw * w)) with dw = dout v^T,
-        dq = ds k * scale,  dk = ds^T q * scale
-    """
+        dv = w^T dout,  ds = scale * w * (dw - rowsum(dw * w)) with dw = dout v^T,
+        dq = ds k,  dk = ds^T q
 
-    def forward(self, q, k, v, bias, scale):
+    The products are batched matrix products; the scaling, the mask, causality and the softmax
+    are one fused kernel (``kernels.attention_softmax``), and so is ``ds``. ``causal`` masks keys
+    after the query without a mask array (and skips their exponentials)."""
+
+    def forward(self, q, k, v, bias, scale, causal):
         xp = q.xp
-        w = xp.matmul(q._data * scale, xp.swapaxes(k._data, -1, -2))
-        if bias is not None:  # in place unless the mask broadcasts the scores to a larger shape
-            if np.broadcast_shapes(w.shape, bias.shape) == w.shape:
-                w += bias._data
-            else:
-                w = w + bias._data
-        w -= w.max(axis=-1, keepdims=True)
-        xp.exp(w, out=w)
-        w /= w.sum(axis=-1, keepdims=True)
-        self.q, self.k, self.v, self.bias, self.scale, self.w = q, k, v, bias, scale, w
+        w = xp.matmul(q._data, _transposed(xp, k._data))
+        if bias is not None and np.broadcast_shapes(w.shape, bias.shape) != w.shape:
+            w = xp.ascontiguousarray(xp.broadcast_to(w, np.broadcast_shapes(w.shape, bias.shape)))
+        w = kernels.attention_softmax(w, scale, None if bias is None else bias._data, causal)
+        self.q, self.k, self.v, self.bias, self.scale, self.causal = q, k, v, bias, scale, causal
+        self.w = w
         return xp.matmul(w, v._data)
 
     def backward(self, dy):
         q, k, v, scale = self.q, self.k, self.v, self.scale
         need_q, need_k, need_v = (self.needs_input_grad(i) for i in range(3))
         if recording_backward():  # Tensor ops, so that a second-order gradient flows through
-            w = _weights(q, k, self.bias, scale)
+            bias = self.bias
+            if self.causal:  # the forward's kernel applied it without an array: add it here
+                bias = attention_bias(q.shape[-2], k.shape[-2], bias, True, like=q)
+            w = _weights(q, k, bias, scale)
             dw = matmul(dy, v, transpose_b=True)
             ds = w * (dw - _sum(dw * w, -1, keepdims=True))
             return (matmul(ds, k) * scale if need_q else None,
                     matmul(ds, q, transpose_a=True) * scale if need_k else None,
-                    matmul(w, dy, transpose_a=True) if need_v else None, None, None)
+                    matmul(w, dy, transpose_a=True) if need_v else None, None, None, None)
         xp, w, g = q.xp, self.w, dy._data
         dv = xp.matmul(xp.swapaxes(w, -1, -2), g) if need_v else None
-        ds = xp.matmul(g, xp.swapaxes(v._data, -1, -2))
-        ds -= (ds * w).sum(axis=-1, keepdims=True)
-        ds *= w
-        ds *= scale
+        ds = kernels.attention_softmax_grad(w, xp.matmul(g, _transposed(xp, v._data)), scale)
         dq = xp.matmul(ds, k._data) if need_q else None
         dk = xp.matmul(xp.swapaxes(ds, -1, -2), q._data) if need_k else None
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
+
+
+class _SplitHeads(Function):
+    """Projections (N, T, P*E) -> P contiguous (N, H, T, E/H) head tensors, in one copy; backward
+    writes their gradients back into one (N, T, P*E) array (one copy). The reshape/transpose/split
+    composition cost five ops and as many copies each way, and left the attention products with
+    strided operands. Backward uses Tensor ops when it is being recorded."""
+
+    def forward(self, x, heads, parts):
+        n, length, width = self.shape = x._data.shape
+        self.heads, self.parts = heads, parts
+        d = width // (parts * heads)
+        packed = x._data.reshape(n, length, parts, heads, d).transpose(2, 0, 3, 1, 4)
+        packed = x.xp.ascontiguousarray(packed)
+        return tuple(packed[i] for i in range(parts))
+
+    def backward(self, *grads):
+        n, length, width = self.shape
+        heads, parts = self.heads, self.parts
+        if recording_backward():
+            merged = transpose(stack(list(grads), 0), (1, 3, 0, 2, 4))
+            return reshape(merged, self.shape), None, None
+        d = width // (parts * heads)
+        out = grads[0].xp.empty((n, length, parts, heads, d), grads[0].dtype)
+        for i, g in enumerate(grads):
+            out[:, :, i] = g._data.transpose(0, 2, 1, 3)
+        return out.reshape(self.shape), None, None
+
+
+class _MergeHeads(Function):
+    """Head outputs (N, H, T, D) -> contiguous (N, T, H*D) in one copy, and back for the gradient.
+    Backward uses Tensor ops when it is being recorded."""
+
+    def forward(self, x):
+        n, h, length, d = self.shape = x._data.shape
+        return x.xp.ascontiguousarray(x._data.transpose(0, 2, 1, 3)).reshape(n, length, h * d)
+
+    def backward(self, dy):
+        n, h, length, d = self.shape
+        if recording_backward():
+            return transpose(reshape(dy, (n, length, h, d)), (0, 2, 1, 3))
+        return dy.xp.ascontiguousarray(dy._data.reshape(n, length, h, d).transpose(0, 2, 1, 3))
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
@@ -147,10 +196,12 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
             f"q[-1] == k[-1] and k[-2] == v[-2])"
         )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    bias = attention_bias(q.shape[-2], k.shape[-2], attn_mask, is_causal, like=q)
     if dropout_p > 0.0:
+        bias = attention_bias(q.shape[-2], k.shape[-2], attn_mask, is_causal, like=q)
         return matmul(dropout(_weights(q, k, bias, scale), dropout_p, training=True), v)
-    return _Attention()(q, k, v, bias, scale)
+    # without dropout the fused kernel applies causality itself: no (L, S) mask array
+    bias = attention_bias(q.shape[-2], k.shape[-2], attn_mask, False, like=q)
+    return _Attention()(q, k, v, bias, scale, bool(is_causal))
 
 
 def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_proj_bias=None,
@@ -182,15 +233,8 @@ def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_p
         raise ValueError(
             f"{op}: in_proj_weight has shape {in_proj_weight.shape}, expected {(3 * e, e)}"
         )
-    d = e // num_heads
-
-    def heads(x: Tensor) -> Tensor:  # (N, T, E) -> (N, H, T, D)
-        return transpose(reshape(x, (n, x.shape[1], num_heads, d)), (0, 2, 1, 3))
-
     if query is key and key is value:  # self-attention: one fused projection
-        qkv = linear(query, in_proj_weight, in_proj_bias)
-        qkv = transpose(reshape(qkv, (n, length, 3, num_heads, d)), (2, 0, 3, 1, 4))
-        q, k, v = (reshape(t, t.shape[1:]) for t in split(qkv, 3, 0))
+        q, k, v = _SplitHeads()(linear(query, in_proj_weight, in_proj_bias), num_heads, 3)
     else:
         key, value = _f(key), _f(value)
         if key.ndim != 3 or key.shape[0] != n or key.shape[2] != e or value.shape != key.shape:
@@ -200,12 +244,11 @@ def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_p
         b = [None] * 3 if in_proj_bias is None else [in_proj_bias[i * e : (i + 1) * e]
                                                      for i in range(3)]
         w = [in_proj_weight[i * e : (i + 1) * e] for i in range(3)]
-        q = heads(linear(query, w[0], b[0]))
-        k = heads(linear(key, w[1], b[1]))
-        v = heads(linear(value, w[2], b[2]))
+        q, k, v = (_SplitHeads()(linear(x, w[i], b[i]), num_heads, 1)[0]
+                   for i, x in enumerate((query, key, value)))
     out = scaled_dot_product_attention(q, k, v, attn_mask, is_causal,
                                        dropout_p if training else 0.0)
-    out = reshape(transpose(out, (0, 2, 1, 3)), (n, length, e))
+    out = _MergeHeads()(out)
     if out_proj_weight is not None:
         out = linear(out, out_proj_weight, out_proj_bias)
     return out

@@ -27,11 +27,15 @@ from minigrad.tensor import Tensor, as_dtype
 # binary arithmetic
 
 
+# The four arithmetic ops inline ``data()`` (``x._data`` for a Tensor, else the Python number): two
+# calls fewer is about 0.3 us of the ~3 us a recorded op on a tiny tensor costs.
+
+
 class Add(Function):
     """``a + b``; both gradients are ``dy`` (broadcast operands are summed back by the engine)."""
 
     def forward(self, a, b):
-        return data(a) + data(b)
+        return (a._data if isinstance(a, Tensor) else a) + (b._data if isinstance(b, Tensor) else b)
 
     def backward(self, dy):
         return dy, dy
@@ -41,7 +45,7 @@ class Sub(Function):
     """``a - b``; gradients ``dy`` and ``-dy``."""
 
     def forward(self, a, b):
-        return data(a) - data(b)
+        return (a._data if isinstance(a, Tensor) else a) - (b._data if isinstance(b, Tensor) else b)
 
     def backward(self, dy):
         return dy, -dy
@@ -52,7 +56,7 @@ class Mul(Function):
 
     def forward(self, a, b):
         self.a, self.b = a, b
-        return data(a) * data(b)
+        return (a._data if isinstance(a, Tensor) else a) * (b._data if isinstance(b, Tensor) else b)
 
     def backward(self, dy):
         a, b = self.a, self.b
@@ -66,7 +70,7 @@ class Div(Function):
 
     def forward(self, a, b):
         self.a, self.b = a, b
-        return data(a) / data(b)
+        return (a._data if isinstance(a, Tensor) else a) / (b._data if isinstance(b, Tensor) else b)
 
     def backward(self, dy):
         a, b = self.a, self.b

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from minigrad.autodiff.function import Function
-from minigrad.backend.xp import erf as erf_kernel
+from minigrad.backend import kernels
 from minigrad.functional._util import recording_backward
 from minigrad.functional.attention import (
     attention_bias,
@@ -84,33 +82,6 @@ def relu6(x) -> Tensor:
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-# Chebyshev fit of erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), z >= 0, fractional error
-# < 1.2e-7 everywhere (Numerical Recipes, "erfcc"): float32-exact, tails included, at numpy speed.
-_ERFC_COEFFS = (0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
-                0.09678418, 0.37409196, 1.00002368, -1.26551223)
-
-
-def _normal_cdf_f32(d, out) -> None:
-    """``out = Phi(d)`` for float32 NumPy arrays with the fit above (SciPy's erf is ~8x slower)."""
-    f32 = np.float32
-    z = np.abs(d) * f32(_INV_SQRT2)
-    t = z * f32(0.5)
-    t += f32(1.0)
-    np.reciprocal(t, out=t)
-    p = t * f32(_ERFC_COEFFS[0])
-    for c in _ERFC_COEFFS[1:-1]:
-        p += f32(c)
-        p *= t
-    p += f32(_ERFC_COEFFS[-1])
-    z *= z
-    p -= z
-    np.exp(p, out=p)
-    p *= t
-    p *= f32(0.5)  # p = erfc(|d| / sqrt 2) / 2 = Phi(-|d|), exact in the left tail
-    np.multiply(p, f32(-2.0), out=out)  # Phi(d) = p for d < 0, 1 - p for d >= 0 (no masked
-    out += f32(1.0)  # ufunc: a where= loop is ten times slower than these four passes)
-    out *= d >= 0
-    out += p
 
 
 class Gelu(Function):
@@ -118,28 +89,16 @@ class Gelu(Function):
     Transformer MLP). Twice differentiable: backward uses Tensor ops when it is being recorded."""
 
     def forward(self, x):
-        self.x, d = x, x._data
-        if x.xp is np and d.dtype == np.float32:
-            self.cdf = np.empty_like(d)
-            _normal_cdf_f32(d, self.cdf)
-        else:
-            self.cdf = (erf_kernel(x.xp)(d * _INV_SQRT2) * 0.5 + 0.5).astype(d.dtype, copy=False)
-        return d * self.cdf
+        y, self.cdf = kernels.gelu(x._data)
+        self.x = x
+        return y
 
     def backward(self, dy):
         x = self.x
         if recording_backward():
             cdf = erf(x * _INV_SQRT2) * 0.5 + 0.5
             return dy * (cdf + x * exp(x * x * -0.5) * _INV_SQRT_2PI)
-        d = x._data
-        g = d * d  # g = dy * (Phi(d) + d * pdf(d)), in place
-        g *= d.dtype.type(-0.5)
-        x.xp.exp(g, out=g)
-        g *= d.dtype.type(_INV_SQRT_2PI)
-        g *= d
-        g += self.cdf
-        g *= dy._data
-        return g
+        return kernels.gelu_grad(x._data, self.cdf, dy._data)
 
 
 def gelu(x) -> Tensor:

@@ -1,14 +1,17 @@
 """The softmax family: ``softmax`` and ``logsoftmax`` along one axis.
 
-Both are primitives with one fused, max-shifted forward and a short backward written with Tensor
-ops (so it is itself differentiable): they sit on every training step's hot path, in classifiers'
-losses and in every attention layer.
+Both are primitives with one fused kernel each way (``minigrad.backend.kernels``: max-shifted
+forward, one-pass backward), and a backward written with Tensor ops when it is itself being
+recorded (second order): they sit on every training step's hot path, in classifiers' losses and in
+every attention layer.
 """
 
 from __future__ import annotations
 
 from minigrad.autodiff.function import Function
-from minigrad.functional.elementwise import _f, _saved_out, exp
+from minigrad.backend import kernels
+from minigrad.functional._util import recording_backward
+from minigrad.functional.elementwise import _f, exp
 from minigrad.functional.reduction import sum as _sum
 from minigrad.tensor import Tensor
 
@@ -28,30 +31,30 @@ class Softmax(Function):
     """``y = softmax(x)``; gradient ``y * (dy - sum(dy * y))`` along the axis."""
 
     def forward(self, x, axis):
-        d = x._data
-        y = x.xp.exp(d - d.max(axis=axis, keepdims=True))
-        y /= y.sum(axis=axis, keepdims=True)
-        self.x, self.y, self.axis = x, y, axis
-        return y
+        self.x, self.axis = x, axis
+        self.y = kernels.softmax(x._data, axis)
+        return self.y
 
     def backward(self, dy):
-        y = _saved_out(self, self.y, lambda: softmax(self.x, self.axis))
-        return y * (dy - _sum(dy * y, self.axis, keepdims=True)), None
+        if recording_backward():  # recompute the output as a recorded function of x
+            y = softmax(self.x, self.axis)
+            return y * (dy - _sum(dy * y, self.axis, keepdims=True)), None
+        return kernels.softmax_grad(self.y, dy._data, self.axis), None
 
 
 class LogSoftmax(Function):
     """``y = logsoftmax(x)``; gradient ``dy - e**y * sum(dy)`` along the axis."""
 
     def forward(self, x, axis):
-        xp, d = x.xp, x._data
-        s = d - d.max(axis=axis, keepdims=True)
-        s -= xp.log(xp.exp(s).sum(axis=axis, keepdims=True))
-        self.x, self.y, self.axis = x, s, axis
-        return s
+        self.x, self.axis = x, axis
+        self.y = kernels.log_softmax(x._data, axis)
+        return self.y
 
     def backward(self, dy):
-        y = _saved_out(self, self.y, lambda: logsoftmax(self.x, self.axis))
-        return dy - exp(y) * _sum(dy, self.axis, keepdims=True), None
+        if recording_backward():
+            y = logsoftmax(self.x, self.axis)
+            return dy - exp(y) * _sum(dy, self.axis, keepdims=True), None
+        return kernels.log_softmax_grad(self.y, dy._data, self.axis), None
 
 
 def softmax(inp, axis: int | None = None) -> Tensor:

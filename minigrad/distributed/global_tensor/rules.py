@@ -51,7 +51,7 @@ from minigrad.functional.elementwise import (
 from minigrad.functional.linalg import Linear, MatMul
 from minigrad.functional.loss import LogitsCrossEntropy
 from minigrad.functional.nn import Gelu
-from minigrad.functional.normalization import Normalize
+from minigrad.functional.normalization import LayerNorm, Normalize
 from minigrad.functional.reduction import ArgExtremum, Prod, Sum
 from minigrad.functional.shape import (
     BroadcastTo,
@@ -328,6 +328,18 @@ def _same_shape(op, args) -> list:
 
 RULES[Softmax] = RULES[LogSoftmax] = Rule(_along_axes_sbp(lambda args: (args[1],)), _same_shape)
 RULES[Normalize] = Rule(_along_axes_sbp(lambda args: tuple(args[1])), _same_shape)
+
+
+def _layer_norm_sbp(op, args, sbps):
+    """``LayerNorm(x, weight, bias, axes, eps)``: a split of ``x`` outside the normalised axes
+    survives (each row is normalised on its own); the affine parameters are whole on every rank
+    (so their gradients come back as partial sums)."""
+    s = sbps[0]
+    out = s if _is(s, "S") and s.dim not in args[3] else B
+    return [out, *(None if p is None else B for p in args[1:3]), None, None], [out]
+
+
+RULES[LayerNorm] = Rule(_layer_norm_sbp, _same_shape)
 
 
 def _ce_shape(op, args) -> list:

@@ -1,0 +1,273 @@
+"""Fused kernels for the hot ops: one API over raw arrays, for NumPy and CuPy alike.
+
+A training step spends most of its non-GEMM time in a handful of ops (GELU, softmax, layer norm,
+the attention core, max pooling, the layout copies around a convolution's matrix product). Written
+with NumPy ufuncs each of them is 5 to 30 passes over memory; here each is one or two. The ops in
+``minigrad.functional`` call these functions from their ``forward``/``backward`` and stay
+responsible for autodiff; the functions below only compute.
+
+Every function takes backend arrays and picks the implementation from their type:
+
+* NumPy arrays go to :mod:`~minigrad.backend.kernels.cpu`, numba loops
+  (:mod:`~minigrad.backend.kernels.loops`) compiled on first use and cached on disk;
+* CuPy arrays go to :mod:`~minigrad.backend.kernels.gpu`, CuPy ``ElementwiseKernel``,
+  ``ReductionKernel`` and ``RawKernel`` code.
+
+Both implement the same small set of functions on canonical shapes (rows of a 2-D array, NCHW
+images); this module brings any input to that form (contiguous, the reduced axis last) and back,
+so that the two backends never repeat that bookkeeping. Neither backend is imported before its
+first call, which keeps ``import minigrad`` free of numba (and of CUDA).
+
+Results equal the unfused NumPy compositions up to rounding: float64 uses the C library's
+``exp``/``erfc``; float32 uses vectorised approximations a few ulp from the rounded value (see
+``loops``) and float64 accumulators for sums.
+
+Example::
+
+    y, cdf = kernels.gelu(x)             # forward, saving Phi(x)
+    dx = kernels.gelu_grad(x, cdf, dy)   # backward
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+
+import numpy as np
+
+from minigrad.backend.xp import get_array_module
+
+__all__ = [
+    "attention_softmax",
+    "attention_softmax_grad",
+    "col2im",
+    "from_product_layout",
+    "gelu",
+    "gelu_grad",
+    "im2col",
+    "layer_norm",
+    "layer_norm_grad",
+    "log_softmax",
+    "log_softmax_grad",
+    "max_pool2d",
+    "max_pool2d_grad",
+    "softmax",
+    "softmax_grad",
+    "to_product_layout",
+]
+
+_BACKENDS: dict = {}
+
+
+def backend_for(array):
+    """The module implementing the kernels for ``array``'s device (``cpu`` for NumPy arrays,
+    ``gpu`` otherwise), imported on first use."""
+    name = "cpu" if isinstance(array, np.ndarray) else "gpu"
+    module = _BACKENDS.get(name)
+    if module is None:
+        module = _BACKENDS[name] = importlib.import_module(f"minigrad.backend.kernels.{name}")
+    return module
+
+
+def _contiguous(a):
+    return a if a.flags.c_contiguous else a.copy()
+
+
+def _half_in_float32(fn):
+    """Run ``fn`` on float32 copies of its float16 array arguments (the kernels compute in float32
+    or float64) and hand float32 array results back as float16."""
+
+    @functools.wraps(fn)
+    def wrapper(*args):
+        if not any(getattr(a, "dtype", None) == "float16" for a in args):
+            return fn(*args)
+        out = fn(*(a.astype("float32") if getattr(a, "dtype", None) == "float16" else a
+                   for a in args))
+        back = [r.astype("float16") if getattr(r, "dtype", None) == "float32" else r
+                for r in (out if isinstance(out, tuple) else (out,))]
+        return tuple(back) if isinstance(out, tuple) else back[0]
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------------------------------
+# GELU
+
+
+@_half_in_float32
+def gelu(x):
+    """Exact GELU ``x * Phi(x)``; returns ``(y, cdf)``, ``cdf = Phi(x)`` for :func:`gelu_grad`."""
+    return backend_for(x).gelu(_contiguous(x))
+
+
+@_half_in_float32
+def gelu_grad(x, cdf, dy):
+    """``dy * (Phi(x) + x * pdf(x))``, the gradient of :func:`gelu`."""
+    return backend_for(x).gelu_grad(_contiguous(x), cdf, _contiguous(dy))
+
+
+# --------------------------------------------------------------------------------------------------
+# softmax family along one axis
+
+
+def _as_rows(a, axis: int):
+    """``a`` with ``axis`` moved last, as a contiguous (rows, n) array."""
+    moved = a if axis in (-1, a.ndim - 1) else a.swapaxes(axis, -1)
+    return _contiguous(moved).reshape(math.prod(moved.shape[:-1]), a.shape[axis])
+
+
+def _from_rows(rows, like, axis: int):
+    moved_shape = list(like.shape)
+    moved_shape[axis], moved_shape[-1] = moved_shape[-1], moved_shape[axis]
+    out = rows.reshape(moved_shape)
+    return out if axis in (-1, like.ndim - 1) else out.swapaxes(axis, -1)
+
+
+def _row_op(name: str, axis: int, *arrays):
+    rows = [_as_rows(a, axis) for a in arrays]
+    return _from_rows(getattr(backend_for(arrays[0]), name)(*rows), arrays[0], axis)
+
+
+@_half_in_float32
+def softmax(x, axis: int):
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis``."""
+    return _row_op("softmax", axis, x)
+
+
+@_half_in_float32
+def softmax_grad(y, dy, axis: int):
+    """``y * (dy - sum(dy * y))`` along ``axis``: :func:`softmax`'s gradient, given its output."""
+    return _row_op("softmax_grad", axis, y, dy)
+
+
+@_half_in_float32
+def log_softmax(x, axis: int):
+    """``x - max - log(sum(exp(x - max)))`` along ``axis``."""
+    return _row_op("log_softmax", axis, x)
+
+
+@_half_in_float32
+def log_softmax_grad(y, dy, axis: int):
+    """``dy - exp(y) * sum(dy)`` along ``axis``: the gradient of :func:`log_softmax` given its
+    output."""
+    return _row_op("log_softmax_grad", axis, y, dy)
+
+
+# --------------------------------------------------------------------------------------------------
+# attention weights
+
+
+def _groups(shape) -> int:
+    """The number of (L, S) matrices in an array of shape (..., L, S)."""
+    return math.prod(shape[:-2])
+
+
+@_half_in_float32
+def attention_softmax(scores, scale: float, bias=None, causal: bool = False):
+    """``softmax(scale * scores + bias)`` over the last axis of the contiguous ``scores``
+    (..., L, S), computed in place and returned (use the result: float16 works on a copy).
+    ``bias`` is an additive mask that broadcasts to ``scores`` (``-inf`` drops a key); ``causal``
+    lets query ``i`` see keys ``j <= i`` only (top-left aligned) without materialising a mask:
+    the others get weight 0."""
+    length, src = scores.shape[-2:]
+    if bias is not None:
+        xp = get_array_module(bias)
+        if _groups(bias.shape) == 1:  # one mask for every batch and head
+            bias = bias.reshape(bias.shape[-2:]) if bias.ndim > 2 else bias
+            shape = (length, src)
+        else:
+            shape = scores.shape
+        bias = xp.ascontiguousarray(xp.broadcast_to(bias.astype(scores.dtype, copy=False), shape))
+        bias = bias.reshape(_groups(shape), length, src)
+    s3 = scores.reshape(_groups(scores.shape), length, src)
+    backend_for(scores).attention_softmax(s3, float(scale), bias, bool(causal))
+    return scores
+
+
+@_half_in_float32
+def attention_softmax_grad(w, dw, scale: float):
+    """``scale * w * (dw - rowsum(dw * w))`` in place on ``dw`` (returned): the gradient of the raw
+    scores of :func:`attention_softmax` given its output ``w`` and the gradient ``dw`` of ``w``."""
+    length, src = w.shape[-2:]
+    g = _groups(w.shape)
+    backend_for(w).attention_softmax_grad(w.reshape(g, length, src), dw.reshape(g, length, src),
+                                          float(scale))
+    return dw
+
+
+# --------------------------------------------------------------------------------------------------
+# layer norm
+
+
+@_half_in_float32
+def layer_norm(x, weight, bias, eps: float, n: int):
+    """Normalise ``x`` over groups of its ``n`` trailing elements, then ``* weight + bias`` (both of
+    size ``n``, or None). Returns ``(y, xhat, rstd)``: the output, the normalised input and
+    ``1 / sqrt(var + eps)`` per group (biased variance); the last two are for
+    :func:`layer_norm_grad`."""
+    rows = _contiguous(x).reshape(x.size // n if n else 0, n)
+    y, xhat, rstd = backend_for(x).layer_norm(rows, weight, bias, float(eps))
+    return y.reshape(x.shape), xhat, rstd
+
+
+@_half_in_float32
+def layer_norm_grad(dy, xhat, rstd, weight):
+    """Gradients ``(dx, dweight, dbias)`` of :func:`layer_norm` (``dweight``/``dbias`` flat, of
+    size ``n``; computed whether or not the op had them)."""
+    rows = _contiguous(dy).reshape(xhat.shape)
+    dx, dw, db = backend_for(dy).layer_norm_grad(rows, xhat, rstd, weight)
+    return dx.reshape(dy.shape), dw, db
+
+
+# --------------------------------------------------------------------------------------------------
+# pooling and convolution layout
+
+
+@_half_in_float32
+def max_pool2d(x, kernel: tuple, stride: tuple, padding: tuple, out_hw: tuple):
+    """Max pooling of an NCHW array (padding never wins). Returns ``(out, argmax)``; ``argmax``
+    holds the flat ``h * W + w`` index of each window's first maximum, for
+    :func:`max_pool2d_grad`."""
+    return backend_for(x).max_pool2d(_contiguous(x), kernel, stride, padding, out_hw)
+
+
+@_half_in_float32
+def max_pool2d_grad(dy, argmax, x_shape: tuple):
+    """Scatter ``dy`` onto the input pixels that won their windows (adding where windows
+    overlap)."""
+    return backend_for(dy).max_pool2d_grad(_contiguous(dy), argmax, tuple(x_shape))
+
+
+@_half_in_float32
+def im2col(x, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple, out_hw: tuple):
+    """Receptive fields of an NCHW array as a ``(C*kh*kw, N*OH*OW)`` matrix: row ``(c, i, j)``,
+    column ``(n, y, x)`` holds ``x[n, c, y*sh - ph + i*dh, x*sw - pw + j*dw]`` (0 in the
+    padding)."""
+    return backend_for(x).im2col(_contiguous(x), kernel, stride, padding, dilation, out_hw)
+
+
+@_half_in_float32
+def col2im(cols, x_shape: tuple, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple,
+           out_hw: tuple):
+    """The adjoint of :func:`im2col`: add every entry of ``cols`` onto the NCHW pixel it came from
+    (entries in the padding are dropped)."""
+    return backend_for(cols).col2im(_contiguous(cols), tuple(x_shape), kernel, stride, padding,
+                                    dilation, out_hw)
+
+
+@_half_in_float32
+def from_product_layout(mat, n: int, bias=None):
+    """A convolution's product ``(O, N*P)`` as the contiguous batch-first ``(N, O, P)`` array, plus
+    ``bias[o]`` when given: the channels-first copy and the bias add in one pass."""
+    o = mat.shape[0]
+    return backend_for(mat).from_product_layout(_contiguous(mat).reshape(o, n, -1), bias)
+
+
+@_half_in_float32
+def to_product_layout(dy):
+    """``dy`` (N, O, ...) as the ``(O, N*P)`` matrix a convolution's backward multiplies, and the
+    bias gradient ``dy.sum over every axis but 1`` computed on the way. Returns ``(mat, dbias)``."""
+    n, o = dy.shape[:2]
+    mat, dbias = backend_for(dy).to_product_layout(_contiguous(dy).reshape(n, o, -1))
+    return mat.reshape(o, -1), dbias

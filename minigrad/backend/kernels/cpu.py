@@ -1,0 +1,132 @@
+"""The CPU implementation of :mod:`minigrad.backend.kernels`: allocate the outputs, run the numba
+loops of :mod:`~minigrad.backend.kernels.loops` on them.
+
+Arguments arrive in the canonical shapes ``minigrad.backend.kernels`` prepares (C-contiguous rows,
+NCHW images); importing this module imports numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minigrad.backend.kernels import loops
+
+
+def gelu(x):
+    y, cdf = np.empty_like(x), np.empty_like(x)
+    loops.gelu_forward(x.reshape(-1), y.reshape(-1), cdf.reshape(-1))
+    return y, cdf
+
+
+def gelu_grad(x, cdf, dy):
+    dx = np.empty_like(x)
+    loops.gelu_backward(x.reshape(-1), cdf.reshape(-1), dy.reshape(-1), dx.reshape(-1))
+    return dx
+
+
+def _rows(loop, *arrays):
+    """Run a row loop on flat views of (R, C) arrays into a new output; rows of 0 have no work."""
+    out = np.empty_like(arrays[0])
+    if out.shape[1]:
+        loop(*(a.reshape(-1) for a in arrays), out.reshape(-1), out.shape[1])
+    return out
+
+
+def softmax(x):
+    return _rows(loops.softmax_forward, x)
+
+
+def softmax_grad(y, dy):
+    return _rows(loops.softmax_backward, y, dy)
+
+
+def log_softmax(x):
+    return _rows(loops.log_softmax_forward, x)
+
+
+def log_softmax_grad(y, dy):
+    return _rows(loops.log_softmax_backward, y, dy)
+
+
+def attention_softmax(scores, scale, bias, causal):
+    if bias is None:
+        bias = np.zeros((1,) + scores.shape[1:], scores.dtype)
+    loops.attention_softmax(scores, scale, bias, causal)
+
+
+def attention_softmax_grad(w, dw, scale):
+    if w.shape[-1]:
+        loops.attention_softmax_backward(w.reshape(-1), dw.reshape(-1), scale, w.shape[-1])
+
+
+def _vector(p, n, dtype, fill):
+    return np.full(n, fill, dtype) if p is None else np.ascontiguousarray(p.reshape(-1))
+
+
+def layer_norm(x, weight, bias, eps):
+    r, n = x.shape
+    y, xhat, rstd = np.empty_like(x), np.empty_like(x), np.empty(r, np.float64)
+    loops.layer_norm_forward(x.reshape(-1), _vector(weight, n, x.dtype, 1),
+                             _vector(bias, n, x.dtype, 0), eps, y.reshape(-1), xhat.reshape(-1),
+                             rstd)
+    return y, xhat, rstd
+
+
+def layer_norm_grad(dy, xhat, rstd, weight):
+    n = dy.shape[1]
+    dx = np.empty_like(dy)
+    dw, db = np.zeros(n, np.float64), np.zeros(n, np.float64)
+    loops.layer_norm_backward(dy.reshape(-1), xhat.reshape(-1), rstd,
+                              _vector(weight, n, dy.dtype, 1), dx.reshape(-1), dw, db)
+    return dx, dw.astype(dy.dtype, copy=False), db.astype(dy.dtype, copy=False)
+
+
+def max_pool2d(x, kernel, stride, padding, out_hw):
+    n, c, h, w = x.shape
+    out = np.empty((n * c,) + tuple(out_hw), x.dtype)
+    argmax = np.empty(out.shape, np.int32)
+    planes = x.reshape(n * c, h, w)
+    if kernel == stride == (2, 2) and padding == (0, 0):
+        loops.max_pool2x2_forward(planes, out, argmax)
+    else:
+        loops.max_pool2d_forward(planes, *kernel, *stride, *padding, out, argmax)
+    shape = (n, c) + tuple(out_hw)
+    return out.reshape(shape), argmax.reshape(shape)
+
+
+def max_pool2d_grad(dy, argmax, x_shape):
+    n, c, h, w = x_shape
+    dx = np.zeros(x_shape, dy.dtype)
+    outputs = dy.shape[2] * dy.shape[3]
+    loops.max_pool2d_backward(dy.reshape(n * c, outputs), argmax.reshape(n * c, outputs),
+                              dx.reshape(n * c, h * w))
+    return dx
+
+
+def im2col(x, kernel, stride, padding, dilation, out_hw):
+    n, c = x.shape[:2]
+    (kh, kw), (oh, ow) = kernel, out_hw
+    cols = np.empty((c * kh * kw, n * oh * ow), x.dtype)
+    loops.patches(x, cols, kh, kw, *stride, *padding, *dilation, oh, ow, False)
+    return cols
+
+
+def col2im(cols, x_shape, kernel, stride, padding, dilation, out_hw):
+    x = np.zeros(x_shape, cols.dtype)
+    loops.patches(x, cols, *kernel, *stride, *padding, *dilation, *out_hw, True)
+    return x
+
+
+def from_product_layout(mat, bias):
+    o, n, p = mat.shape
+    b = np.zeros(o, mat.dtype) if bias is None else np.ascontiguousarray(bias, dtype=mat.dtype)
+    out = np.empty((n, o, p), mat.dtype)
+    loops.channels_to_batch_first(mat, b, out)
+    return out
+
+
+def to_product_layout(dy):
+    n, o, p = dy.shape
+    mat, dbias = np.empty((o, n, p), dy.dtype), np.empty(o, dy.dtype)
+    loops.batch_to_channels_first(dy, mat, dbias)
+    return mat, dbias

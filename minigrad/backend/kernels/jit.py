@@ -1,0 +1,69 @@
+"""numba, imported on first use, and the decorators every CPU kernel is compiled with.
+
+Importing numba and initialising its compiler take about half a second, more than the rest of
+minigrad together, so nothing here runs at ``import minigrad``: ``minigrad.backend.kernels``
+imports the CPU kernels (and with them this module and numba) when the first kernel is called.
+
+Compiled machine code is cached on disk (``cache=True``): next to the sources in
+``__pycache__`` when that folder is writable (a source checkout or editable install), otherwise in
+numba's user-wide cache (``~/.cache/numba``, or ``$NUMBA_CACHE_DIR``), which is what happens in a
+read-only site-packages. Where no cache folder is writable at all numba refuses ``cache=True``;
+the kernels are then compiled in memory in every process, after a one-time warning. A kernel
+compiles (or loads from the cache) on its first call with each argument type, so a process only
+pays for the kernels and dtypes it uses.
+
+Flags:
+
+* ``error_model="numpy"``: division by zero gives inf/NaN as in NumPy instead of raising, which
+  also removes the per-division checks that would stop loops from vectorising;
+* no ``fastmath`` in element-wise code: results keep IEEE semantics (NaN, inf, signed zeros) and
+  the float32 ``exp`` relies on exactly rounded arithmetic for its range reduction;
+* :func:`scalar` helpers are inlined into their callers (and so compiled with the caller's
+  flags, which are strict: no reduction calls them);
+* :func:`reduction` helpers (sums) get ``fastmath={"reassoc", "nsz", "contract"}`` so that LLVM
+  may spread one running sum over the SIMD lanes: the same freedom NumPy takes with its pairwise
+  sums, and the only way such a loop vectorises. NaN and inf keep their meaning.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numba
+
+_STRICT = {"error_model": "numpy", "nogil": True}
+_SUM = {**_STRICT, "fastmath": {"reassoc", "nsz", "contract"}}
+_cache_warned = False
+
+
+def _compile(fn, options: dict):
+    global _cache_warned
+    try:
+        return numba.njit(cache=True, **options)(fn)
+    except RuntimeError as exc:  # "cannot cache function ...: no locator available"
+        if not _cache_warned:
+            _cache_warned = True
+            warnings.warn(
+                f"minigrad kernels: numba cannot cache compiled code ({exc}); compiling in "
+                "memory instead (set NUMBA_CACHE_DIR to a writable folder to keep it)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return numba.njit(cache=False, **options)(fn)
+
+
+def kernel(fn):
+    """Compile ``fn`` as a strict (IEEE, NumPy error model) CPU kernel, cached on disk."""
+    return _compile(fn, _STRICT)
+
+
+def scalar(fn):
+    """Compile a scalar helper (``exp``, ``erfc``) that is inlined into every kernel calling it, so
+    that the kernel's loop still vectorises (a call per element would stop it)."""
+    return _compile(fn, {**_STRICT, "inline": "always"})
+
+
+def reduction(fn):
+    """Compile a sum helper with the reassociation flags above; kernels call it as a function (it
+    is not inlined), so the flags stay its own."""
+    return _compile(fn, _SUM)

@@ -1,0 +1,518 @@
+"""The numba loops of the CPU kernels: one pass over C-contiguous arrays where NumPy needs many.
+
+Each kernel writes into arrays its caller allocated (see ``minigrad.backend.kernels``, which holds
+the shapes, dtypes and the choice of device) and runs on the calling thread; the matrix products
+around them are left to BLAS, which has the cores. (numba's parallel loops were tried: next to
+OpenBLAS's pool, every switch between the two pools cost a thread wake-up of 40-150 us on the
+reference VM when both wait passively, and they fought for the cores when either spins, so a
+GEMM + GELU pair got no faster.)
+
+float64 keeps the C library's ``exp``/``erfc``, so float64 results match NumPy to a few ulp (the
+tests compare to 1e-10). float32 uses the vectorisable :func:`exp` and :func:`erfc` below, 16
+lanes at a time where NumPy's float32 GELU took about 30 passes over memory: ``exp`` is within 2
+ulp of the rounded value; ``erfc`` within 2e-6 (relative) for ``|x| < 4`` and 2e-5 in the far
+tails, where the float32 argument ``-x**2`` of its exp is the limit (as it was for NumPy's float32
+version of the same formula). Sums run with the reassociation flags of
+:func:`minigrad.backend.kernels.jit.reduction` and accumulate float32 in float64.
+
+All of this module (and numba with it) is imported on the first kernel call, never by
+``import minigrad``. The file is one unit for numba's on-disk cache: editing it recompiles every
+kernel, so a helper can never be stale in the cached code of its callers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
+
+from minigrad.backend.kernels.jit import kernel, reduction, scalar
+
+F32 = np.float32
+I32 = np.int32
+# Indices computed from several terms are cast to uint64 (``U``): numba supports negative indices,
+# so a signed index costs a wrap-around select per access and stops loops from vectorising (about
+# 10x slower im2col); an unsigned one is used as is. The callers guarantee they are in range.
+U = np.uint64
+INV_SQRT2 = 1.0 / math.sqrt(2.0)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+# --------------------------------------------------------------------------------------------------
+# scalar math: exp and erfc that vectorise for float32, the C library for float64
+
+
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """Reinterpret an int32 as the float32 with the same bits (a free register move)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def _bits_from_f32(typingctx, value):
+    """Reinterpret a float32 as the int32 with the same bits."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(types.float32), codegen
+
+
+_EXP_LO = F32(-87.33654)  # ln(smallest normal float32): below it the result is 0 (no denormals)
+_EXP_HI = F32(88.72283)  # ln(largest float32): above it the result is inf
+_ROUND = F32(12582912.0)  # 1.5 * 2**23: adding it rounds a float32 of magnitude < 2**22 to an int
+_LN2_HI, _LN2_LO = F32(0.693145751953125), F32(1.428606765330187e-06)  # ln 2, split (Cody-Waite)
+
+
+@scalar
+def _exp_f32(x):
+    """``e**x`` for float32 within 2 ulp: ``x = n ln2 + r`` with ``|r| <= ln2 / 2``, a degree-7
+    Taylor polynomial for ``e**r``, and ``2**n`` built from its bits (as two factors, so that
+    ``n = 128`` does not overflow the exponent field). Exactly 0 below ln(FLT_MIN) ~ -87.34, inf
+    above ln(FLT_MAX), NaN for NaN."""
+    xc = min(max(x, _EXP_LO), _EXP_HI)
+    t = xc * F32(1.442695) + _ROUND  # round(x / ln2) sits in the low bits of t
+    n = t - _ROUND
+    r = xc - n * _LN2_HI
+    r = r - n * _LN2_LO
+    p = F32(1.0) + r * (F32(1.0) + r * (F32(0.5) + r * (F32(1.6666667e-1) + r * (
+        F32(4.1666668e-2) + r * (F32(8.333334e-3) + r * (F32(1.3888889e-3) + r * F32(
+            1.984127e-4)))))))
+    k = _bits_from_f32(t) - _bits_from_f32(_ROUND)  # the integer n
+    half = k >> I32(1)
+    y = p * _f32_from_bits((half + I32(127)) << I32(23))
+    y = y * _f32_from_bits((k - half + I32(127)) << I32(23))
+    if x < _EXP_LO:
+        y = F32(0.0)
+    elif x > _EXP_HI:
+        y = F32(np.inf)
+    elif x != x:
+        y = x
+    return y
+
+
+# Chebyshev fit of erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), z >= 0: fractional error
+# < 1.2e-7 everywhere, tails included (Numerical Recipes, "erfcc").
+_C0, _C1, _C2, _C3, _C4 = F32(-1.26551223), F32(1.00002368), F32(0.37409196), F32(0.09678418), F32(
+    -0.18628806)
+_C5, _C6, _C7, _C8, _C9 = F32(0.27886807), F32(-1.13520398), F32(1.48851587), F32(-0.82215223), F32(
+    0.17087277)
+
+
+@scalar
+def _erfc_f32(x):
+    """``erfc(x)`` for float32 from the fit above (relative error < 1.2e-7 on both tails)."""
+    z = abs(x)
+    t = F32(1.0) / (F32(1.0) + F32(0.5) * z)
+    p = _C0 + t * (_C1 + t * (_C2 + t * (_C3 + t * (_C4 + t * (_C5 + t * (_C6 + t * (_C7 + t * (
+        _C8 + t * _C9))))))))
+    r = t * _exp_f32(p - z * z)
+    return r if x >= F32(0.0) else F32(2.0) - r
+
+
+def exp(x):
+    """``e**x``, typed by numba: :func:`_exp_f32` for float32, the C library otherwise."""
+    return math.exp(x)
+
+
+def erfc(x):
+    """``erfc(x)``, typed by numba: :func:`_erfc_f32` for float32, the C library otherwise."""
+    return math.erfc(x)
+
+
+@overload(exp, inline="always")
+def _exp_typed(x):
+    if x == types.float32:
+        return lambda x: _exp_f32(x)
+    return lambda x: math.exp(x)
+
+
+@overload(erfc, inline="always")
+def _erfc_typed(x):
+    if x == types.float32:
+        return lambda x: _erfc_f32(x)
+    return lambda x: math.erfc(x)
+
+
+# --------------------------------------------------------------------------------------------------
+# reductions over the run a[lo:hi] of a flat array (float32 accumulates in float64)
+#
+# Row kernels take flat arrays and offsets rather than a view per row: creating a view in numba
+# touches its reference count (an atomic operation), which cost more than a 64-element row.
+
+
+@reduction
+def run_sum(a, lo, hi):
+    s = 0.0
+    for i in range(lo, hi):
+        s += a[U(i)]
+    return s
+
+
+@reduction
+def run_dot(a, b, lo, hi):
+    s = 0.0
+    for i in range(lo, hi):
+        s += np.float64(a[U(i)]) * b[U(i)]
+    return s
+
+
+@reduction
+def run_centered_sumsq(a, lo, hi, mean):
+    s = 0.0
+    for i in range(lo, hi):
+        d = a[U(i)] - mean
+        s += d * d
+    return s
+
+
+@reduction
+def run_affine_sums(g, w, xhat, lo, n):
+    """``sum(g * w)`` and ``sum(g * w * xhat)`` over ``g[lo:lo+n]`` (``w`` has ``n`` entries)."""
+    s1 = 0.0
+    s2 = 0.0
+    for c in range(n):
+        gw = np.float64(g[U(lo + c)]) * w[U(c)]
+        s1 += gw
+        s2 += gw * xhat[U(lo + c)]
+    return s1, s2
+
+
+@intrinsic
+def _ordered_int(typingctx, value):
+    """The bits of a float as an int whose signed order is the float order (flip the magnitude of
+    negatives): integer max loops vectorise where float max loops do not, in numba. A NaN with the
+    sign bit clear sorts above +inf, one with it set below -inf."""
+    width = value.bitwidth
+
+    def codegen(context, builder, signature, args):
+        it = ir.IntType(width)
+        bits = builder.bitcast(args[0], it)
+        sign = builder.ashr(bits, ir.Constant(it, width - 1))
+        return builder.xor(bits, builder.and_(sign, ir.Constant(it, (1 << (width - 1)) - 1)))
+
+    return (types.int32 if width == 32 else types.int64)(value), codegen
+
+
+@intrinsic
+def _ordered_float(typingctx, key):
+    """The inverse of :func:`_ordered_int` (the same flip, then back to a float)."""
+    width = key.bitwidth
+
+    def codegen(context, builder, signature, args):
+        it = ir.IntType(width)
+        sign = builder.ashr(args[0], ir.Constant(it, width - 1))
+        bits = builder.xor(args[0], builder.and_(sign, ir.Constant(it, (1 << (width - 1)) - 1)))
+        return builder.bitcast(bits, ir.FloatType() if width == 32 else ir.DoubleType())
+
+    return (types.float32 if width == 32 else types.float64)(key), codegen
+
+
+@kernel
+def run_max(a, lo, hi):
+    """The largest of ``a[lo:hi]`` (-inf when empty; NaN if a NaN with a clear sign bit is in it,
+    and any NaN still reaches a softmax through its own exponential)."""
+    m = _ordered_int(a.dtype.type(-np.inf))
+    for i in range(lo, hi):
+        m = max(m, _ordered_int(a[U(i)]))
+    return _ordered_float(m)
+
+
+# --------------------------------------------------------------------------------------------------
+# GELU (exact erf form) on flat arrays
+
+
+@kernel
+def gelu_forward(x, y, cdf):
+    """``cdf = Phi(x)`` (saved for backward), ``y = x * Phi(x)``; ``Phi(x) = erfc(-x/sqrt2)/2``
+    is accurate in both tails."""
+    for i in range(x.size):
+        v = x[i]
+        c = erfc(-v * x.dtype.type(INV_SQRT2)) * x.dtype.type(0.5)
+        cdf[i] = c
+        y[i] = v * c
+
+
+@kernel
+def gelu_backward(x, cdf, dy, dx):
+    """``dx = dy * (Phi(x) + x * pdf(x))``."""
+    for i in range(x.size):
+        v = x[i]
+        pdf = exp(v * v * x.dtype.type(-0.5)) * x.dtype.type(INV_SQRT_2PI)
+        dx[i] = dy[i] * (cdf[i] + v * pdf)
+
+
+# --------------------------------------------------------------------------------------------------
+# softmax family over rows of n elements of flat arrays (the caller ensures n > 0)
+
+
+@kernel
+def _exp_shifted(x, y, lo, hi, m):
+    """``y[lo:hi] = exp(x[lo:hi] - m)``; returns their sum."""
+    for i in range(lo, hi):
+        y[U(i)] = exp(x[U(i)] - m)
+    return run_sum(y, lo, hi)
+
+
+@kernel
+def softmax_forward(x, y, n):
+    for lo in range(0, x.size, n):
+        total = y.dtype.type(_exp_shifted(x, y, lo, lo + n, run_max(x, lo, lo + n)))
+        for i in range(lo, lo + n):
+            y[U(i)] = y[U(i)] / total
+
+
+@kernel
+def softmax_backward(y, dy, dx, n):
+    """``dx = y * (dy - sum(dy * y))`` per row."""
+    for lo in range(0, y.size, n):
+        s = y.dtype.type(run_dot(dy, y, lo, lo + n))
+        for i in range(lo, lo + n):
+            dx[U(i)] = y[U(i)] * (dy[U(i)] - s)
+
+
+@kernel
+def log_softmax_forward(x, y, n):
+    """``y = x - max - log(sum(exp(x - max)))`` per row (``y`` holds the exps in between)."""
+    for lo in range(0, x.size, n):
+        m = run_max(x, lo, lo + n)
+        shift = m + y.dtype.type(math.log(_exp_shifted(x, y, lo, lo + n, m)))
+        for i in range(lo, lo + n):
+            y[U(i)] = x[U(i)] - shift
+
+
+@kernel
+def log_softmax_backward(y, dy, dx, n):
+    """``dx = dy - exp(y) * sum(dy)`` per row."""
+    for lo in range(0, y.size, n):
+        s = y.dtype.type(run_sum(dy, lo, lo + n))
+        for i in range(lo, lo + n):
+            dx[U(i)] = dy[U(i)] - exp(y[U(i)]) * s
+
+
+# --------------------------------------------------------------------------------------------------
+# attention weights: softmax(scale * scores + bias) in place over (G, L, S), causal masking
+
+
+@kernel
+def attention_softmax(s, scale, bias, causal):
+    """``s[g] <- softmax(scale * s[g] + bias[g or 0])`` over the last axis of (G, L, S); with
+    ``causal`` query ``i`` sees keys ``j <= i`` only (top-left aligned; the others get weight 0,
+    as ``-inf`` would, and cost no exponential)."""
+    groups, length, src = s.shape
+    flat, bflat = s.reshape(-1), bias.reshape(-1)
+    sc = s.dtype.type(scale)
+    for g in range(groups):
+        boff = 0 if bias.shape[0] == 1 else g * length * src
+        for i in range(length):
+            lo, blo = (g * length + i) * src, boff + i * src
+            hi = lo + (min(i + 1, src) if causal else src)
+            for j in range(hi - lo):
+                flat[U(lo + j)] = flat[U(lo + j)] * sc + bflat[U(blo + j)]
+            m = run_max(flat, lo, hi)
+            for j in range(lo, hi):  # in place, not _exp_shifted(flat, flat): an aliased
+                flat[U(j)] = exp(flat[U(j)] - m)  # call fails LLVM's overlap check (scalar loop)
+            total = s.dtype.type(run_sum(flat, lo, hi))
+            for j in range(lo, hi):
+                flat[U(j)] = flat[U(j)] / total
+            for j in range(hi, lo + src):
+                flat[U(j)] = 0.0
+
+
+@kernel
+def attention_softmax_backward(w, dw, scale, n):
+    """``dw <- scale * w * (dw - rowsum(dw * w))`` in place over rows of ``n``: the gradient of
+    the scaled scores."""
+    sc = w.dtype.type(scale)
+    for lo in range(0, w.size, n):
+        s = w.dtype.type(run_dot(dw, w, lo, lo + n))
+        for i in range(lo, lo + n):
+            dw[U(i)] = sc * w[U(i)] * (dw[U(i)] - s)
+
+
+# --------------------------------------------------------------------------------------------------
+# layer norm with its affine part over rows of n elements of flat arrays
+
+
+@kernel
+def layer_norm_forward(x, w, b, eps, y, xhat, rstd):
+    """``xhat = (x - mean) / sqrt(var + eps)``, ``y = xhat * w + b``; the biased variance."""
+    n = w.size
+    for r in range(rstd.size):
+        lo = r * n
+        mean = run_sum(x, lo, lo + n) / n
+        rs = 1.0 / math.sqrt(run_centered_sumsq(x, lo, lo + n, mean) / n + eps)
+        rstd[r] = rs
+        for c in range(n):
+            h = (x[U(lo + c)] - mean) * rs
+            xhat[U(lo + c)] = h
+            y[U(lo + c)] = h * w[U(c)] + b[U(c)]
+
+
+@kernel
+def layer_norm_backward(g, xhat, rstd, w, dx, dw, db):
+    """``dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat))``; ``dw += sum(g * xhat)`` and
+    ``db += sum(g)`` over rows (``dw``, ``db`` are float64 accumulators)."""
+    n = w.size
+    for r in range(rstd.size):
+        lo = r * n
+        s1, s2 = run_affine_sums(g, w, xhat, lo, n)
+        m1, m2, rs = s1 / n, s2 / n, rstd[r]
+        for c in range(n):
+            gc, hc = g[U(lo + c)], xhat[U(lo + c)]
+            dx[U(lo + c)] = rs * (gc * w[U(c)] - m1 - hc * m2)
+            dw[U(c)] += gc * np.float64(hc)
+            db[U(c)] += gc
+
+
+# --------------------------------------------------------------------------------------------------
+# max pooling with the winner's index saved for backward
+
+
+@scalar
+def _window_max(plane, y0, y1, x0, x1, m, k):
+    """Fold the window ``plane[y0:y1, x0:x1]`` into the running max ``m`` at flat index ``k``: the
+    first maximum in row-major order wins, a NaN beats any number (as NumPy's maximum). Selects,
+    not branches: on random data a branch would be mispredicted half the time."""
+    wd = plane.shape[1]
+    for a in range(y0, y1):
+        src = plane[a]
+        for b in range(x0, x1):
+            v = src[b]
+            win = (v > m) | ((v != v) & (m == m))
+            m = v if win else m
+            k = a * wd + b if win else k
+    return m, k
+
+
+@kernel
+def max_pool2d_forward(x, kh, kw, sh, sw, ph, pw, out, argmax):
+    """``out[p, i, j]`` = max over its window of plane ``p`` (padding never wins); ``argmax`` holds
+    the flat ``h * W + w`` index of the window's first maximum. Planes are (N*C, H, W), outputs
+    (N*C, OH, OW)."""
+    h, wd = x.shape[1], x.shape[2]
+    for p in range(x.shape[0]):
+        plane, best, at = x[p], out[p], argmax[p]
+        for i in range(out.shape[1]):
+            y0, y1 = max(i * sh - ph, 0), min(i * sh - ph + kh, h)
+            for j in range(out.shape[2]):
+                x0, x1 = max(j * sw - pw, 0), min(j * sw - pw + kw, wd)
+                best[i, j], at[i, j] = _window_max(plane, y0, y1, x0, x1, plane[y0, x0],
+                                                   y0 * wd + x0)
+
+
+@kernel
+def max_pool2x2_forward(x, out, argmax):
+    """:func:`max_pool2d_forward` for the common 2x2 window, stride 2, no padding: with the window
+    size known to the compiler the window loops unroll (about 10x faster than the general loop)."""
+    wd = x.shape[2]
+    for p in range(x.shape[0]):
+        plane, best, at = x[p], out[p], argmax[p]
+        for i in range(out.shape[1]):
+            for j in range(out.shape[2]):
+                best[i, j], at[i, j] = _window_max(plane, 2 * i, 2 * i + 2, 2 * j, 2 * j + 2,
+                                                   plane[2 * i, 2 * j], 2 * i * wd + 2 * j)
+
+
+@kernel
+def max_pool2d_backward(dy, argmax, dx):
+    """``dx[p, argmax[p, k]] += dy[p, k]`` for every plane ``p`` (``dy``, ``argmax`` are
+    (planes, OH*OW), ``dx`` is (planes, H*W), zeroed by the caller)."""
+    for p in range(dy.shape[0]):
+        g, a, d = dy[p], argmax[p], dx[p]
+        for k in range(g.size):
+            d[U(a[k])] += g[k]
+
+
+# --------------------------------------------------------------------------------------------------
+# convolution layout: im2col / col2im on NCHW, channel-major <-> batch-first copies with bias
+
+
+@kernel
+def _valid_range(k, size, stride, pad, dil, count):
+    """The outputs ``o`` in ``[lo, hi)`` read input ``o * stride - pad + k * dil`` inside
+    ``[0, size)``."""
+    off = k * dil - pad
+    lo = 0 if off >= 0 else (-off + stride - 1) // stride
+    hi = 0 if size - 1 - off < 0 else (size - 1 - off) // stride + 1
+    return min(lo, count), max(min(hi, count), min(lo, count))
+
+
+@kernel
+def patches(x, cols, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, adjoint):
+    """im2col, or its adjoint col2im (``adjoint``), between an NCHW image ``x`` and the
+    ``(C*kh*kw, N*OH*OW)`` matrix ``cols`` whose product with the weights is the convolution:
+    ``cols[(c, i, j), (n, y, x)] = x[n, c, y*sh - ph + i*dh, x*sw - pw + j*dw]``, 0 where that
+    pixel is padding; the adjoint adds every entry of ``cols`` onto its pixel (``x`` zeroed by the
+    caller) and drops those in the padding. One loop nest for both, so they cannot disagree."""
+    nb, ch, h, wd = x.shape
+    p = oh * ow
+    flat = x.reshape(-1)
+    for c in range(ch):
+        for i in range(kh):
+            ylo, yhi = _valid_range(i, h, sh, ph, dh, oh)
+            for j in range(kw):
+                xlo, xhi = _valid_range(j, wd, sw, pw, dw, ow)
+                row = cols[(c * kh + i) * kw + j]
+                if not adjoint:
+                    _zero_padding_reads(row, nb, oh, ow, ylo, yhi, xlo, xhi)
+                for n in range(nb):
+                    for y in range(ylo, yhi):
+                        o = U(n * p + y * ow)
+                        at = U(((n * ch + c) * h + y * sh - ph + i * dh) * wd - pw + j * dw)
+                        if adjoint:
+                            for t in range(xlo, xhi):
+                                flat[at + U(t) * U(sw)] += row[o + U(t)]
+                        else:
+                            for t in range(xlo, xhi):
+                                row[o + U(t)] = flat[at + U(t) * U(sw)]
+
+
+@kernel
+def _zero_padding_reads(row, nb, oh, ow, ylo, yhi, xlo, xhi):
+    """Zero the entries of an im2col row whose pixel is padding: output rows outside
+    ``[ylo, yhi)`` and columns outside ``[xlo, xhi)`` (nothing to do without padding)."""
+    if ylo == 0 and yhi == oh and xlo == 0 and xhi == ow:
+        return
+    for n in range(nb):
+        for y in range(oh):
+            o = U((n * oh + y) * ow)
+            if y < ylo or y >= yhi:
+                for t in range(ow):
+                    row[o + U(t)] = 0.0
+            else:
+                for t in range(xlo):
+                    row[o + U(t)] = 0.0
+                for t in range(xhi, ow):
+                    row[o + U(t)] = 0.0
+
+
+@kernel
+def channels_to_batch_first(mat, bias, out):
+    """``out[n, o, :] = mat[o, n, :] + bias[o]``: the (O, N, P) product back to (N, O, P)."""
+    for o in range(mat.shape[0]):
+        b = bias[o]
+        for n in range(mat.shape[1]):
+            src, dst = mat[o, n], out[n, o]
+            for k in range(src.size):
+                dst[k] = src[k] + b
+
+
+@kernel
+def batch_to_channels_first(dy, out, dbias):
+    """``out[o, n, :] = dy[n, o, :]`` and ``dbias[o] = sum(dy[:, o, :])``: an output gradient in
+    the product's (O, N, P) layout, with the bias gradient summed on the way."""
+    for o in range(dy.shape[1]):
+        total = 0.0
+        for n in range(dy.shape[0]):
+            src, dst = dy[n, o], out[o, n]
+            for k in range(src.size):
+                dst[k] = src[k]
+            total += run_sum(src, 0, src.size)
+        dbias[o] = total
