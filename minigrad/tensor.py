@@ -17,6 +17,7 @@ import numbers
 import numpy as np
 
 from minigrad.backend.device import Device, as_device, get_default_device_obj
+from minigrad.backend.device_checks import raise_deferred_errors
 from minigrad.backend.xp import cupy_or_none, get_array_module, to_numpy
 from minigrad.recording import is_recording
 
@@ -228,9 +229,13 @@ class Tensor:
 
     # -- conversion ------------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
-        """A host NumPy copy of the data."""
+        """A host NumPy copy of the data. For a GPU tensor this waits for the GPU, and then raises
+        what a deferred index check found (``minigrad.backend.device_checks``)."""
         out = to_numpy(self._data)
-        return out.copy() if out is self._data else out
+        if out is self._data:
+            return out.copy()
+        raise_deferred_errors()
+        return out
 
     def item(self):
         """The single element as a Python number."""
@@ -305,7 +310,8 @@ class Tensor:
     _reset = set_value
 
     def _ones_like(self) -> "Tensor":
-        return Tensor._wrap(self.xp.ones(self.shape, self.dtype), self._device)
+        with self._device.context():
+            return Tensor._wrap(self.xp.ones(self.shape, self.dtype), self._device)
 
     # -- shape methods -----------------------------------------------------------------------------
     def reshape(self, *shape) -> "Tensor":

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         return
     skip = pytest.mark.skip(reason="needs CuPy and a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
 
 
@@ -42,7 +44,7 @@ def fake_gpu_tensor():
 
     def make(shape):
         dev = object.__new__(Device)
-        dev.kind, dev.index, dev._xp = "gpu", 0, np
+        dev.kind, dev.index, dev._xp, dev._context = "gpu", 0, np, contextlib.nullcontext()
         return mg.Tensor._wrap(np.ones(shape, np.float32), dev)
 
     return make

@@ -213,7 +213,12 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
             in_grads = [None] * len(edges)
         else:
             node._wanted = mask
-            in_grads = node.backward(*grads)
+            device = node._device
+            if device.kind == "cpu":
+                in_grads = node.backward(*grads)
+            else:
+                with device.context():  # the op's GPU is current while its backward launches
+                    in_grads = node.backward(*grads)
             if not isinstance(in_grads, (tuple, list)):
                 in_grads = (in_grads,)
             if len(in_grads) != len(edges):

@@ -12,6 +12,7 @@ from minigrad.backend.device import (
     get_device_count,
     is_cuda_available,
     set_default_device,
+    synchronize,
 )
 from minigrad.backend.xp import cupy_or_none, get_array_module, to_numpy
 
@@ -24,5 +25,6 @@ __all__ = [
     "get_device_count",
     "is_cuda_available",
     "set_default_device",
+    "synchronize",
     "to_numpy",
 ]

@@ -564,11 +564,6 @@ class Copy(Function):
     def backward(self, dy):
         return copy(dy, self.src), None
 
-    def __call__(self, x, device):
-        out = super().__call__(x, device)
-        out._device = device
-        return out
-
 
 def astype(x, dtype) -> Tensor:
     """``x`` converted to ``dtype`` (``"float32"``, ``np.float16``, ``mg.int32``...); ``x`` itself
