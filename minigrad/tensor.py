@@ -347,7 +347,10 @@ class Tensor:
         index = raw_index(index)
         if isinstance(value, Tensor):
             value = value._data
-        self._data[index] = value
+        elif not isinstance(value, numbers.Number):
+            value = self._device.put(value)  # CuPy takes arrays of its own, or numbers
+        with self._device.context():
+            self._data[index] = value
 
     # -- reductions as methods ------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False):

@@ -53,7 +53,8 @@ def check_range(array, low: int, high: int, error: Callable[[int, int], Exceptio
         if lo < low or hi >= high:
             raise error(lo, hi)
         return
-    stats = array.min().astype(np.int64), array.max().astype(np.int64)
+    with array.device:  # the reductions run on the array's GPU
+        stats = array.min().astype(np.int64), array.max().astype(np.int64)
     with _lock:
         _pending.append((stats, low, high, error))
         full = len(_pending) >= MAX_PENDING

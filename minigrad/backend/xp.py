@@ -82,6 +82,30 @@ def is_cupy_array(x) -> bool:
     return cp is not None and isinstance(x, cp.ndarray)
 
 
+class _NoContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_CONTEXT = _NoContext()
+
+
+def on_device_of(array):
+    """A context manager making the GPU that holds ``array`` CUDA's current device (nothing for
+    a host array): code working on raw arrays runs inside it, so that its kernels launch where the
+    data is (CuPy launches on the current device).
+
+    Example::
+
+        with on_device_of(p):
+            p -= lr * g
+    """
+    return array.device if is_cupy_array(array) else _NO_CONTEXT
+
+
 def get_array_module(*arrays):
     """Return ``cupy`` if any argument is a CuPy array, else ``numpy`` (Chainer's idiom).
 

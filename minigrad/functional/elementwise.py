@@ -87,8 +87,8 @@ class Pow(Function):
         da = db = None
         if isinstance(a, Tensor):
             da = dy * b * a ** (b - 1) if isinstance(b, Tensor) or b != 2 else dy * 2 * a
-        if isinstance(b, Tensor):
-            db = dy * a**b * log(a)
+        if isinstance(b, Tensor):  # (a number's log is a number: no tensor on another device)
+            db = dy * a**b * (log(a) if isinstance(a, Tensor) else np.log(a))
         return da, db
 
 
@@ -497,10 +497,12 @@ def _raw(fn, a, b=None, op="compare"):
     """``fn(xp, a[, b])`` on the operands' arrays, wrapped as a Tensor that is not recorded."""
     if b is None:
         a = _t(a)
-        return Tensor._wrap(fn(a.xp, a._data), a._device)
+        with a._device.context():
+            return Tensor._wrap(fn(a.xp, a._data), a._device)
     a, b = binary_args(a, b, op)
     ref = a if isinstance(a, Tensor) else b
-    return Tensor._wrap(fn(ref.xp, data(a), data(b)), ref._device)
+    with ref._device.context():
+        return Tensor._wrap(fn(ref.xp, data(a), data(b)), ref._device)
 
 
 def _comparison(name: str, what: str):

@@ -185,8 +185,9 @@ def logsumexp(inp, axis=None, keepdims: bool = False) -> Tensor:
     """``log(sum(exp(x)))`` over ``axis``, computed stably by shifting by the (constant) maximum."""
     x = _f(inp)
     axes = normalize_axis(axis, x.ndim, "logsumexp")
-    m = Tensor._wrap(x.xp.max(x._data, axis=axes, keepdims=True), x._device)
-    m = Tensor._wrap(x.xp.where(x.xp.isfinite(m._data), m._data, 0), x._device)
+    with x._device.context():
+        m = x.xp.max(x._data, axis=axes, keepdims=True)
+        m = Tensor._wrap(x.xp.where(x.xp.isfinite(m), m, 0), x._device)
     out = log(sum(exp(x - m), axes, keepdims=True)) + m
     if not keepdims:
         out = out.reshape([s for i, s in enumerate(out.shape) if i not in axes])
@@ -207,13 +208,14 @@ def argmin(inp, axis=None, keepdims: bool = False) -> Tensor:
 def _arg(x, axis, keepdims, name):
     x = _t(x)
     fn = getattr(x.xp, name)
-    if axis is None:
-        out = fn(x._data.reshape(-1))
-        if keepdims:
-            out = out.reshape((1,) * x.ndim)
-    else:
-        (ax,) = normalize_axis(axis, x.ndim, name)
-        out = fn(x._data, axis=ax)
-        if keepdims:
-            out = x.xp.expand_dims(out, ax)
-    return Tensor._wrap(out.astype("int32"), x._device)
+    with x._device.context():
+        if axis is None:
+            out = fn(x._data.reshape(-1))
+            if keepdims:
+                out = out.reshape((1,) * x.ndim)
+        else:
+            (ax,) = normalize_axis(axis, x.ndim, name)
+            out = fn(x._data, axis=ax)
+            if keepdims:
+                out = x.xp.expand_dims(out, ax)
+        return Tensor._wrap(out.astype("int32"), x._device)

@@ -14,7 +14,7 @@ The fake models what minigrad's GPU code depends on, with CuPy's rules and error
   ``repr`` and the ``synchronize`` methods are appended to ``fake.syncs`` (and raise
   ``DeviceSynchronized`` inside ``cupyx.allow_synchronize(False)``, as CuPy's detector does);
   host-to-device copies are counted in ``fake.h2d``, device-to-host copies in ``fake.d2h``;
-* streams and events, per device, with a current stream per thread and device; ``fake.log`` lists
+* streams and events, per device, with a current stream per thread and device; ``fake.events`` lists
   in order every kernel launch (``"launch multiply on gpu0:null"``), copy (``"h2d pinned on
   gpu0:s2"``), event record (``"record ev3 on gpu0:s2"``) and wait (``"gpu0:null waits ev3"``);
 * pinned host memory (``cuda.alloc_pinned_memory``, ``cupyx.empty_pinned``) and ``ndarray.set``;
@@ -103,6 +103,8 @@ class _Device:
     def synchronize(self) -> None:
         self.fake.sync("Device.synchronize")
 
+    compute_capability = "80"
+
     def __int__(self) -> int:
         return self.id
 
@@ -128,7 +130,7 @@ class _Event:
 
     def record(self, stream=None) -> None:
         stream = self.fake.cuda.get_current_stream() if stream is None else stream
-        self.fake.log.append(f"record {self.name} on {stream.name}")
+        self.fake.events.append(f"record {self.name} on {stream.name}")
 
     def synchronize(self) -> None:
         self.fake.sync("Event.synchronize")
@@ -177,7 +179,7 @@ class _Stream:
         return event
 
     def wait_event(self, event) -> None:
-        self.fake.log.append(f"{self.name} waits {event.name}")
+        self.fake.events.append(f"{self.name} waits {event.name}")
 
     def synchronize(self) -> None:
         self.fake.sync("Stream.synchronize")
@@ -274,20 +276,28 @@ class _Array(NDArrayOperatorsMixin):
 
     def __getitem__(self, key):
         if _has_array(key):
-            return self.fake._launch("getitem", _getitem, (self, key), {})
+            return self.fake._launch("getitem", _getitem, (self, self._index(key)), {})
         return self.fake._wrap(self._a[key], self._device_id)
 
     def __setitem__(self, key, value) -> None:
         if isinstance(value, np.ndarray) and value.ndim:
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        self.fake._launch("setitem", _setitem, (self, key, value), {})
+        self.fake._launch("setitem", _setitem, (self, self._index(key), value), {})
+
+    def _index(self, key):
+        """CuPy copies NumPy arrays and lists used as indices to the current device."""
+        if isinstance(key, tuple):
+            return tuple(self._index(k) for k in key)
+        if isinstance(key, (np.ndarray, list)):
+            return self.fake.asarray(key)
+        return key
 
     def copy(self, order="C"):
         """A copy on the *current* device (CuPy copies across devices here)."""
         fake = self.fake
         current = fake.current_device()
         if self._device_id != current:
-            fake.log.append(f"peer copy gpu{self._device_id} -> gpu{current}")
+            fake.events.append(f"peer copy gpu{self._device_id} -> gpu{current}")
         return type(self)(self._a.copy(order), current)
 
     def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
@@ -302,7 +312,7 @@ class _Array(NDArrayOperatorsMixin):
     def get(self, stream=None, order="C", out=None, blocking=True):
         fake = self.fake
         fake.d2h.append(self.shape)
-        fake.log.append(f"d2h on {(stream or fake.cuda.get_current_stream()).name}")
+        fake.events.append(f"d2h on {(stream or fake.cuda.get_current_stream()).name}")
         if blocking:
             fake.sync("get")
         host = np.array(self._a, order=order, copy=True)
@@ -322,7 +332,7 @@ class _Array(NDArrayOperatorsMixin):
         stream = fake.cuda.get_current_stream() if stream is None else stream
         fake.h2d.append(self.shape)
         kind = "pinned" if is_pinned(arr) else "pageable"
-        fake.log.append(f"h2d {kind} on {stream.name}")
+        fake.events.append(f"h2d {kind} on {stream.name}")
         self._a[...] = arr
 
     # -- reading values on the host (each one a synchronisation)
@@ -363,11 +373,31 @@ class _Array(NDArrayOperatorsMixin):
 
 
 def _getitem(a, key):
-    return a[key]
+    return a[_wrapped(key, a.shape)]
 
 
 def _setitem(a, key, value) -> None:
-    a[key] = value
+    a[_wrapped(key, a.shape)] = value
+
+
+def _scatter_add(a, key, value) -> None:
+    np.add.at(a, _wrapped(key, a.shape), value)
+
+
+def _wrapped(key, shape):
+    """CuPy wraps out-of-range integer-array indices around where NumPy raises (keys with ``...``
+    or ``None`` are left as they are)."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if any(k is Ellipsis or k is None for k in keys):
+        return key
+    out, axis = [], 0
+    for k in keys:
+        if isinstance(k, np.ndarray) and k.dtype.kind in "iu" and axis < len(shape):
+            out.append(k % shape[axis] if shape[axis] else k)
+        else:
+            out.append(k)
+        axis += k.ndim if isinstance(k, np.ndarray) and k.dtype == bool else 1
+    return tuple(out) if isinstance(key, tuple) else out[0]
 
 
 def _has_array(key) -> bool:
@@ -431,6 +461,27 @@ class _Namespace(types.ModuleType):
         return attr
 
 
+class _BitGenerator:
+    """``Generator.bit_generator``: like CuPy's, its whole state is one device array (``_state``)
+    that can be copied and written back; here it holds the words of NumPy's PCG64 state."""
+
+    def __init__(self, fake: FakeCupy, bits: np.random.PCG64):
+        self._bits = bits
+        self._state = fake.ndarray(np.zeros(6, np.uint64), fake.current_device())
+        self.save()
+
+    def save(self) -> None:
+        s = self._bits.state
+        words = [s["state"]["state"] >> 64, s["state"]["state"], s["state"]["inc"] >> 64,
+                 s["state"]["inc"], s["has_uint32"], s["uinteger"]]
+        self._state._a[...] = [w & 0xFFFFFFFFFFFFFFFF for w in words]
+
+    def load(self) -> None:
+        w = [int(v) for v in self._state._a]
+        self._bits.state = {"bit_generator": "PCG64", "has_uint32": w[4], "uinteger": w[5],
+                            "state": {"state": w[0] << 64 | w[1], "inc": w[2] << 64 | w[3]}}
+
+
 class _Generator:
     """``cupy.random.Generator``: draws with NumPy's generator, on the device current when it was
     made (drawing while another device is current is the peer-access error)."""
@@ -438,6 +489,7 @@ class _Generator:
     def __init__(self, fake: FakeCupy, seed):
         self._fake, self._rng = fake, np.random.default_rng(seed)
         self.device_id = fake.current_device()
+        self.bit_generator = _BitGenerator(fake, self._rng.bit_generator)
 
     def __getattr__(self, name):
         method = getattr(self._rng, name)
@@ -445,13 +497,28 @@ class _Generator:
         def draw(*args, **kwargs):
             fake = self._fake
             fake._check_current(self.device_id)
+            self.bit_generator.load()  # the state may have been written back
             out = fake._launch(f"random.{name}", method, args, kwargs)
+            self.bit_generator.save()
             return out if isinstance(out, _Array) else fake._wrap(np.asarray(out))
         return draw
 
 
+class _MemoryPool:
+    """``get_default_memory_pool()``/``get_default_pinned_memory_pool()``: nothing is pooled."""
+
+    def used_bytes(self) -> int:
+        return 0
+
+    total_bytes = used_bytes
+
+    def free_all_blocks(self) -> None:
+        pass
+
+
 class _Kernel:
-    """``ElementwiseKernel``/``ReductionKernel``/``RawKernel``: built, but CUDA C cannot run here."""
+    """``ElementwiseKernel``/``ReductionKernel``/``RawKernel``: built, but their CUDA C cannot
+    run here."""
 
     def __init__(self, *args, **kwargs):
         names = [a for a in args if isinstance(a, str) and a.isidentifier()]
@@ -474,14 +541,14 @@ class _State(threading.local):
 class FakeCupy(_Namespace):
     """The fake ``cupy`` module (see the module docstring); ``fake.cupyx`` is the fake ``cupyx``.
 
-    Inspection: ``log`` (launches, copies, records, waits in order), ``syncs`` (host
+    Inspection: ``events`` (launches, copies, records, waits in order), ``syncs`` (host
     synchronisations), ``h2d``/``d2h`` (the shapes copied each way); :meth:`clear` empties them.
     """
 
     def __init__(self, n_devices: int = 2):
         super().__init__(self, "cupy", np)
         self.n_devices = n_devices
-        self.log: list[str] = []
+        self.events: list[str] = []
         self.syncs: list[str] = []
         self.h2d: list[tuple] = []
         self.d2h: list[tuple] = []
@@ -508,6 +575,8 @@ class FakeCupy(_Namespace):
         self.random.__dict__.update(default_rng=lambda seed=None: _Generator(self, seed),
                                     Generator=_Generator)
         self.ElementwiseKernel = self.ReductionKernel = self.RawKernel = _Kernel
+        pool = _MemoryPool()
+        self.get_default_memory_pool = self.get_default_pinned_memory_pool = lambda: pool
         self.fuse = _fuse
         self.cupyx = _fake_cupyx(self)
 
@@ -546,7 +615,7 @@ class FakeCupy(_Namespace):
 
     def clear(self) -> None:
         """Forget the log, the synchronisations and the copies noted so far."""
-        self.log.clear()
+        self.events.clear()
         self.syncs.clear()
         self.h2d.clear()
         self.d2h.clear()
@@ -585,10 +654,8 @@ class FakeCupy(_Namespace):
     def _launch(self, name: str, fn, args, kwargs):
         args = self._operand(tuple(args))
         out = kwargs.get("out")
-        if out is not None:
-            kwargs = dict(kwargs, out=self._operand(out))
         kwargs = {k: self._operand(v) for k, v in kwargs.items()}
-        self.log.append(f"launch {name} on {self._current_stream().name}")
+        self.events.append(f"launch {name} on {self._current_stream().name}")
         result = fn(*args, **kwargs)
         if out is not None:
             return out if not isinstance(out, tuple) or len(out) != 1 else out[0]
@@ -611,7 +678,7 @@ class FakeCupy(_Namespace):
         host = np.asarray(a, dtype=dtype, order=order)
         self.h2d.append(host.shape)
         kind = "pinned" if is_pinned(host) else "pageable"
-        self.log.append(f"h2d {kind} on {self._current_stream().name}")
+        self.events.append(f"h2d {kind} on {self._current_stream().name}")
         if blocking:
             self.sync("asarray(blocking=True)")
         return self.ndarray(np.array(host, copy=True), self.current_device())
@@ -647,7 +714,7 @@ def _fake_cupyx(fake: FakeCupy) -> types.ModuleType:
     cupyx = types.ModuleType("cupyx")
 
     def scatter_add(a, slices, value) -> None:
-        fake._launch("scatter_add", np.add.at, (a, slices, value), {})
+        fake._launch("scatter_add", _scatter_add, (a, a._index(slices), value), {})
 
     def empty_pinned(shape, dtype=float, order="C"):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -701,7 +768,7 @@ def _fake_nccl(fake: FakeCupy) -> types.ModuleType:
         def _copy(self, op: str, send: int, recv: int, count: int, dtype: int, stream) -> None:
             fake._check_current(self.device_id)
             name = fake.streams[stream, self.device_id].name
-            fake.log.append(f"nccl {op} on {name}")
+            fake.events.append(f"nccl {op} on {name}")
             if send != recv and count:
                 ctypes.memmove(recv, send, count * np.dtype(_NCCL_DTYPES[dtype]).itemsize)
 
