@@ -64,7 +64,8 @@ def check_range(array, low: int, high: int, error: Callable[[int, int], Exceptio
 
 def raise_deferred_errors() -> None:
     """Read back every unread GPU check (one copy per device) and raise the first failure's error,
-    noting that it was found late; a no-op when nothing is pending."""
+    noting that it was found late (the read's later failures are dropped: they may only be its
+    consequences); a no-op when nothing is pending."""
     with _lock:
         pending = list(_pending)
         _pending.clear()

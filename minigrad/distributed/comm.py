@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from minigrad.backend.device import as_device, get_default_device_obj
-from minigrad.backend.xp import cupy_or_none, get_array_module
+from minigrad.backend.xp import cupy_or_none, get_array_module, is_cupy_array
 from minigrad.distributed.backends.base import ReduceOp, Work, dtype_name
 from minigrad.distributed.backends.cpu.transport import contiguous
 from minigrad.distributed.group import (
@@ -70,11 +70,8 @@ __all__ = [
 
 
 def is_cupy(x: Any) -> bool:
-    """Whether ``x`` is a CuPy array (checked without importing CuPy for NumPy arrays)."""
-    if not type(x).__module__.startswith("cupy"):
-        return False
-    cp = cupy_or_none()
-    return cp is not None and isinstance(x, cp.ndarray)
+    """Whether ``x`` is a CuPy array (never imports CuPy)."""
+    return is_cupy_array(x)
 
 
 def check_array(where: str, x: Any) -> None:

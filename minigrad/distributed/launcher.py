@@ -305,6 +305,12 @@ class launcher:
             n = gpus if self.on_gpu else int(os.environ.get(NPROC_ENV, DEFAULT_NPROC))
         if n < 1:
             raise ValueError(f"dist.launcher: need at least one process, got n_gpus={n}")
+        if self.on_gpu and n > gpus:
+            raise ValueError(
+                f"dist.launcher: {n} ranks but {gpus} visible GPU(s): each rank gets a GPU of its "
+                "own (NCCL refuses two ranks on one GPU); use n_gpus <= "
+                f"{gpus}, or device_type='cpu' and put tensors on a GPU explicitly"
+            )
         self.n = int(n)
         self.world_size = int(world_size) if world_size is not None else self.n
         self.rank_start = int(rank_start)

@@ -11,7 +11,8 @@ The fake models what minigrad's GPU code depends on, with CuPy's rules and error
 * no implicit conversion: ``np.asarray`` of a device array raises CuPy's ``TypeError``, and NumPy
   arrays as kernel operands raise ``TypeError('Unsupported type ...')``;
 * host synchronisations: ``asnumpy``, ``get``, ``item``, ``tolist``, ``bool``/``float``/``int``,
-  ``repr`` and the ``synchronize`` methods are appended to ``fake.syncs`` (and raise
+  ``repr``, the ``synchronize`` methods and ops whose output size depends on the data (boolean
+  mask indexing, ``nonzero``, ``unique``...) are appended to ``fake.syncs`` (and raise
   ``DeviceSynchronized`` inside ``cupyx.allow_synchronize(False)``, as CuPy's detector does);
   host-to-device copies are counted in ``fake.h2d``, device-to-host copies in ``fake.d2h``;
 * streams and events, per device, with a current stream per thread and device; ``fake.events`` lists
@@ -55,6 +56,9 @@ __all__ = ["DeviceSynchronized", "FakeCupy", "installed"]
 #: CUDA's status for a device index that does not exist.
 CUDA_ERROR_INVALID_DEVICE = 101
 _NAMES = itertools.count(1)  # stream and event numbers, unique in the process
+# functions whose output size depends on the data (CuPy synchronises to learn it)
+_SIZE_FROM_DATA = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "compress",
+                             "extract"})
 # methods that only build a view (no kernel in CuPy for contiguous arrays)
 _VIEW_METHODS = frozenset({"reshape", "view", "transpose", "swapaxes", "squeeze", "ravel"})
 
@@ -276,6 +280,8 @@ class _Array(NDArrayOperatorsMixin):
 
     def __getitem__(self, key):
         if _has_array(key):
+            if _has_mask(key):  # the result's size is on the device: CuPy reads it back
+                self.fake.sync("boolean mask index")
             return self.fake._launch("getitem", _getitem, (self, self._index(key)), {})
         return self.fake._wrap(self._a[key], self._device_id)
 
@@ -398,6 +404,11 @@ def _wrapped(key, shape):
             out.append(k)
         axis += k.ndim if isinstance(k, np.ndarray) and k.dtype == bool else 1
     return tuple(out) if isinstance(key, tuple) else out[0]
+
+
+def _has_mask(key) -> bool:
+    keys = key if isinstance(key, tuple) else (key,)
+    return any(getattr(k, "dtype", None) == np.bool_ for k in keys)
 
 
 def _has_array(key) -> bool:
@@ -652,6 +663,8 @@ class FakeCupy(_Namespace):
         return result
 
     def _launch(self, name: str, fn, args, kwargs):
+        if name in _SIZE_FROM_DATA:
+            self.sync(name)  # the output's size depends on the values: CuPy reads it back
         args = self._operand(tuple(args))
         out = kwargs.get("out")
         kwargs = {k: self._operand(v) for k, v in kwargs.items()}
