@@ -262,3 +262,34 @@ def _default_device(name: str):
         yield
     finally:
         mg.set_default_device("cpu0")
+
+
+class _TwoEqualRanks(M.normalization.StatsReducer):
+    """A two-rank world whose other rank holds the same batch: sums double."""
+
+    def world_size(self, group) -> int:
+        return 2
+
+    def sum(self, tensor, group):
+        return tensor * 2
+
+
+def test_sync_batch_norm_keeps_its_count_on_the_gpu(cp):
+    x = np.random.default_rng(2).standard_normal((4, 3, 2))
+    results = {}
+    for device in ("cpu0", "gpu0"):
+        with _default_device(device):
+            bn = M.SyncBatchNorm(3)
+        previous = M.normalization.set_stats_reducer(_TwoEqualRanks())
+        try:
+            with _allow_sync(cp, False):
+                y = bn(mg.tensor(x, dtype="float32", device=device))
+        finally:
+            M.normalization.set_stats_reducer(previous)
+        results[device] = [y.numpy(), bn.running_var.numpy()]
+    for a, b in zip(results["cpu0"], results["gpu0"]):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    n = 2 * 4 * 2  # both ranks' values per channel: the unbiased variance uses n / (n - 1)
+    var = x.transpose(1, 0, 2).reshape(3, -1).var(axis=1)
+    np.testing.assert_allclose(results["gpu0"][1].reshape(-1), 0.9 + 0.1 * var * n / (n - 1),
+                               rtol=1e-5)
