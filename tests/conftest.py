@@ -55,6 +55,15 @@ def device(request) -> str:
 
 
 @pytest.fixture
+def default_device(device):
+    """``device`` made the default device for the test: for tests whose tensors name no device
+    (MegEngine's documented examples), so that they run on ``gpu0`` too."""
+    mg.set_default_device(device)
+    yield device
+    mg.set_default_device("cpu0")
+
+
+@pytest.fixture
 def fake_gpu_tensor():
     """Make float32 ones that *claim* to live on gpu0 (the data stays NumPy): enough to reach the
     device checks of an op on machines without a GPU."""

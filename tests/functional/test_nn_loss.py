@@ -122,18 +122,18 @@ def test_topk_accuracy(device, rng):
         F.topk_accuracy(_t(logits, device), _t(target, device, "int32"), 8)
 
 
-def test_losses_against_torch(rng):
+def test_losses_against_torch(rng, device):
     torch = pytest.importorskip("torch")
     tf = torch.nn.functional
     x = rng.standard_normal((5, 4))
     y = rng.integers(0, 4, 5)
     np.testing.assert_allclose(
-        F.cross_entropy(_t(x, "cpu0"), _t(y, "cpu0", "int32"), label_smooth=0.2).numpy(),
+        F.cross_entropy(_t(x, device), _t(y, device, "int32"), label_smooth=0.2).numpy(),
         tf.cross_entropy(torch.tensor(x), torch.tensor(y), label_smoothing=0.2).numpy(),
         rtol=1e-10)
     t = rng.random((5, 4))
     np.testing.assert_allclose(
-        F.binary_cross_entropy(_t(x, "cpu0"), _t(t, "cpu0")).numpy(),
+        F.binary_cross_entropy(_t(x, device), _t(t, device)).numpy(),
         tf.binary_cross_entropy_with_logits(torch.tensor(x), torch.tensor(t)).numpy(), rtol=1e-10)
 
 
