@@ -21,6 +21,7 @@ import minigrad.autodiff as ad
 import minigrad.functional as F
 import minigrad.module as M
 import minigrad.optimizer as optim
+from minigrad.backend import device as device_mod
 from minigrad.backend import device_checks
 from minigrad.backend.device import as_device
 from minigrad.backend.rng import get_rng
@@ -247,7 +248,9 @@ def test_dataloader_pins_batches(fake):
     np.testing.assert_array_equal(batches[1][0], [[8.0, 9.0], [10.0, 11.0]])
 
 
-def test_dataloader_pin_memory_without_a_gpu_warns_once():
+def test_dataloader_pin_memory_without_a_gpu_warns_once(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, even on a GPU machine
+    monkeypatch.setattr(device_mod, "_probe", None)
     data = ArrayDataset(np.arange(4.0))
     with pytest.warns(RuntimeWarning, match="pin_memory=True but no GPU is usable"):
         loader = DataLoader(data, pin_memory=True)
