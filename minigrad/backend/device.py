@@ -9,6 +9,7 @@ runs inside ``device.context()`` (ops do that in ``Function.__call__``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -232,15 +233,7 @@ class Device:
         return hash((self.kind, self.index))
 
 
-class _NullContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NULL_CONTEXT = _NullContext()
+_NULL_CONTEXT = contextlib.nullcontext()  # the CPU's "current device" (one, always current)
 
 
 def _require_cupy(what: str):

@@ -82,15 +82,7 @@ def is_cupy_array(x) -> bool:
     return cp is not None and isinstance(x, cp.ndarray)
 
 
-class _NoContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_CONTEXT = _NoContext()
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 def on_device_of(array):

@@ -49,6 +49,7 @@ import numpy as np
 import scipy.special
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from minigrad.backend.transfer import is_pinned
 from minigrad.backend.xp import use_cupy
 
 __all__ = ["DeviceSynchronized", "FakeCupy", "installed"]
@@ -414,16 +415,6 @@ def _has_mask(key) -> bool:
 def _has_array(key) -> bool:
     keys = key if isinstance(key, tuple) else (key,)
     return any(isinstance(k, (_Array, np.ndarray, list)) for k in keys)
-
-
-def is_pinned(array: np.ndarray) -> bool:
-    """Whether a NumPy array lives in (fake) pinned memory."""
-    obj = array
-    while obj is not None:
-        if isinstance(obj, PinnedMemoryPointer):
-            return True
-        obj = obj.obj if isinstance(obj, memoryview) else getattr(obj, "base", None)
-    return False
 
 
 # -------------------------------------------------------------------------------------------------
