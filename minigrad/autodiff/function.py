@@ -7,17 +7,16 @@ a Tensor, a backend array or ``None``. Because backward is written with Tensor o
 recorded when a manager that sees this backward is recording: that is how second-order gradients
 work. Whatever an op stores on ``self`` for backward is dropped once the graph is done with it.
 
-Calling a Function records a graph node when a GradManager is recording and some input needs a
-gradient: the node keeps one *edge* per input (the producing node and output index, the attached
-leaf tensor, or None), the inputs' shapes, dtypes and devices, a creation number ``_seq`` (a
-topological order), the tape of recordings it belongs to (see ``minigrad.recording``) and the
-device of its outputs (``_device``).
-
 Devices: an op runs on the device of its Tensor inputs (all the same one). On a GPU, ``forward``
 runs with that GPU made CUDA's current device (CuPy launches every kernel and allocates every array
 on the current device), and the backward engine does the same for ``backward``; on the CPU this
 costs one comparison. Array outputs are placed on that device; a Tensor returned by ``forward``
 keeps its own device (``Copy``'s output lives on the target device).
+
+Calling a Function records a graph node when a GradManager is recording and some input needs a
+gradient: the node keeps one *edge* per input (the producing node and output index, the attached
+leaf tensor, or None), the inputs' shapes, dtypes and devices, a creation number ``_seq`` (a
+topological order) and the tape of recordings it belongs to (see ``minigrad.recording``).
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ class Function:
 
     # Bookkeeping lives in slots; everything an op saves for backward lives in __dict__, which the
     # engine clears once no backward pass needs the node any more (that frees the buffers).
-    __slots__ = ("_edges", "_in_meta", "_seq", "_tape", "_n_out", "_wanted", "_device", "__dict__",
+    __slots__ = ("_edges", "_in_meta", "_seq", "_tape", "_n_out", "_wanted", "__dict__",
                  "__weakref__")
 
     def forward(self, *inputs):
@@ -155,7 +154,6 @@ class Function:
         self._seq = state.seq
         self._tape = tape
         self._n_out = len(outputs)
-        self._device = outputs[0]._device
         for i, t in enumerate(outputs):
             if t._data.dtype.kind == "f":
                 t._node = self

@@ -497,12 +497,10 @@ def _raw(fn, a, b=None, op="compare"):
     """``fn(xp, a[, b])`` on the operands' arrays, wrapped as a Tensor that is not recorded."""
     if b is None:
         a = _t(a)
-        with a._device.context():
-            return Tensor._wrap(fn(a.xp, a._data), a._device)
+        return Tensor._wrap(fn(a.xp, a._data), a._device)
     a, b = binary_args(a, b, op)
     ref = a if isinstance(a, Tensor) else b
-    with ref._device.context():
-        return Tensor._wrap(fn(ref.xp, data(a), data(b)), ref._device)
+    return Tensor._wrap(fn(ref.xp, data(a), data(b)), ref._device)
 
 
 def _comparison(name: str, what: str):

@@ -208,14 +208,13 @@ def argmin(inp, axis=None, keepdims: bool = False) -> Tensor:
 def _arg(x, axis, keepdims, name):
     x = _t(x)
     fn = getattr(x.xp, name)
-    with x._device.context():
-        if axis is None:
-            out = fn(x._data.reshape(-1))
-            if keepdims:
-                out = out.reshape((1,) * x.ndim)
-        else:
-            (ax,) = normalize_axis(axis, x.ndim, name)
-            out = fn(x._data, axis=ax)
-            if keepdims:
-                out = x.xp.expand_dims(out, ax)
-        return Tensor._wrap(out.astype("int32"), x._device)
+    if axis is None:
+        out = fn(x._data.reshape(-1))
+        if keepdims:
+            out = out.reshape((1,) * x.ndim)
+    else:
+        (ax,) = normalize_axis(axis, x.ndim, name)
+        out = fn(x._data, axis=ax)
+        if keepdims:
+            out = x.xp.expand_dims(out, ax)
+    return Tensor._wrap(out.astype("int32"), x._device)
