@@ -213,7 +213,8 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
             in_grads = [None] * len(edges)
         else:
             node._wanted = mask
-            device = _device_of(grads)
+            g = grads[0]
+            device = g._device if g is not None else _device_of(grads)
             if device.kind == "cpu":
                 in_grads = node.backward(*grads)
             else:
