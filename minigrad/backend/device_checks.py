@@ -30,7 +30,7 @@ from minigrad.backend.xp import get_array_module, on_cupy_change
 #: Unread GPU checks that trigger a read at the next check.
 MAX_PENDING = 256
 
-_pending: list = []  # (device array [min, max], error factory) per unread GPU check
+_pending: list = []  # ((min, max) as 0-d device arrays, low, high, error factory) per unread check
 _lock = threading.Lock()
 
 

@@ -3,7 +3,9 @@ CuPy spellings differ.
 
 CuPy is optional: it is imported on first use (``cupy_or_none``), never at ``import minigrad``, so a
 CPU-only install never loads CUDA libraries, and the reason an import failed is kept for the error
-message of whoever asks for a GPU.
+message of whoever asks for a GPU. Tests swap in a stand-in with :func:`use_cupy` (the modules that
+cache GPU objects register with :func:`on_cupy_change`). :func:`on_device_of` makes an array's GPU
+the current device for code working on raw arrays.
 """
 
 from __future__ import annotations
