@@ -13,6 +13,7 @@ import pytest
 import minigrad as mg
 import minigrad.distributed as dist
 from minigrad.testing import fake_cupy
+from minigrad.testing.distributed import run_workers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -55,3 +56,22 @@ def test_the_launcher_binds_each_rank_to_its_gpu():
 
 def _where():
     return mg.get_default_device()
+
+
+def _staged_on_gpu1():
+    import cupy  # noqa: PLC0415  (the fake)
+
+    from minigrad.distributed import comm  # noqa: PLC0415
+
+    with cupy.cuda.Device(1):
+        x = cupy.full(3, float(dist.get_rank() + 1))
+    # device 0 is current: staged results must still land on the inputs' GPU
+    gathered = comm.all_gather(x)
+    comm.all_reduce(x)
+    return [g.device.id for g in gathered], x.device.id, cupy.asnumpy(x).tolist()
+
+
+def test_staged_results_land_on_the_inputs_gpu():
+    with fake_cupy.installed(2):
+        out = run_workers(_staged_on_gpu1, 2, backend="cpu")
+    assert out == [([1, 1], 1, [3.0, 3.0, 3.0])] * 2
