@@ -5,7 +5,7 @@ marked ``gpu``, on CUDA through ``python tests/distributed/gpu_jobs.py NAME``: a
 whose ranks are forked before anything initialises CUDA (the pytest process may already have, for
 its single-process GPU tests, and forked children cannot use CUDA after that).
 
-    python tests/distributed/gpu_jobs.py nccl_world_size_one data_parallel pipeline
+    python tests/distributed/gpu_jobs.py nccl_world_size_one cupy_collectives data_parallel pipeline
 """
 
 import os
@@ -14,6 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
+import test_comm  # noqa: E402
 import test_data_parallel  # noqa: E402
 import test_pipeline  # noqa: E402
 
@@ -113,7 +114,15 @@ def pipeline() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-10)
 
 
-JOBS = {f.__name__: f for f in (nccl_world_size_one, data_parallel, staging_per_bucket, pipeline)}
+def cupy_collectives() -> None:
+    """all_reduce, broadcast and an async all_reduce of CuPy arrays: one rank over NCCL, two ranks
+    sharing GPU 0 over the cpu backend."""
+    test_comm.check_cupy_arrays(1, "auto")
+    test_comm.check_cupy_arrays(2, "cpu")
+
+
+JOBS = {f.__name__: f for f in (nccl_world_size_one, cupy_collectives, data_parallel,
+                                staging_per_bucket, pipeline)}
 
 if __name__ == "__main__":
     for name in sys.argv[1:]:

@@ -28,7 +28,8 @@ def test_job_on_the_fake_cupy(job):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("job", ["nccl_world_size_one", "data_parallel", "pipeline"])
+@pytest.mark.parametrize("job", ["nccl_world_size_one", "cupy_collectives", "data_parallel",
+                                 "pipeline"])
 def test_job_on_cuda(job):
     proc = subprocess.run([sys.executable, os.path.join(HERE, "gpu_jobs.py"), job],
                           capture_output=True, text=True, timeout=600)
