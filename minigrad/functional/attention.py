@@ -147,8 +147,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
             f"q[-1] == k[-1] and k[-2] == v[-2])"
         )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    with q._device.context():
-        bias = attention_bias(q.shape[-2], k.shape[-2], attn_mask, is_causal, like=q)
+    bias = attention_bias(q.shape[-2], k.shape[-2], attn_mask, is_causal, like=q)
     if dropout_p > 0.0:
         return matmul(dropout(_weights(q, k, bias, scale), dropout_p, training=True), v)
     return _Attention()(q, k, v, bias, scale)
