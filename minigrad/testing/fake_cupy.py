@@ -26,6 +26,8 @@ The fake models what minigrad's GPU code depends on, with CuPy's rules and error
 Not modelled: asynchrony (every launch completes at once, events are always done), CUDA C kernels
 (``ElementwiseKernel``, ``ReductionKernel`` and ``RawKernel`` can be built but raise
 ``NotImplementedError`` when called; ``fuse`` returns the function unchanged) and memory pools.
+minigrad's fused kernels (``minigrad.backend.kernels``, CUDA C on a GPU) run their CPU versions on
+the fake arrays' data instead (with the same device checks), so every op can run on the fake.
 
 Example::
 
@@ -810,6 +812,19 @@ def _fake_nccl(fake: FakeCupy) -> types.ModuleType:
 
 _MODULES = ("cupy", "cupy.cuda", "cupy.cuda.nccl", "cupy.random", "cupyx", "cupyx.scipy",
             "cupyx.scipy.special")
+_KERNELS = "minigrad.backend.kernels"
+
+
+class _HostKernels:
+    """The GPU side of minigrad's fused kernels on the fake: each function runs its CPU version on
+    the fake arrays' data (a launch on the current device, like any kernel)."""
+
+    def __init__(self, fake: FakeCupy, cpu_kernels):
+        self._fake, self._cpu = fake, cpu_kernels
+
+    def __getattr__(self, name):
+        fn = getattr(self._cpu, name)
+        return lambda *args: self._fake._launch(f"kernel {name}", fn, args, {})
 
 
 @contextlib.contextmanager
@@ -829,12 +844,19 @@ def installed(n_devices: int = 2):
                                   fake.cupyx.scipy, fake.cupyx.scipy.special)))
     saved_modules = {name: sys.modules.get(name) for name in _MODULES}
     saved_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    kernels = sys.modules.get(_KERNELS)  # minigrad's fused kernels, where this minigrad has them
+    backend_for = getattr(kernels, "backend_for", None)
     sys.modules.update(modules)
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n_devices))
+    if backend_for is not None:
+        host = _HostKernels(fake, backend_for(np.empty(0)))
+        kernels.backend_for = lambda a: host if isinstance(a, fake.ndarray) else backend_for(a)
     try:
         with use_cupy(fake, fake.cupyx):
             yield fake
     finally:
+        if backend_for is not None:
+            kernels.backend_for = backend_for
         for name, module in saved_modules.items():
             if module is None:
                 sys.modules.pop(name, None)

@@ -142,3 +142,17 @@ def test_uninstalled_afterwards():
     with installed(1) as fake:
         assert cupy_or_none() is fake
     assert cupy_or_none() is before
+
+
+def test_fused_kernels_run_their_cpu_versions_on_the_fake(fake):
+    pytest.importorskip("minigrad.backend.kernels")  # where this minigrad has fused kernels
+    import minigrad as mg  # noqa: PLC0415
+    import minigrad.functional as F  # noqa: PLC0415
+
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    for fn in (F.gelu, lambda t: F.softmax(t, -1)):
+        got = fn(mg.tensor(x, device="gpu1"))  # device 0 stays current: kernels must follow
+        assert got.device == "gpu1" and got.data.device.id == 1
+        np.testing.assert_allclose(got.numpy(), fn(mg.tensor(x, device="cpu0")).numpy(),
+                                   rtol=1e-6)
+    assert any(e.startswith("launch kernel ") for e in fake.events)
