@@ -95,8 +95,9 @@ class _Device:
 
     def __enter__(self):
         fake = self.fake
-        fake._state().device_stack.append(fake.current_device())
+        previous = fake.current_device()
         fake.set_device(self.id)
+        fake._state().device_stack.append(previous)
         return self
 
     def __exit__(self, *exc):
@@ -259,9 +260,8 @@ class _Array(NDArrayOperatorsMixin):
 
     # -- kernels
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return self.fake._launch(f"{ufunc.__name__}" + ("" if method == "__call__" else
-                                                        f".{method}"),
-                                 getattr(ufunc, method), inputs, kwargs)
+        name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+        return self.fake._launch(name, getattr(ufunc, method), inputs, kwargs)
 
     def __array_function__(self, func, types_, args, kwargs):
         return self.fake._launch(func.__name__, func, args, kwargs)
