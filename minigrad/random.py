@@ -47,8 +47,8 @@ def permutation(n: int, dtype="int32", device=None) -> Tensor:
     """A random permutation of ``0..n-1`` (drawn on the CPU generator, so it is the same for a
     given seed whatever the device)."""
     dev = as_device(device)
-    order = get_rng("cpu0").permutation(int(n))
-    return Tensor._wrap(dev.xp.asarray(order).astype(as_dtype(dtype)), dev)
+    order = get_rng("cpu0").permutation(int(n)).astype(as_dtype(dtype))
+    return Tensor._wrap(dev.put(order), dev)
 
 
 # -- distributions with tensor parameters (MegEngine's gamma, beta, poisson) --------------------

@@ -24,6 +24,7 @@ import numbers
 import numpy as np
 
 from minigrad.backend.device import Device, as_device, get_default_device_obj
+from minigrad.backend.device_checks import raise_deferred_errors
 from minigrad.backend.xp import cupy_or_none, get_array_module, to_numpy
 from minigrad.recording import is_recording
 
@@ -307,9 +308,13 @@ class Tensor:
 
     # -- conversion ------------------------------------------------------------------------------
     def numpy(self) -> np.ndarray:
-        """A host NumPy copy of the data."""
+        """A host NumPy copy of the data. For a GPU tensor this waits for the GPU, and then raises
+        what a deferred index check found (``minigrad.backend.device_checks``)."""
         out = to_numpy(self._data)
-        return out.copy() if out is self._data else out
+        if out is self._data:
+            return out.copy()
+        raise_deferred_errors()
+        return out
 
     def item(self):
         """The single element as a Python number."""
@@ -384,7 +389,8 @@ class Tensor:
     _reset = set_value
 
     def _ones_like(self) -> "Tensor":
-        return Tensor._wrap(self.xp.ones(self.shape, self.dtype), self._device)
+        with self._device.context():
+            return Tensor._wrap(self.xp.ones(self.shape, self.dtype), self._device)
 
     # -- shape methods -----------------------------------------------------------------------------
     def reshape(self, *shape) -> "Tensor":
@@ -420,7 +426,10 @@ class Tensor:
         index = raw_index(index)
         if isinstance(value, Tensor):
             value = value._data
-        self._data[index] = value
+        elif not isinstance(value, numbers.Number):
+            value = self._device.put(value)  # CuPy takes arrays of its own, or numbers
+        with self._device.context():
+            self._data[index] = value
 
     # -- reductions as methods ------------------------------------------------------------------
     def sum(self, axis=None, keepdims=False):

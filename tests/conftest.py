@@ -1,17 +1,37 @@
 """Shared fixtures: a ``device`` fixture that runs a test on every available backend, and the
-``gpu`` marker, which skips cleanly on machines without CuPy or a CUDA device."""
+``gpu`` marker, which skips cleanly on machines without CuPy or a CUDA device.
+
+GPUs are counted without initialising CUDA in this process (``probe_gpus`` reads the operating
+system), so tests that fork GPU ranks later still can. ``MINIGRAD_TEST_FAKE_GPU=gpu1`` runs the
+``device`` tests on the fake CuPy (``minigrad.testing.fake_cupy``, two devices) as well: on
+``gpu1`` while device 0 is current, which finds every kernel launched outside its tensor's device,
+every NumPy call on a device array and every implicit host copy, without a GPU.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import numpy as np
 import pytest
 
 import minigrad as mg
-from minigrad.testing import check_double_grad
+from minigrad.backend.device import probe_gpus
+from minigrad.testing import check_double_grad, fake_cupy
 
 _HAS_CUDA = mg.is_cuda_available()
+_NO_GPU_REASON = f"needs CuPy and a CUDA device ({probe_gpus().reason})"
+_FAKE_GPU = os.environ.get("MINIGRAD_TEST_FAKE_GPU")
 
 DEVICES = ["cpu0"] + ([pytest.param("gpu0", marks=pytest.mark.gpu)] if _HAS_CUDA else [])
+if _FAKE_GPU and not _HAS_CUDA:
+    _FAKE_INSTALL = fake_cupy.installed(2)  # kept: collecting it would uninstall the fake
+    _FAKE_INSTALL.__enter__()  # for the whole session
+    DEVICES.append(_FAKE_GPU)
+# Tests place tensors on the GPU explicitly (the ``device`` fixture); everything else stays on the
+# CPU on GPU machines too (there the default would be gpu0).
+mg.set_default_device("cpu0")
 
 
 def pytest_configure(config) -> None:
@@ -22,9 +42,9 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Skip every ``@pytest.mark.gpu`` test when no GPU is usable, with the reason shown."""
     if _HAS_CUDA:
         return
-    skip = pytest.mark.skip(reason="needs CuPy and a CUDA device")
+    skip = pytest.mark.skip(reason=_NO_GPU_REASON)
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
 
 
@@ -35,6 +55,15 @@ def device(request) -> str:
 
 
 @pytest.fixture
+def default_device(device):
+    """``device`` made the default device for the test: for tests whose tensors name no device
+    (MegEngine's documented examples), so that they run on ``gpu0`` too."""
+    mg.set_default_device(device)
+    yield device
+    mg.set_default_device("cpu0")
+
+
+@pytest.fixture
 def fake_gpu_tensor():
     """Make float32 ones that *claim* to live on gpu0 (the data stays NumPy): enough to reach the
     device checks of an op on machines without a GPU."""
@@ -42,7 +71,7 @@ def fake_gpu_tensor():
 
     def make(shape):
         dev = object.__new__(Device)
-        dev.kind, dev.index, dev._xp = "gpu", 0, np
+        dev.kind, dev.index, dev._xp, dev._context = "gpu", 0, np, contextlib.nullcontext()
         return mg.Tensor._wrap(np.ones(shape, np.float32), dev)
 
     return make

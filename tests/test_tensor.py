@@ -253,8 +253,7 @@ def test_setitem_matches_numpy(device, rng):
         (([0, 2], [3, 3]), 4.0),
     ]:
         t[index] = value
-        raw_index = index._data if isinstance(index, mg.Tensor) else index
-        ref[raw_index if not isinstance(raw_index, np.ndarray) else np.asarray(raw_index)] = (
+        ref[index.numpy() if isinstance(index, mg.Tensor) else index] = (
             value.numpy() if isinstance(value, mg.Tensor) else value
         )
         np.testing.assert_array_equal(t.numpy(), ref)

@@ -182,7 +182,8 @@ def _get_state(generator):
     bits = generator.bit_generator
     if isinstance(generator, np.random.Generator):
         return bits.state
-    return bits._state.copy()  # CuPy keeps a cuRAND generator's whole state in one device array
+    with bits._state.device:  # CuPy keeps a cuRAND generator's whole state in one device array
+        return bits._state.copy()  # (copied on its own GPU: copy() copies to the current one)
 
 
 def _set_state(generator, state) -> None:
@@ -190,4 +191,5 @@ def _set_state(generator, state) -> None:
     if isinstance(generator, np.random.Generator):
         bits.state = state
     else:
-        bits._state[...] = state
+        with bits._state.device:
+            bits._state[...] = state

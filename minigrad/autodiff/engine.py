@@ -213,7 +213,13 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
             in_grads = [None] * len(edges)
         else:
             node._wanted = mask
-            in_grads = node.backward(*grads)
+            g = grads[0]
+            device = g._device if g is not None else _device_of(grads)
+            if device.kind == "cpu":
+                in_grads = node.backward(*grads)
+            else:
+                with device.context():  # the op's GPU is current while its backward launches
+                    in_grads = node.backward(*grads)
             if not isinstance(in_grads, (tuple, list)):
                 in_grads = (in_grads,)
             if len(in_grads) != len(edges):
@@ -265,6 +271,14 @@ def _wrap_array(node, in_grads, g, device) -> Tensor:
             f"input; got {type(g).__name__} for input {i}"
         )
     return Tensor._wrap(g, device)
+
+
+def _device_of(grads):
+    """The device of a node's output gradients (the first that is not None): its op's device."""
+    for g in grads:
+        if g is not None:
+            return g._device
+    raise AssertionError("a node runs backward only when a gradient reached it")
 
 
 def _all_none(grads) -> bool:

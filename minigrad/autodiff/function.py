@@ -7,6 +7,12 @@ a Tensor, a backend array or ``None``. Because backward is written with Tensor o
 recorded when a manager that sees this backward is recording: that is how second-order gradients
 work. Whatever an op stores on ``self`` for backward is dropped once the graph is done with it.
 
+Devices: an op runs on the device of its Tensor inputs (all the same one). On a GPU, ``forward``
+runs with that GPU made CUDA's current device (CuPy launches every kernel and allocates every array
+on the current device), and the backward engine does the same for ``backward``; on the CPU this
+costs one comparison. Array outputs are placed on that device; a Tensor returned by ``forward``
+keeps its own device (``Copy``'s output lives on the target device).
+
 Calling a Function records a graph node when a GradManager is recording and some input needs a
 gradient: the node keeps one *edge* per input (the producing node and output index, the attached
 leaf tensor, or None), the inputs' shapes, dtypes and devices, a creation number ``_seq`` (a
@@ -102,7 +108,9 @@ class Function:
                     )
         if device is None:
             device = get_default_device_obj()
-        if may_record:  # a user-defined forward written with Tensor ops must not record itself
+        if device.kind != "cpu":
+            out = self._forward_on(device, inputs, may_record)
+        elif may_record:  # a user-defined forward written with Tensor ops must not record itself
             state.enabled = False
             try:
                 out = self.forward(*inputs)
@@ -110,15 +118,30 @@ class Function:
                 state.enabled = True
         else:
             out = self.forward(*inputs)
+        # outputs are on the inputs' device, except Tensors that say otherwise (``Copy``'s)
         if type(out) is tuple:
-            outs = tuple(Tensor._wrap(o._data if isinstance(o, Tensor) else o, device) for o in out)
+            outs = tuple(Tensor._wrap(o._data, o._device) if isinstance(o, Tensor)
+                         else Tensor._wrap(o, device) for o in out)
             if record:
                 self._record(inputs, outs)
             return outs
-        y = Tensor._wrap(out._data if isinstance(out, Tensor) else out, device)
+        y = (Tensor._wrap(out._data, out._device) if isinstance(out, Tensor)
+             else Tensor._wrap(out, device))
         if record:
             self._record(inputs, (y,))
         return y
+
+    def _forward_on(self, device, inputs, may_record):
+        """``forward`` with ``device`` (a GPU) made current, so that every kernel it launches and
+        every array it allocates is on the inputs' GPU (CuPy works on the current device)."""
+        with device.context():
+            if not may_record:
+                return self.forward(*inputs)
+            STATE.enabled = False
+            try:
+                return self.forward(*inputs)
+            finally:
+                STATE.enabled = True
 
     def _record(self, inputs, outputs):
         """Make this call a node of the graph recorded for ``STATE.tape``."""

@@ -16,6 +16,7 @@ from minigrad.backend.device import (  # noqa: E402
     get_device_count,
     is_cuda_available,
     set_default_device,
+    synchronize,
 )
 from minigrad.backend.threads import get_num_threads, set_num_threads  # noqa: E402
 from minigrad.backend.xp import cupy_or_none, get_array_module, to_numpy  # noqa: E402
@@ -31,5 +32,6 @@ __all__ = [
     "is_cuda_available",
     "set_default_device",
     "set_num_threads",
+    "synchronize",
     "to_numpy",
 ]

@@ -1,20 +1,27 @@
 """Device names and objects.
 
 Names follow MegEngine: ``cpu0``, ``gpu0``..``gpuN``, and the wildcards ``xpux`` (a GPU when CuPy
-sees a CUDA device, else the CPU), ``cpux`` and ``gpux``. A :class:`Device` knows its array module
-and how to move arrays onto itself.
+sees a CUDA device, else the CPU), ``cpux`` and ``gpux``. A :class:`Device` knows its array module,
+how to move arrays onto itself, and how to make itself CUDA's current device: CuPy launches every
+kernel and allocates every array on the *current* device, so code that works on a ``gpuN`` tensor
+runs inside ``device.context()`` (ops do that in ``Function.__call__``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
+import subprocess
+import sys
 import warnings
 
 import numpy as np
 
-from minigrad.backend.xp import cupy_import_error, cupy_or_none
+from minigrad.backend.device_checks import raise_deferred_errors
+from minigrad.backend.transfer import host_to_device
+from minigrad.backend.xp import cupy_import_error, cupy_or_none, is_cupy_array, on_cupy_change
 
 _NAME = re.compile(r"^(cpu|gpu|xpu|cuda)(\d+|x)?(?::\d+)?$")
 
@@ -32,9 +39,10 @@ class GpuProbe:
     Counting goes through the operating system first (``CUDA_VISIBLE_DEVICES``, then the driver's
     ``/proc`` entries), because asking CUDA itself (``cudaGetDeviceCount``) initialises the CUDA
     driver, after which a forked child can no longer use the GPU: resolving ``xpux`` in a parent
-    that is about to launch GPU workers must not do that. Only where the operating system cannot
-    tell (no ``/proc`` entries, e.g. WSL) is CUDA asked. A CUDA error is kept as ``reason`` (and
-    shown by every GPU request) rather than read as "0 GPUs" without a word.
+    that is about to launch GPU workers must not do that. Where the operating system cannot tell
+    (no ``/proc`` entries, e.g. WSL) CUDA is asked in a short-lived subprocess, or in this process
+    once CUDA is initialised here anyway. A CUDA error is kept as ``reason`` (and shown by every
+    GPU request) rather than read as "0 GPUs" without a word.
     """
 
     def __init__(self, count: int, reason: str | None = None, failed: bool = False):
@@ -78,6 +86,8 @@ def _count_gpus() -> GpuProbe:
                                f"({exc.strerror}); set CUDA_VISIBLE_DEVICES to choose the GPUs "
                                "explicitly", failed=True)
         return GpuProbe(n, None if n else f"the NVIDIA driver lists no GPU in {NVIDIA_GPUS_DIR}")
+    if not cuda_initialized():
+        return count_gpus_in_subprocess()
     try:
         n = int(cp.cuda.runtime.getDeviceCount())
     except cp.cuda.runtime.CUDARuntimeError as exc:
@@ -85,6 +95,29 @@ def _count_gpus() -> GpuProbe:
             return GpuProbe(0, "CUDA reports no device")
         return GpuProbe(0, f"CUDA failed while counting devices: {exc}", failed=True)
     return GpuProbe(n, None if n else "CUDA reports no device")
+
+
+#: What a fresh interpreter runs to count the GPUs for :func:`count_gpus_in_subprocess`.
+COUNT_GPUS_SCRIPT = "import cupy; print(cupy.cuda.runtime.getDeviceCount())"
+#: Seconds allowed for that interpreter (CUDA's initialisation can take several seconds).
+COUNT_GPUS_TIMEOUT = 120
+
+
+def count_gpus_in_subprocess() -> GpuProbe:
+    """Ask CUDA for the number of devices in a fresh Python process, leaving CUDA uninitialised
+    in this one (so that it can still fork GPU workers); its error, if any, becomes the reason."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", COUNT_GPUS_SCRIPT], capture_output=True,
+                              text=True, timeout=COUNT_GPUS_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return GpuProbe(0, f"cannot count GPUs in a subprocess ({exc})", failed=True)
+    if proc.returncode == 0 and proc.stdout.strip().isdigit():
+        n = int(proc.stdout.strip())
+        return GpuProbe(n, None if n else "CUDA reports no device")
+    lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit code {proc.returncode}"]
+    if "cudaErrorNoDevice" in lines[-1]:
+        return GpuProbe(0, "CUDA reports no device")
+    return GpuProbe(0, f"CUDA failed while counting devices: {lines[-1]}", failed=True)
 
 
 def is_cuda_available() -> bool:
@@ -123,13 +156,14 @@ class Device:
     Equality and hashing go by name so devices can key dicts; ``str(dev)`` is MegEngine's name.
     """
 
-    __slots__ = ("kind", "index", "_xp")
+    __slots__ = ("kind", "index", "_xp", "_context")
 
     def __init__(self, kind: str, index: int = 0):
         self.kind = kind
         self.index = index
         if kind == "cpu":
             self._xp = np
+            self._context = _NULL_CONTEXT
         else:
             self._xp = _require_cupy(f"gpu{index}")
             n = probe_gpus().count
@@ -137,6 +171,8 @@ class Device:
                 raise RuntimeError(
                     f"device gpu{index} requested but only {n} CUDA device(s) are visible"
                 )
+            # CuPy keeps the devices saved by ``with`` per thread: one object serves every thread
+            self._context = self._xp.cuda.Device(index)
 
     @property
     def xp(self):
@@ -149,23 +185,35 @@ class Device:
         return self.kind == "gpu"
 
     def put(self, array, dtype=None):
-        """Return ``array`` as an array on this device (copying across devices when needed)."""
+        """Return ``array`` as an array on this device (copying across devices when needed).
+
+        Host data goes to a GPU on the device's copy stream when it is in pinned memory
+        (:mod:`minigrad.backend.transfer`), else through ``cupy.asarray``; an array of another GPU
+        is copied from it."""
         if self.kind == "cpu":
-            cp = cupy_or_none()
-            if cp is not None and isinstance(array, cp.ndarray):
-                array = cp.asnumpy(array)
+            if is_cupy_array(array):
+                array = cupy_or_none().asnumpy(array)
             return np.asarray(array, dtype=dtype)
         cp = self._xp
-        with cp.cuda.Device(self.index):
-            if isinstance(array, cp.ndarray) and array.device.id == self.index:
+        with self._context:
+            if isinstance(array, cp.ndarray):
+                if array.data.device_id != self.index:
+                    return cp.asarray(array, dtype=dtype)  # copies to the current device
                 return array if dtype is None or array.dtype == dtype else array.astype(dtype)
-            return cp.asarray(array, dtype=dtype)
+            return host_to_device(array, dtype, self.index)
 
     def context(self):
-        """A context manager that makes this device current (a no-op on the CPU)."""
+        """A context manager that makes this device CUDA's current device inside its block (a
+        no-op on the CPU). The same object is returned every time; it may be entered from any
+        thread, and nested."""
+        return self._context
+
+    def synchronize(self) -> None:
+        """Wait until every kernel queued on this device has finished, then raise any error found
+        by a deferred index check (:mod:`minigrad.backend.device_checks`)."""
         if self.kind == "gpu":
-            return self._xp.cuda.Device(self.index)
-        return _NullContext()
+            self._context.synchronize()
+        raise_deferred_errors()
 
     def __str__(self) -> str:
         return f"{self.kind}{self.index}"
@@ -185,12 +233,7 @@ class Device:
         return hash((self.kind, self.index))
 
 
-class _NullContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+_NULL_CONTEXT = contextlib.nullcontext()  # the CPU's "current device" (one, always current)
 
 
 def _require_cupy(what: str):
@@ -208,6 +251,16 @@ def _require_cupy(what: str):
 
 _CACHE: dict[str, Device] = {}
 _default_name: str | None = None
+
+
+def _forget_devices() -> None:
+    """The GPU array module changed (``use_cupy``): count the GPUs again, rebuild the Devices."""
+    global _probe
+    _CACHE.clear()
+    _probe = None
+
+
+on_cupy_change(_forget_devices)
 
 
 def as_device(device) -> Device:
@@ -266,6 +319,18 @@ def cuda_initialized() -> bool:
         return False
     context = ctypes.c_void_p()
     return driver.cuCtxGetCurrent(ctypes.byref(context)) != CUDA_ERROR_NOT_INITIALIZED
+
+
+def synchronize(device=None) -> None:
+    """Wait for every kernel queued on ``device`` (default: the default device) and raise any
+    error a deferred index check found (``torch.cuda.synchronize``; time GPU work between two
+    calls).
+
+    Example::
+
+        mg.backend.synchronize("gpu0")
+    """
+    as_device(device).synchronize()
 
 
 def set_default_device(device: str = "xpux") -> None:

@@ -1,6 +1,10 @@
-"""The random generators behind every random draw in minigrad: one per backend, seeded together.
+"""The random generators behind every random draw in minigrad: NumPy's for the CPU and one CuPy
+generator per GPU, seeded together.
 
 A seeded CPU run is identical on every machine, and a seeded GPU run identical across GPU runs.
+Each GPU has its own generator because a CuPy generator keeps its state on the device where it was
+made and can only draw there; every GPU generator starts from the same seed (as
+``torch.manual_seed`` seeds every GPU), so a draw does not depend on which GPU a rank was given.
 The generators live here, in the bottom layer, because ops of every layer draw from them (dropout,
 parameter initialisation, ``mg.random``) and none of those may depend on another to get at them.
 """
@@ -10,10 +14,18 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.backend.device import as_device
+from minigrad.backend.xp import on_cupy_change
 
 _cpu_rng = np.random.default_rng()
-_gpu_rng = None
+_gpu_rngs: dict[int, object] = {}  # GPU index -> its generator, made on first use
 _seed: int | None = None
+
+
+def _forget_gpu_generators() -> None:
+    _gpu_rngs.clear()
+
+
+on_cupy_change(_forget_gpu_generators)
 
 
 def seed(value: int) -> None:
@@ -23,18 +35,21 @@ def seed(value: int) -> None:
 
         mg.random.seed(0)   # the same initial weights and dropout masks on every run
     """
-    global _cpu_rng, _gpu_rng, _seed
+    global _cpu_rng, _seed
     _seed = int(value)
     _cpu_rng = np.random.default_rng(_seed)
-    _gpu_rng = None  # created from the seed on first GPU use
+    _gpu_rngs.clear()  # each is made again from the seed on its first use
 
 
 def get_rng(device=None):
-    """The generator for ``device``: NumPy's ``Generator`` on the CPU, CuPy's on a GPU."""
-    global _gpu_rng
+    """The generator for ``device``: NumPy's ``Generator`` on the CPU, the GPU's own CuPy
+    ``Generator`` on a GPU (draw from it while that GPU is current: inside
+    ``device.context()``)."""
     dev = as_device(device)
     if dev.kind == "cpu":
         return _cpu_rng
-    if _gpu_rng is None:
-        _gpu_rng = dev.xp.random.default_rng(_seed)
-    return _gpu_rng
+    rng = _gpu_rngs.get(dev.index)
+    if rng is None:
+        with dev.context():  # the generator's state lives on the device current at creation
+            rng = _gpu_rngs[dev.index] = dev.xp.random.default_rng(_seed)
+    return rng

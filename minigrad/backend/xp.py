@@ -3,12 +3,16 @@ CuPy spellings differ.
 
 CuPy is optional: it is imported on first use (``cupy_or_none``), never at ``import minigrad``, so a
 CPU-only install never loads CUDA libraries, and the reason an import failed is kept for the error
-message of whoever asks for a GPU.
+message of whoever asks for a GPU. Tests swap in a stand-in with :func:`use_cupy` (the modules that
+cache GPU objects register with :func:`on_cupy_change`). :func:`on_device_of` makes an array's GPU
+the current device for code working on raw arrays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from typing import Callable
 
 import numpy as np
 import scipy.special
@@ -17,6 +21,7 @@ _cupy = None
 _cupyx = None
 _cupy_error: str | None = None
 _cupy_checked = False
+_on_change: list[Callable[[], None]] = []
 
 
 def cupy_or_none():
@@ -42,6 +47,57 @@ def cupy_import_error() -> str | None:
     """Why CuPy could not be imported (None when it imported, or was not tried yet)."""
     cupy_or_none()
     return _cupy_error
+
+
+def on_cupy_change(callback: Callable[[], None]) -> None:
+    """Call ``callback()`` whenever :func:`use_cupy` swaps the GPU array module, so that modules
+    caching GPU objects (devices, generators, streams) drop what belongs to the old one."""
+    _on_change.append(callback)
+
+
+@contextlib.contextmanager
+def use_cupy(cupy, cupyx):
+    """Use ``cupy``/``cupyx`` as the GPU array modules inside the block, then restore the previous
+    ones: how tests run minigrad's GPU code on a stand-in (``minigrad.testing.fake_cupy``).
+
+    Example::
+
+        with use_cupy(fake, fake.cupyx):
+            mg.tensor([1.0], device="gpu0")   # a fake-CuPy array
+    """
+    global _cupy, _cupyx, _cupy_error, _cupy_checked
+    saved = (_cupy, _cupyx, _cupy_error, _cupy_checked)
+    _cupy, _cupyx, _cupy_error, _cupy_checked = cupy, cupyx, None, True
+    for callback in _on_change:
+        callback()
+    try:
+        yield cupy
+    finally:
+        _cupy, _cupyx, _cupy_error, _cupy_checked = saved
+        for callback in _on_change:
+            callback()
+
+
+def is_cupy_array(x) -> bool:
+    """Whether ``x`` is a CuPy array; never imports CuPy (without it there are no CuPy arrays)."""
+    cp = _cupy
+    return cp is not None and isinstance(x, cp.ndarray)
+
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+def on_device_of(array):
+    """A context manager making the GPU that holds ``array`` CUDA's current device (nothing for
+    a host array): code working on raw arrays runs inside it, so that its kernels launch where the
+    data is (CuPy launches on the current device).
+
+    Example::
+
+        with on_device_of(p):
+            p -= lr * g
+    """
+    return array.device if is_cupy_array(array) else _NO_CONTEXT
 
 
 def get_array_module(*arrays):

@@ -32,12 +32,15 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from minigrad.backend.device import is_cuda_available, probe_gpus
+from minigrad.backend.transfer import pin_memory
 from minigrad.data.collator import Collator
 from minigrad.data.dataset.base import StreamDataset
 from minigrad.data.sampler import Sampler, SequentialSampler, StreamSampler
@@ -80,6 +83,10 @@ class DataLoader:
             iterator) before raising (0: no limit).
         prefetch_factor: batches in flight per worker.
         worker_init_fn: called with the worker id at the start of each worker process.
+        pin_memory: copy each batch's arrays into pinned (page-locked) host memory, in the main
+            process, so that moving them to a GPU (``mg.tensor(batch, device="gpu0")``) is an
+            asynchronous copy on a side stream (``minigrad.backend.transfer``). Without a usable
+            GPU it warns once and batches stay as they are.
 
     Example::
 
@@ -98,6 +105,7 @@ class DataLoader:
         timeout: float = 0,
         prefetch_factor: int = 2,
         worker_init_fn: Callable[[int], None] | None = None,
+        pin_memory: bool = False,
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"DataLoader: num_workers must be an int >= 0, got {num_workers!r}")
@@ -130,6 +138,13 @@ class DataLoader:
         self.collator = Collator() if collator is None else collator
         self.num_workers, self.timeout = num_workers, float(timeout)
         self.prefetch_factor, self.worker_init_fn = prefetch_factor, worker_init_fn
+        self.pin_memory = bool(pin_memory)
+        if self.pin_memory and not is_cuda_available():
+            warnings.warn(
+                f"DataLoader: pin_memory=True but no GPU is usable ({probe_gpus().reason}); "
+                "batches stay in ordinary host memory", RuntimeWarning, stacklevel=2,
+            )
+            self.pin_memory = False
 
     def __len__(self) -> int:
         if self.stream:
@@ -144,6 +159,8 @@ class DataLoader:
         parts.append(f"num_workers={self.num_workers}")
         if self.num_workers:
             parts.append(f"prefetch_factor={self.prefetch_factor}")
+        if self.pin_memory:
+            parts.append("pin_memory=True")
         parts.append(f"timeout={self.timeout:g}")
         return "DataLoader(\n" + "".join(f"  {p},\n" for p in parts) + ")"
 
@@ -158,8 +175,10 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         tasks = self._tasks()
         if self.num_workers == 0:
-            return (_build(self.dataset, self.transform, self.collator, t) for t in tasks)
-        return _WorkerPool(self, tasks)
+            batches = (_build(self.dataset, self.transform, self.collator, t) for t in tasks)
+        else:
+            batches = _WorkerPool(self, tasks)
+        return map(pin_memory, batches) if self.pin_memory else batches
 
 
 def _read_stream(batches: Iterator[Any], out: queue.Queue, stop: threading.Event) -> None:

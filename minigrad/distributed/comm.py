@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from minigrad.backend.device import as_device, get_default_device_obj
-from minigrad.backend.xp import cupy_or_none, get_array_module
+from minigrad.backend.xp import cupy_or_none, get_array_module, is_cupy_array, on_device_of
 from minigrad.distributed.backends.base import ReduceOp, Work, dtype_name
 from minigrad.distributed.backends.cpu.transport import contiguous
 from minigrad.distributed.group import (
@@ -70,11 +70,8 @@ __all__ = [
 
 
 def is_cupy(x: Any) -> bool:
-    """Whether ``x`` is a CuPy array (checked without importing CuPy for NumPy arrays)."""
-    if not type(x).__module__.startswith("cupy"):
-        return False
-    cp = cupy_or_none()
-    return cp is not None and isinstance(x, cp.ndarray)
+    """Whether ``x`` is a CuPy array (never imports CuPy)."""
+    return is_cupy_array(x)
 
 
 def check_array(where: str, x: Any) -> None:
@@ -116,6 +113,8 @@ class _Call:
         self.on_gpu = on_gpu
         self.backend = self.ctx.backend(backend or self.ctx.route(on_gpu))
         self.stage = on_gpu and not self.backend.accepts_gpu_arrays
+        # staged results go back to the inputs' GPU (CuPy would put them on the current one)
+        self.on_device = on_device_of(arrays[0]) if arrays else on_device_of(None)
         self.ctx.flush(keep=self.backend if async_op else None)
         self.seq = self.ctx.next_seq()
 
@@ -126,11 +125,15 @@ class _Call:
     def write_back(self, x, buf) -> None:
         """Make ``x`` hold ``buf``'s values when the backend worked on a copy."""
         if buf is not x:
-            x[...] = get_array_module(x).asarray(buf)
+            with self.on_device:
+                x[...] = get_array_module(x).asarray(buf)
 
     def output(self, y):
         """A result array, moved back to the GPU when it was staged."""
-        return cupy_or_none().asarray(y) if self.stage and y is not None else y
+        if not self.stage or y is None:
+            return y
+        with self.on_device:
+            return cupy_or_none().asarray(y)
 
     def execute(self, body: Callable[[], Any], finish: Callable[[Any], Any], async_op: bool):
         """Run ``body`` on the backend now or asynchronously; ``finish`` runs on this thread."""

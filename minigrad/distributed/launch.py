@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     a = _parse(argv)
     gpus = visible_gpu_count("xpu")
     nproc = a.nproc_per_node or (gpus or int(os.environ.get(NPROC_ENV, DEFAULT_NPROC)))
+    if gpus and nproc > gpus:
+        print(f"launch: {nproc} ranks per node but {gpus} visible GPU(s), and each rank needs a "
+              "GPU of its own: running the ranks on the CPU", file=sys.stderr)
+        gpus = 0
     world = nproc * a.nnodes
     if a.nnodes > 1 and (not a.master_port or not os.environ.get(_store.SECRET_ENV)):
         print(

@@ -226,7 +226,9 @@ class launcher:
     the machine with ``rank_start == 0`` runs the store), ``backend``, ``timeout`` (collectives),
     ``job_timeout`` (whole run). Calling the decorated function returns the per-rank return values
     in rank order (None for a rank that exited with status 0 without returning). Rank i of this
-    machine runs on ``gpu{i}`` when there are GPUs (made its current CUDA device).
+    machine runs on ``gpu{i}`` when there are GPUs (made its current CUDA device); asked for more
+    ranks than GPUs, ``device_type="xpu"`` runs them on the CPU (with a warning) and
+    ``device_type="gpu"`` raises.
 
     Inside a job started by ``python -m minigrad.distributed.launch``, mpiexec or srun, calling the
     decorated function joins that job instead and returns ``[this rank's result]``.
@@ -264,6 +266,15 @@ class launcher:
             n = gpus if self.on_gpu else int(os.environ.get(NPROC_ENV, DEFAULT_NPROC))
         if n < 1:
             raise ValueError(f"dist.launcher: need at least one process, got n_gpus={n}")
+        if self.on_gpu and n > gpus:
+            self.on_gpu = False
+            too_many = (f"dist.launcher: {n} ranks but {gpus} visible GPU(s), and each rank needs "
+                        "a GPU of its own (NCCL refuses two ranks on one GPU)")
+            if device_type == "gpu":
+                raise ValueError(f"{too_many}; use n_gpus <= {gpus}, or device_type='cpu' and put "
+                                 "tensors on a GPU explicitly")
+            warnings.warn(f"{too_many}: running the ranks on the CPU", RuntimeWarning,
+                          stacklevel=3)
         self.n = int(n)
         self.world_size = int(world_size) if world_size is not None else self.n
         self.rank_start = int(rank_start)

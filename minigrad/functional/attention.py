@@ -45,6 +45,11 @@ def attention_bias(query_len: int, key_len: int, attn_mask=None, is_causal: bool
 
         bias = F.nn.attention_bias(4, 4, attn_mask=keep, like=scores)   # keep: bool (4, 4)
     """
+    with like._device.context():  # the masks are built on like's GPU
+        return _attention_bias(query_len, key_len, attn_mask, is_causal, key_padding_mask, like)
+
+
+def _attention_bias(query_len, key_len, attn_mask, is_causal, key_padding_mask, like):
     op = "attention_bias"
     xp, dtype = like.xp, like.dtype
     bias = None

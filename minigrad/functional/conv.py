@@ -449,7 +449,7 @@ def avg_pool2d(inp, kernel_size, stride=None, padding=0,
                 [min(s + kernel[a], inp.shape[2 + a]) - max(s, 0) for s in start]
             )
         per = [[1.0 / (ch * cw) for cw in counts[1]] for ch in counts[0]]
-        count = inp.xp.asarray(per, dtype=inp.dtype)
+        count = inp._device.put(per, inp.dtype)
     else:
         raise ValueError(
             f"{op}: mode must be 'average' or 'average_count_exclude_padding', got {mode!r}"
@@ -477,6 +477,7 @@ def adaptive_avg_pool2d(inp, oshp) -> Tensor:
     if oh < 1 or ow < 1:
         raise ValueError(f"{op}: output size must be positive, got {(oh, ow)}")
     h, w = inp.shape[2:]
-    ph = Tensor._wrap(_adaptive_matrix(inp.xp, h, oh, inp.dtype), inp._device)
-    pwt = Tensor._wrap(_adaptive_matrix(inp.xp, w, ow, inp.dtype).T, inp._device)
+    with inp._device.context():
+        ph = Tensor._wrap(_adaptive_matrix(inp.xp, h, oh, inp.dtype), inp._device)
+        pwt = Tensor._wrap(_adaptive_matrix(inp.xp, w, ow, inp.dtype).T, inp._device)
     return matmul(matmul(ph, inp), pwt)

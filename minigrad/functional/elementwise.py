@@ -91,8 +91,8 @@ class Pow(Function):
         da = db = None
         if isinstance(a, Tensor):
             da = dy * b * a ** (b - 1) if isinstance(b, Tensor) or b != 2 else dy * 2 * a
-        if isinstance(b, Tensor):
-            db = dy * a**b * log(a)
+        if isinstance(b, Tensor):  # (a number's log is a number: no tensor on another device)
+            db = dy * a**b * (log(a) if isinstance(a, Tensor) else np.log(a))
         return da, db
 
 
@@ -501,10 +501,12 @@ def _apply_raw(fn, operands):
     """``fn`` on the arrays of one tensor or of two operands; the result and its device."""
     if len(operands) == 1:
         (a,) = operands
-        return fn(a.xp, a._data), a._device
+        with a._device.context():
+            return fn(a.xp, a._data), a._device
     a, b = operands
     ref = a if isinstance(a, Tensor) else b
-    return fn(ref.xp, data(a), data(b)), ref._device
+    with ref._device.context():
+        return fn(ref.xp, data(a), data(b)), ref._device
 
 
 class Raw(Function):
@@ -595,11 +597,6 @@ class Copy(Function):
 
     def backward(self, dy):
         return copy(dy, self.src), None
-
-    def __call__(self, x, device):
-        out = super().__call__(x, device)
-        out._device = device
-        return out
 
 
 def astype(x, dtype) -> Tensor:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.backend.device_checks import check_range
+from minigrad.backend.xp import to_numpy
 from minigrad.functional._util import recording_backward
 from minigrad.functional.elementwise import _f, exp, log, log1p, relu
 from minigrad.functional.elementwise import abs as _abs
@@ -110,10 +112,8 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True, label_sm
             f"(expected {expect} for axis={axis})"
         )
     n_cls = pred.shape[axis]
-    if label._data.size:  # the data this process holds (a global tensor's local piece)
-        lo, hi = int(label._data.min()), int(label._data.max())
-        if lo < 0 or hi >= n_cls:
-            raise ValueError(f"{op}: labels must be in [0, {n_cls}), got min {lo} max {hi}")
+    check_range(label._data, 0, n_cls, lambda lo, hi: ValueError(
+        f"{op}: labels must be in [0, {n_cls}), got min {lo} max {hi}"))
     if with_logits and not label_smooth and pred.ndim == 2:
         return LogitsCrossEntropy()(pred, label, reduction)
     logp = logsoftmax(pred, axis) if with_logits else log(pred)
@@ -179,12 +179,14 @@ def topk_accuracy(logits, target, topk=1):
         if not 1 <= k <= n_cls:
             raise ValueError(f"{op}: k={k} out of range for {n_cls} classes")
     xp = logits.xp
-    order = xp.argsort(-logits._data, axis=1, kind="stable")
-    hit = order == target._data.reshape(-1, 1)
-    accs = tuple(
-        Tensor._wrap(xp.asarray(hit[:, :k].any(axis=1).mean(), dtype=np.float32), logits._device)
-        for k in ks
-    )
+    with logits._device.context():
+        order = xp.argsort(-logits._data, axis=1, kind="stable")
+        hit = order == target._data.reshape(-1, 1)
+        accs = tuple(
+            Tensor._wrap(xp.asarray(hit[:, :k].any(axis=1).mean(), dtype=np.float32),
+                         logits._device)
+            for k in ks
+        )
     return accs[0] if isinstance(topk, int) else accs
 
 
@@ -322,8 +324,8 @@ def ctc_loss(pred, pred_lengths, label, label_lengths, blank: int = 0,
     if pred.ndim != 3:
         raise ValueError(f"{op}: pred must be (T, N, C) probabilities, got shape {pred.shape}")
     t_len, n, c = pred.shape
-    xp = pred.xp
-    ints = [xp.asarray(v._data if isinstance(v, Tensor) else v)
+    xp = np  # lengths and labels are checked and extended on the host, then sent to pred's device
+    ints = [to_numpy(v._data) if isinstance(v, Tensor) else np.asarray(v)
             for v in (pred_lengths, label, label_lengths)]
     p_len, lab, l_len = ints
     for name, v in (("pred_lengths", p_len), ("label", lab), ("label_lengths", l_len)):
@@ -352,8 +354,9 @@ def ctc_loss(pred, pred_lengths, label, label_lengths, blank: int = 0,
                          f"max {int(lab.max())}")
     if lab.ndim == 2:  # symbols beyond a row's length are padding: make them blanks
         lab = xp.where(xp.arange(lab.shape[1])[None, :] < l_len[:, None], lab, blank)
-    ext = _ctc_extended_labels(xp, lab, l_len, blank)
+    ext = pred._device.put(_ctc_extended_labels(xp, lab, l_len, blank))
     loss = _CTC()(pred, p_len, ext, blank)
     if reduction == "mean":
-        return (loss / Tensor._wrap(l_len.astype(pred.dtype), pred._device)).mean()
+        return (loss / Tensor._wrap(pred._device.put(l_len.astype(pred.dtype)),
+                                    pred._device)).mean()
     return _reduce(loss, reduction, op)

@@ -15,6 +15,7 @@ import math
 
 from minigrad.autodiff.function import Function
 from minigrad.backend import kernels
+from minigrad.backend.device_checks import check_range
 from minigrad.functional._util import recording_backward
 from minigrad.functional.attention import (
     attention_bias,
@@ -150,15 +151,13 @@ def embedding(inp, weight, padding_idx: int | None = None, max_norm=None,
     if weight.ndim != 2:
         raise ValueError(f"embedding: weight must be 2-D (num, dim), got shape {weight.shape}")
     n = weight.shape[0]
-    if idx.size and (int(idx._data.min()) < 0 or int(idx._data.max()) >= n):
-        raise IndexError(
-            f"embedding: indices must be in [0, {n}), got min {int(idx._data.min())} "
-            f"max {int(idx._data.max())}"
-        )
+    check_range(idx._data, 0, n, lambda lo, hi: IndexError(
+        f"embedding: indices must be in [0, {n}), got min {lo} max {hi}"))
     out = getitem(weight, idx)
     if padding_idx is not None:
         pad_row = Tensor._wrap(weight._data[padding_idx], weight._device)
-        mask = Tensor._wrap((idx._data == padding_idx)[..., None], weight._device)
+        with idx._device.context():
+            mask = Tensor._wrap((idx._data == padding_idx)[..., None], weight._device)
         out = where(mask, pad_row, out)
     return out
 

@@ -9,8 +9,11 @@ normalise is the biased (population) one, as in MegEngine and PyTorch.
 
 from __future__ import annotations
 
+import numbers
+
 from minigrad.autodiff.function import Function
 from minigrad.backend import kernels
+from minigrad.backend.xp import get_array_module, on_device_of
 from minigrad.functional._util import data, recording_backward
 from minigrad.functional.elementwise import _f, sqrt
 from minigrad.functional.reduction import mean
@@ -106,20 +109,25 @@ def _channel_param(op: str, name: str, p, c: int, ndim: int, like: Tensor):
     return reshape(p, (1, c) + (1,) * (ndim - 2))
 
 
-def running_stats_update(running_mean, running_var, batch_mean, batch_var, count: int,
+def running_stats_update(running_mean, running_var, batch_mean, batch_var, count,
                          momentum: float):
     """The running statistics after one training batch, MegEngine's rule (``momentum`` weights the
     old value): ``momentum * running + (1 - momentum) * batch``, folding in the *unbiased* batch
     variance ``batch_var * count / (count - 1)``. Backend arrays in, the new (mean, var) arrays out;
-    the one place this rule is written (``batch_norm`` and ``SyncBatchNorm`` both use it).
+    the one place this rule is written (``batch_norm`` and ``SyncBatchNorm`` both use it). ``count``
+    is an int, or a 0-d array of the batch arrays' device (read it without waiting for the GPU).
 
     Example::
 
         mean, var = running_stats_update(rm, rv, mu, var, count=n * h * w, momentum=0.9)
     """
-    unbiased = batch_var * (count / max(count - 1, 1))
-    return (running_mean * momentum + batch_mean * (1.0 - momentum),
-            running_var * momentum + unbiased * (1.0 - momentum))
+    with on_device_of(batch_var):
+        if isinstance(count, numbers.Number):
+            unbiased = batch_var * (count / max(count - 1, 1))
+        else:  # a count still on the GPU (SyncBatchNorm's, summed over the ranks)
+            unbiased = batch_var * (count / get_array_module(count).maximum(count - 1, 1))
+        return (running_mean * momentum + batch_mean * (1.0 - momentum),
+                running_var * momentum + unbiased * (1.0 - momentum))
 
 
 def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None, *,
@@ -172,8 +180,9 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
             Tensor._wrap(new_var.reshape(running_var.shape), inp._device),
         )
     if new_mean is not None:
-        running_mean._data[...] = new_mean.reshape(running_mean.shape)
-        running_var._data[...] = new_var.reshape(running_var.shape)
+        with inp._device.context():
+            running_mean._data[...] = new_mean.reshape(running_mean.shape)
+            running_var._data[...] = new_var.reshape(running_var.shape)
     return out
 
 

@@ -185,8 +185,9 @@ def logsumexp(inp, axis=None, keepdims: bool = False) -> Tensor:
     """``log(sum(exp(x)))`` over ``axis``, computed stably by shifting by the (constant) maximum."""
     x = _f(inp)
     axes = normalize_axis(axis, x.ndim, "logsumexp")
-    m = Tensor._wrap(x.xp.max(x._data, axis=axes, keepdims=True), x._device)
-    m = Tensor._wrap(x.xp.where(x.xp.isfinite(m._data), m._data, 0), x._device)
+    with x._device.context():
+        m = x.xp.max(x._data, axis=axes, keepdims=True)
+        m = Tensor._wrap(x.xp.where(x.xp.isfinite(m), m, 0), x._device)
     out = log(sum(exp(x - m), axes, keepdims=True)) + m
     if not keepdims:
         out = out.reshape([s for i, s in enumerate(out.shape) if i not in axes])
@@ -230,4 +231,5 @@ def _arg(x, axis, keepdims, name):
         (axis,) = normalize_axis(axis, x.ndim, name)
     if dispatches((x,)):
         return ArgExtremum()(x, axis, keepdims, name)
-    return Tensor._wrap(ArgExtremum().forward(x, axis, keepdims, name), x._device)
+    with x._device.context():
+        return Tensor._wrap(ArgExtremum().forward(x, axis, keepdims, name), x._device)

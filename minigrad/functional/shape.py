@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.backend.device_checks import check_range
 from minigrad.backend.xp import scatter_add
 from minigrad.functional._util import accumulate_dtype, check_compatible, normalize_axis
 from minigrad.tensor import Tensor, raw_index
@@ -411,10 +412,9 @@ def _check_index(op, x, axis, index):
             f"{op}: index is on {index._device} but the input is on {x._device} "
             f"(shapes {index.shape} and {x.shape})"
         )
-    if index.size and (
-        int(index._data.min()) < -x.shape[axis] or int(index._data.max()) >= x.shape[axis]
-    ):
-        raise IndexError(f"{op}: index out of range for axis {axis} of size {x.shape[axis]}")
+    n = x.shape[axis]
+    check_range(index._data, -n, n, lambda lo, hi: IndexError(
+        f"{op}: index out of range for axis {axis} of size {n} (got min {lo} max {hi})"))
 
 
 def gather(inp, axis: int, index) -> Tensor:
@@ -422,7 +422,9 @@ def gather(inp, axis: int, index) -> Tensor:
     inp, index = _t(inp), _t(index)
     (axis,) = normalize_axis(axis, inp.ndim, "gather")
     _check_index("gather", inp, axis, index)
-    return getitem(inp, _along_axis(inp.xp, index._data, axis))
+    with inp._device.context():
+        index = _along_axis(inp.xp, index._data, axis)
+    return getitem(inp, index)
 
 
 class Scatter(Function):
@@ -450,7 +452,9 @@ def scatter(inp, axis: int, index, source) -> Tensor:
         raise ValueError(
             f"scatter: source shape {source.shape} must equal index shape {index.shape}"
         )
-    return Scatter()(inp, source.astype(inp.dtype), _along_axis(inp.xp, index._data, axis))
+    with inp._device.context():
+        index = _along_axis(inp.xp, index._data, axis)
+    return Scatter()(inp, source.astype(inp.dtype), index)
 
 
 def indexing_one_hot(src, index, axis: int = 1, keepdims: bool = False) -> Tensor:
@@ -483,8 +487,9 @@ def cumsum(inp, axis: int) -> Tensor:
 def argsort(inp, descending: bool = False) -> Tensor:
     """Indices that sort the last axis (int32, stable)."""
     x = _t(inp)
-    d = -x._data if descending else x._data
-    return Tensor._wrap(x.xp.argsort(d, axis=-1, kind="stable").astype("int32"), x._device)
+    with x._device.context():
+        d = -x._data if descending else x._data
+        return Tensor._wrap(x.xp.argsort(d, axis=-1, kind="stable").astype("int32"), x._device)
 
 
 def sort(inp, descending: bool = False, dim: int = -1):
@@ -548,7 +553,8 @@ def _pad_by_index(x: Tensor, pad_width: tuple, mode: str) -> Tensor:
         n = x.shape[axis]
         if n == 0 or (np_mode == "reflect" and n == 1):
             raise ValueError(f"pad: cannot {mode}-pad axis {axis} of size {n}")
-        src = x.xp.pad(x.xp.arange(n), (lo, hi), mode=np_mode)
+        with x._device.context():
+            src = x.xp.pad(x.xp.arange(n), (lo, hi), mode=np_mode)
         x = getitem(x, (slice(None),) * axis + (src,))
     return x
 
@@ -593,7 +599,8 @@ def cond_take(mask, x):
     if mask.shape != x.shape:
         raise ValueError(f"cond_take: mask shape {mask.shape} differs from input shape {x.shape}")
     check_compatible("cond_take", x, mask, broadcast=False)
-    index = x.xp.flatnonzero(mask._data).astype("int32")
+    with x._device.context():
+        index = x.xp.flatnonzero(mask._data).astype("int32")
     return getitem(flatten(x), index), Tensor._wrap(index, x._device)
 
 
@@ -601,10 +608,11 @@ def non_zero(condition, as_tuple: bool = False):
     """int32 indices of the non-zero elements of ``condition`` in C order: a ``(count, ndim)``
     tensor, or with ``as_tuple=True`` one 1-D tensor per axis (``numpy.nonzero``'s form)."""
     c = _t(condition)
-    per_axis = [Tensor._wrap(i.astype("int32"), c._device) for i in c.xp.nonzero(c._data)]
-    if as_tuple:
-        return tuple(per_axis)
-    return Tensor._wrap(c.xp.stack([t._data for t in per_axis], axis=1), c._device)
+    with c._device.context():
+        per_axis = [Tensor._wrap(i.astype("int32"), c._device) for i in c.xp.nonzero(c._data)]
+        if as_tuple:
+            return tuple(per_axis)
+        return Tensor._wrap(c.xp.stack([t._data for t in per_axis], axis=1), c._device)
 
 
 def diag(inp, k: int = 0) -> Tensor:
@@ -612,17 +620,17 @@ def diag(inp, k: int = 0) -> Tensor:
     tensor gives its ``k``-th diagonal (``k > 0`` above the main one). Differentiable."""
     x = _t(inp)
     k = int(k)
-    xp = x.xp
+    # host index arrays: CuPy copies them to the current device (the op's) when it indexes
     if x.ndim == 1:
         n = x.shape[0]
         m = n + abs(k)
-        rows = xp.arange(n) + max(-k, 0)
+        rows = np.arange(n) + max(-k, 0)
         return IndexAdd()(x, (m, m), (rows, rows + k))
     if x.ndim != 2:
         raise ValueError(f"diag: expected a 1-D or 2-D tensor, got shape {x.shape}")
     rows, cols = x.shape
     length = max(0, min(rows + min(k, 0), cols - max(k, 0)))
-    start = xp.arange(length)
+    start = np.arange(length)
     return getitem(x, (start + max(-k, 0), start + max(k, 0)))
 
 
@@ -653,11 +661,9 @@ def _int_index(op: str, idx, device) -> Tensor:
 def one_hot(inp, num_classes: int) -> Tensor:
     """``int32`` one-hot encoding of an integer tensor: shape ``inp.shape + (num_classes,)``."""
     idx = _int_index("one_hot", inp, None)
-    if idx.size and (int(idx._data.min()) < 0 or int(idx._data.max()) >= num_classes):
-        raise ValueError(
-            f"one_hot: values must be in [0, {num_classes}), got min {int(idx._data.min())} "
-            f"max {int(idx._data.max())}"
-        )
+    check_range(idx._data, 0, num_classes, lambda lo, hi: ValueError(
+        f"one_hot: values must be in [0, {num_classes}), got min {lo} max {hi}"))
     xp = idx.xp
-    out = (idx._data[..., None] == xp.arange(num_classes)).astype(np.int32)
+    with idx._device.context():
+        out = (idx._data[..., None] == xp.arange(num_classes)).astype(np.int32)
     return Tensor._wrap(out, idx._device)

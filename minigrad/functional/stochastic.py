@@ -29,6 +29,7 @@ def dropout(inp, drop_prob: float, training: bool = True) -> Tensor:
     xp = inp.xp
     if drop_prob == 1.0:
         return inp * 0.0
-    keep = get_rng(inp._device).random(inp.shape, dtype=np.float32) >= drop_prob
-    mask = xp.asarray(keep, dtype=inp.dtype) * inp.dtype.type(1.0 / (1.0 - drop_prob))
+    with inp._device.context():  # a GPU generator draws on its own device
+        keep = get_rng(inp._device).random(inp.shape, dtype=np.float32) >= drop_prob
+        mask = xp.asarray(keep, dtype=inp.dtype) * inp.dtype.type(1.0 / (1.0 - drop_prob))
     return inp * Tensor._wrap(mask, inp._device)

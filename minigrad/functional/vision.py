@@ -51,7 +51,7 @@ __all__ = [
 
 def _const(like: Tensor, array) -> Tensor:
     """A constant (never recorded) tensor on ``like``'s device with ``like``'s dtype."""
-    return Tensor._wrap(like.xp.asarray(array, dtype=like.dtype), like._device)
+    return Tensor._wrap(like._device.put(array, like.dtype), like._device)
 
 
 def _pair(value, name: str, op: str) -> tuple:
@@ -328,20 +328,20 @@ def _entry(mat: Tensor, i: int, j: int) -> Tensor:
 
 
 def _batch_index(op, x: Tensor, n_mat: int, mat_idx):
-    xp = x.xp
+    """The image of each matrix, checked on the host, as an int64 array on ``x``'s device."""
     if mat_idx is None:
         if n_mat != x.shape[0]:
             raise ValueError(
                 f"{op}: {n_mat} matrices for a batch of {x.shape[0]} images; pass mat_idx to "
                 f"map matrices to images"
             )
-        return xp.arange(n_mat)
-    idx = xp.asarray(mat_idx._data if isinstance(mat_idx, Tensor) else mat_idx).reshape(-1)
+        return x._device.put(np.arange(n_mat))
+    idx = np.asarray(mat_idx.numpy() if isinstance(mat_idx, Tensor) else mat_idx).reshape(-1)
     if idx.shape[0] != n_mat or idx.dtype.kind not in "iu":
         raise ValueError(f"{op}: mat_idx must be {n_mat} integers, got {idx.shape} {idx.dtype}")
     if n_mat and (int(idx.min()) < 0 or int(idx.max()) >= x.shape[0]):
         raise IndexError(f"{op}: mat_idx must be in [0, {x.shape[0]}), got {idx.tolist()}")
-    return idx.astype(np.int64)
+    return x._device.put(idx.astype(np.int64))
 
 
 def warp_perspective(inp, mat, out_shape, mat_idx=None, border_mode: str = "replicate",
@@ -414,18 +414,20 @@ def remap(inp, map_xy, border_mode: str = "replicate", scalar: float = 0.0,
             f"{op}: map_xy must be ({x.shape[0]}, OH, OW, 2) for input {x.shape}, got "
             f"{coords.shape}"
         )
-    return _sample(op, x, coords, x.xp.arange(x.shape[0]), border_mode, scalar, interp_mode)
+    batch = x._device.put(np.arange(x.shape[0]))
+    return _sample(op, x, coords, batch, border_mode, scalar, interp_mode)
 
 
 def _rois(op: str, x: Tensor, rois):
-    r = rois._data if isinstance(rois, Tensor) else x.xp.asarray(rois)
+    r = rois._data if isinstance(rois, Tensor) else x._device.put(rois)
     if r.ndim != 2 or r.shape[1] != 5:
         raise ValueError(f"{op}: rois must be (K, 5) rows of (batch_idx, x1, y1, x2, y2), got "
                          f"shape {r.shape}")
-    batch = r[:, 0].astype(np.int64)
-    if r.shape[0] and (int(batch.min()) < 0 or int(batch.max()) >= x.shape[0]):
-        raise IndexError(f"{op}: roi batch indices must be in [0, {x.shape[0]})")
-    return r.astype(np.float64), batch
+    with x._device.context():
+        batch = r[:, 0].astype(np.int64)
+        if r.shape[0] and (int(batch.min()) < 0 or int(batch.max()) >= x.shape[0]):
+            raise IndexError(f"{op}: roi batch indices must be in [0, {x.shape[0]})")
+        return r.astype(np.float64), batch
 
 
 def roi_align(inp, rois, output_shape, mode: str = "average", spatial_scale: float = 1.0,
@@ -447,17 +449,18 @@ def roi_align(inp, rois, output_shape, mode: str = "average", spatial_scale: flo
                          f">= 1 (adaptive sampling, sample_points=0, is not supported)")
     xp = x.xp
     r, batch = _rois(op, x, rois)
-    offset = 0.5 if aligned else 0.0
-    start_x, start_y = r[:, 1] * spatial_scale - offset, r[:, 2] * spatial_scale - offset
-    size_x = xp.maximum(r[:, 3] * spatial_scale - offset - start_x, 0.0)
-    size_y = xp.maximum(r[:, 4] * spatial_scale - offset - start_y, 0.0)
-    frac_y = (xp.arange(ph)[:, None] + (xp.arange(sh)[None, :] + 0.5) / sh).reshape(-1)
-    frac_x = (xp.arange(pw)[:, None] + (xp.arange(sw)[None, :] + 0.5) / sw).reshape(-1)
-    ys = start_y[:, None] + size_y[:, None] / ph * frac_y  # (K, ph*sh)
-    xs = start_x[:, None] + size_x[:, None] / pw * frac_x  # (K, pw*sw)
-    k = r.shape[0]
-    grid = xp.stack([xp.broadcast_to(xs[:, None, :], (k, ph * sh, pw * sw)),
-                     xp.broadcast_to(ys[:, :, None], (k, ph * sh, pw * sw))], axis=-1)
+    with x._device.context():  # the sampling grid is built on x's device
+        offset = 0.5 if aligned else 0.0
+        start_x, start_y = r[:, 1] * spatial_scale - offset, r[:, 2] * spatial_scale - offset
+        size_x = xp.maximum(r[:, 3] * spatial_scale - offset - start_x, 0.0)
+        size_y = xp.maximum(r[:, 4] * spatial_scale - offset - start_y, 0.0)
+        frac_y = (xp.arange(ph)[:, None] + (xp.arange(sh)[None, :] + 0.5) / sh).reshape(-1)
+        frac_x = (xp.arange(pw)[:, None] + (xp.arange(sw)[None, :] + 0.5) / sw).reshape(-1)
+        ys = start_y[:, None] + size_y[:, None] / ph * frac_y  # (K, ph*sh)
+        xs = start_x[:, None] + size_x[:, None] / pw * frac_x  # (K, pw*sw)
+        k = r.shape[0]
+        grid = xp.stack([xp.broadcast_to(xs[:, None, :], (k, ph * sh, pw * sw)),
+                         xp.broadcast_to(ys[:, :, None], (k, ph * sh, pw * sw))], axis=-1)
     samples = Sample()(x, _const(x, grid), batch, "constant", 0.0, False)
     samples = reshape(samples, (k, x.shape[1], ph, sh, pw, sw))
     reduce = _mean if mode.lower() == "average" else _max

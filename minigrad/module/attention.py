@@ -76,7 +76,9 @@ class MultiHeadAttention(Module):
                 f"MultiHeadAttention: key_padding_mask must have shape {(n, s)} (True = padding), "
                 f"got {tuple(np.shape(key_padding_mask))}"
             )
-        return F.nn.attention_bias(length, s, attn_mask, is_causal, key_padding_mask, like=like)
+        with like.device.context():
+            return F.nn.attention_bias(length, s, attn_mask, is_causal, key_padding_mask,
+                                       like=like)
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
                 attn_mask=None, key_padding_mask=None, is_causal: bool = False,

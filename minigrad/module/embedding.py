@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import minigrad.functional as F
+from minigrad.backend.device_checks import check_range
 from minigrad.module import init
 from minigrad.module.module import Module
 from minigrad.tensor import Parameter, Tensor
@@ -49,12 +50,9 @@ class Embedding(Module):
             ids = Tensor(np.asarray(ids), device=self.weight.device)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"Embedding: ids must be an integer tensor, got dtype {ids.dtype}")
-        if ids.size and (int(ids.data.min()) < 0 or int(ids.data.max()) >= self.num_embeddings):
-            raise IndexError(
-                f"Embedding({self.num_embeddings}, {self.embedding_dim}): ids must be in "
-                f"[0, {self.num_embeddings}), got min {int(ids.data.min())} max "
-                f"{int(ids.data.max())}"
-            )
+        n, dim = self.num_embeddings, self.embedding_dim
+        check_range(ids.data, 0, n, lambda lo, hi: IndexError(
+            f"Embedding({n}, {dim}): ids must be in [0, {n}), got min {lo} max {hi}"))
         return F.embedding(ids, self.weight, padding_idx=self.padding_idx)
 
     def extra_repr(self) -> str:

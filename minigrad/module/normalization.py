@@ -86,9 +86,10 @@ class BatchNormBase(Module):
         no running statistics are tracked, and never when frozen) rather than the running ones."""
         return (self.training or not self.track_running_stats) and not self.freeze
 
-    def update_running_stats(self, batch_mean: Tensor, batch_var: Tensor, count: int) -> None:
+    def update_running_stats(self, batch_mean: Tensor, batch_var: Tensor, count) -> None:
         """Fold one batch's per-channel mean and biased variance (over ``count`` values per
-        channel) into the running statistics (a no-op when they are not tracked)."""
+        channel: an int or a 0-d array on the batch's device) into the running statistics (a no-op
+        when they are not tracked)."""
         if not self.track_running_stats:
             return
         mean, var = running_stats_update(self.running_mean.data, self.running_var.data,
@@ -220,7 +221,7 @@ class SyncBatchNorm(BatchNormBase):
         y = centered / F.sqrt(var + self.eps)
         if self.affine:
             y = y * self.weight + self.bias
-        self.update_running_stats(mean, var, int(count.item()))
+        self.update_running_stats(mean, var, count.detach().data)  # no wait for the GPU
         return y.reshape(shape)
 
     def extra_repr(self) -> str:

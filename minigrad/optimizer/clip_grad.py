@@ -7,7 +7,7 @@ from typing import Iterable
 
 import minigrad.functional as F
 from minigrad.autodiff import no_grad
-from minigrad.backend.xp import get_array_module
+from minigrad.backend.xp import get_array_module, on_device_of
 from minigrad.tensor import Tensor
 
 #: Added to the total norm before dividing (MegEngine's and PyTorch's value), so that all-zero
@@ -25,7 +25,9 @@ def clip_grad_norm(tensors: Iterable[Tensor] | Tensor, max_norm: float,
     """Scale all gradients together so that their joint ``ord``-norm is at most ``max_norm``.
 
     Returns the norm *before* clipping (a scalar float32 Tensor), as MegEngine and PyTorch do.
-    The scale is ``max_norm / (norm + CLIP_NORM_EPS)``, applied only when it is below 1.
+    The scale is ``max_norm / (norm + CLIP_NORM_EPS)``, applied only when it is below 1. On a GPU
+    the norm never leaves the device: the scale is clamped to 1 there and always applied (as
+    PyTorch does), so clipping does not wait for the GPU.
 
     Example::
 
@@ -37,21 +39,40 @@ def clip_grad_norm(tensors: Iterable[Tensor] | Tensor, max_norm: float,
     if not ts:
         return Tensor(0.0)
     ord = float(ord)
-    norms = []
-    for t in ts:
-        g = t.grad.data
-        xp = get_array_module(g)
-        if math.isinf(ord):
-            norms.append(float(xp.max(xp.abs(g))) if g.size else 0.0)
-        else:
-            norms.append(float(xp.sum(xp.abs(g.astype("float64")) ** ord)))
-    total = max(norms) if math.isinf(ord) else sum(norms) ** (1.0 / ord)
+    device = ts[0].device
+    on_host = device.kind == "cpu" or any(t.grad.device != device for t in ts)
+    total = _total_norm([t.grad.data for t in ts], ord, on_host)
     scale = max_norm / (total + CLIP_NORM_EPS)
-    if scale < 1.0:
-        with no_grad():  # gradients are values here, not part of any recorded graph
-            for t in ts:
-                t.grad = t.grad * scale
-    return Tensor(total, dtype="float32", device=ts[0].device)
+    if on_host and scale >= 1.0:
+        return Tensor(total, dtype="float32", device=device)
+    if not on_host:
+        scale = get_array_module(scale).minimum(scale, 1.0)
+    with no_grad():  # gradients are values here, not part of any recorded graph
+        for t in ts:
+            factor = scale if on_host else Tensor._wrap(scale.astype(t.grad.dtype), device)
+            t.grad = t.grad * factor
+    return Tensor(total, dtype="float32", device=device)
+
+
+def _total_norm(grads, ord: float, on_host: bool):
+    """The joint ``ord``-norm of the arrays ``grads``, in float64: a Python float ``on_host``,
+    else a 0-d array on their (one) GPU. Partial results are combined one by one, in order, so both
+    forms give the same number."""
+    parts = []
+    for g in grads:
+        xp = get_array_module(g)
+        with on_device_of(g):
+            if math.isinf(ord):
+                part = xp.max(xp.abs(g)).astype("float64") if g.size else xp.zeros((), "float64")
+            else:
+                part = xp.sum(xp.abs(g.astype("float64")) ** ord)
+        parts.append(float(part) if on_host else part)
+    xp = get_array_module(grads[0])
+    with on_device_of(grads[0]):
+        total = parts[0]
+        for part in parts[1:]:
+            total = xp.maximum(total, part) if math.isinf(ord) else total + part
+        return total if math.isinf(ord) else total ** (1.0 / ord)
 
 
 def clip_grad_value(tensors: Iterable[Tensor] | Tensor, lower: float, upper: float) -> None:

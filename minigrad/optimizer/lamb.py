@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from minigrad.backend.xp import get_array_module
 from minigrad.optimizer.adam import adam_moments, check_betas_and_eps
 from minigrad.optimizer.optimizer import Optimizer, required
@@ -14,6 +16,8 @@ class LAMB(Optimizer):
         u = m_hat / (sqrt(v_hat) + eps) + weight_decay * p   (hats: bias-corrected if enabled)
         r = ||p|| / ||u|| if both > 0 else 1   (only when weight_decay != 0 or always_adapt)
         p = p - lr * r * u
+
+    The norms and ``r`` are computed on the parameter's device: a GPU step never waits for them.
     """
 
     def __init__(self, params, lr: float = required, betas: tuple = (0.9, 0.999),
@@ -37,10 +41,13 @@ class LAMB(Optimizer):
         update = m / (xp.sqrt(v) + group["eps"])
         if wd:
             update = update + wd * p
-        ratio = 1.0
-        if wd or group["always_adapt"]:
-            p_norm = float(xp.linalg.norm(p.ravel()))
-            u_norm = float(xp.linalg.norm(update.ravel()))
-            if p_norm > 0 and u_norm > 0:
-                ratio = p_norm / u_norm
-        p -= (group["lr"] * ratio) * update
+        if not (wd or group["always_adapt"]):
+            p -= group["lr"] * update
+            return
+        # the trust ratio stays on the device (no wait for the GPU): float64 0-d arrays, so the
+        # step is the one Python floats would give, cast to the update's dtype
+        p_norm = xp.linalg.norm(p.ravel()).astype(np.float64)
+        u_norm = xp.linalg.norm(update.ravel()).astype(np.float64)
+        both = (p_norm > 0) & (u_norm > 0)
+        ratio = xp.where(both, p_norm / xp.where(both, u_norm, 1.0), 1.0)
+        p -= (group["lr"] * ratio).astype(update.dtype) * update

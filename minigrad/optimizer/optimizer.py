@@ -117,7 +117,8 @@ class Optimizer:
                 state = self._state.setdefault(id(p), {})
                 if not getattr(p.data.flags, "writeable", True):  # e.g. a loaded read-only array
                     p.set_value(p.data)  # set_value keeps a writable copy
-                self._update(p.data, grad, state, group)
+                with p.device.context():  # a GPU parameter is updated on its own GPU
+                    self._update(p.data, grad, state, group)
         return self
 
     def _update(self, param, grad, state: dict, group: dict) -> None:

@@ -7,6 +7,7 @@ import pytest
 import minigrad as mg
 import minigrad.autodiff as ad
 import minigrad.functional as F
+from minigrad.backend.device import as_device
 
 
 def _params(seed=0, device="cpu0"):
@@ -43,7 +44,8 @@ def _grads(use_checkpoint, backward=None, seed=0, device="cpu0"):
     with gm:
         loss = _model(x, params, use_checkpoint, calls)
         (backward or gm.backward)(gm, loss) if backward else gm.backward(loss)
-    after = mg.random.get_rng(device).random(4)  # the generator's stream is not disturbed
+    with as_device(device).context():  # a GPU generator draws on its own GPU
+        after = mg.random.get_rng(device).random(4)  # the generator's stream is not disturbed
     after = after.get() if hasattr(after, "get") else after
     return [x.grad.numpy(), *(p.grad.numpy() for p in params)], loss.item(), len(calls), after
 

@@ -3,6 +3,8 @@ errors a GPU request gives on a machine without CuPy or CUDA (simulated, so they
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import types
 
 import numpy as np
@@ -166,7 +168,8 @@ def fake_cupy(count=None, error=None):
 
     runtime = types.SimpleNamespace(getDeviceCount=get_device_count, getDevice=get_device,
                                     CUDARuntimeError=FakeCUDAError)
-    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+    cuda = types.SimpleNamespace(runtime=runtime, Device=lambda index: contextlib.nullcontext())
+    return types.SimpleNamespace(cuda=cuda)
 
 
 @pytest.fixture
@@ -205,7 +208,8 @@ def test_gpus_are_counted_from_the_os_without_initialising_cuda(gpu_probe, monke
     assert "CUDA_VISIBLE_DEVICES='' hides every GPU" in device_mod.probe_gpus().reason
 
 
-def test_a_cuda_error_is_reported_not_read_as_no_gpu(gpu_probe):
+def test_a_cuda_error_is_reported_not_read_as_no_gpu(gpu_probe, monkeypatch):
+    monkeypatch.setattr(device_mod, "cuda_initialized", lambda: True)  # asked in this process
     gpu_probe(fake_cupy(error=FakeCUDAError(35, "cudaErrorInsufficientDriver: CUDA driver "
                                                 "version is insufficient for CUDA runtime")))
     assert mg.get_device_count("gpu") == 0
@@ -219,7 +223,8 @@ def test_a_cuda_error_is_reported_not_read_as_no_gpu(gpu_probe):
         as_device("gpu0")
 
 
-def test_no_gpu_at_all_is_not_an_error(gpu_probe, recwarn):
+def test_no_gpu_at_all_is_not_an_error(gpu_probe, recwarn, monkeypatch):
+    monkeypatch.setattr(device_mod, "cuda_initialized", lambda: True)  # asked in this process
     gpu_probe(fake_cupy(error=FakeCUDAError(100, "cudaErrorNoDevice: no CUDA-capable device")))
     assert as_device("xpux") == "cpu0" and not device_mod.probe_gpus().failed
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
@@ -238,3 +243,40 @@ def test_an_unreadable_driver_device_list_is_a_failure_not_zero_gpus(gpu_probe, 
     monkeypatch.setattr(device_mod.os, "listdir", denied)
     probe = device_mod.probe_gpus()
     assert probe.failed and probe.count == 0 and "Permission denied" in probe.reason
+
+
+@pytest.mark.parametrize("returncode, stdout, stderr, count, failed, reason", [
+    (0, "3\n", "", 3, False, None),
+    (0, "0\n", "", 0, False, "CUDA reports no device"),
+    (1, "", "Traceback ...\ncupy_backends.cuda.api.runtime.CUDARuntimeError: cudaErrorNoDevice: "
+            "no CUDA-capable device is detected", 0, False, "CUDA reports no device"),
+    (1, "", "Traceback ...\ncupy_backends.cuda.api.runtime.CUDARuntimeError: "
+            "cudaErrorInsufficientDriver: CUDA driver version is insufficient", 0, True,
+     "CUDA failed while counting devices: cupy_backends.cuda.api.runtime.CUDARuntimeError: "
+     "cudaErrorInsufficientDriver: CUDA driver version is insufficient"),
+])
+def test_without_os_entries_cuda_is_asked_in_a_subprocess(gpu_probe, monkeypatch, returncode,
+                                                          stdout, stderr, count, failed, reason):
+    gpu_probe(fake_cupy())  # this process's CUDA must not be asked (it would be initialised)
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, returncode, stdout, stderr)
+
+    monkeypatch.setattr(device_mod.subprocess, "run", run)
+    probe = device_mod.probe_gpus()
+    assert (probe.count, probe.failed, probe.reason) == (count, failed, reason)
+    assert calls == [[device_mod.sys.executable, "-c", device_mod.COUNT_GPUS_SCRIPT]]
+    assert "getDeviceCount" in device_mod.COUNT_GPUS_SCRIPT
+
+
+def test_a_subprocess_that_cannot_run_is_a_failure(gpu_probe, monkeypatch):
+    gpu_probe(fake_cupy())
+
+    def run(cmd, **kwargs):
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+
+    monkeypatch.setattr(device_mod.subprocess, "run", run)
+    probe = device_mod.probe_gpus()
+    assert probe.failed and probe.count == 0 and "timed out after 120 seconds" in probe.reason

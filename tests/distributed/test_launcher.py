@@ -12,15 +12,26 @@ import numpy as np
 import pytest
 
 import minigrad.distributed as dist
-from minigrad.distributed import comm
-from minigrad.distributed.launcher import cuda_initialized
+from minigrad.distributed import comm, launch
+from minigrad.distributed.launcher import cuda_initialized, visible_gpu_count
 from minigrad.testing.distributed import run_workers
 
 
 def test_decorator_forms_and_rank_ordered_results(monkeypatch):
-    @dist.launcher
-    def plain(k):
+    def body(k):
         return dist.get_rank() * k, dist.get_world_size(), os.environ["LOCAL_RANK"]
+
+    gpus = visible_gpu_count()
+    if gpus and cuda_initialized():  # an earlier GPU test of this process initialised CUDA
+        with pytest.raises(RuntimeError, match="CUDA was already initialised in the parent"):
+            dist.launcher(body)(10)
+    else:
+        n = gpus or 2  # one rank per visible GPU, else 2 CPU processes
+        assert dist.launcher(body)(10) == [(10 * r, n, str(r)) for r in range(n)]
+
+    @dist.launcher(device_type="cpu")
+    def plain(k):
+        return body(k)
 
     assert plain(10) == [(0, 2, "0"), (10, 2, "1")]  # CPU default: 2 processes
 
@@ -130,12 +141,24 @@ def test_launch_cli(tmp_path):
     logdir = tmp_path / "logs"
     cmd = [sys.executable, "-m", "minigrad.distributed.launch", "--nproc_per_node", "2",
            "--logdir", str(logdir), str(script), "--lr", "0.1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    cpu_only = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # 2 CPU ranks also on a 1-GPU machine
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=cpu_only)
     assert proc.returncode == 0, proc.stderr
     for r in range(2):
         log = (logdir / f"rank{r}.log").read_text()
         assert f"rank {r} local {r} sum 3.0 args ['--lr', '0.1']" in log
 
-    proc = subprocess.run(cmd + ["--fail"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(cmd + ["--fail"], capture_output=True, text=True, timeout=60,
+                          env=cpu_only)
     assert proc.returncode == 1
     assert "rank 1" in proc.stderr and "exit code 3" in proc.stderr
+
+
+def test_launch_cli_runs_more_ranks_than_gpus_on_the_cpu(monkeypatch, capfd, tmp_path):
+    script = tmp_path / "where.py"
+    script.write_text("import os\nprint('device', os.environ['MINIGRAD_DEFAULT_DEVICE'])\n")
+    monkeypatch.setattr(launch, "visible_gpu_count", lambda device_type: 2)
+    assert launch.main(["--nproc_per_node", "3", str(script)]) == 0
+    out, err = capfd.readouterr()
+    assert "launch: 3 ranks per node but 2 visible GPU(s)" in err
+    assert out.count("device cpu0") == 3

@@ -4,6 +4,7 @@ stub NCCL communicator check communicator creation for CuPy 13 and 14, the order
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import numpy as np
@@ -49,6 +50,8 @@ class FakeCupy:
             Event=Event,
             Stream=lambda non_blocking: fake._stream("nccl"),
             get_current_stream=lambda: fake.current[-1],
+            Device=lambda index: contextlib.nullcontext(),
+            runtime=types.SimpleNamespace(getDevice=lambda: 0),
         )
 
     def _stream(self, name):

@@ -54,7 +54,7 @@ def _check_stream(text: str, kind: str, n_ranks: int, expect: int) -> None:
 def test_launch_cli_prefixes_every_line_and_keeps_streams_apart(tmp_path):
     script = tmp_path / "printer.py"
     script.write_text(PRINTER)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")  # 2 CPU ranks anywhere
     cmd = [sys.executable, "-m", "minigrad.distributed.launch", "--nproc_per_node", "2",
            str(script)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)

@@ -84,7 +84,8 @@ def _microbatch_worker(n_micro):
     return w.grad.numpy()
 
 
-def test_two_stage_micro_batches_match_single_process():
+def single_process_two_stages():
+    """The gradients of both stages of ``_microbatch_worker``, computed in one process."""
     ws = _weights()
     w0, w1 = mg.Parameter(ws[0]), mg.Parameter(ws[1])
     x, y = _batch()
@@ -92,6 +93,11 @@ def test_two_stage_micro_batches_match_single_process():
     with gm:
         logits = F.matmul(F.relu(F.matmul(mg.tensor(x), w0)), w1)
         gm.backward(F.nn.cross_entropy(logits, mg.tensor(y), reduction="sum"))
+    return w0.grad.numpy(), w1.grad.numpy()
+
+
+def test_two_stage_micro_batches_match_single_process():
+    ref = single_process_two_stages()
     out = run_workers(_microbatch_worker, 2, 5)
-    np.testing.assert_allclose(out[0], w0.grad.numpy(), rtol=1e-10)
-    np.testing.assert_allclose(out[1], w1.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(out[0], ref[0], rtol=1e-10)
+    np.testing.assert_allclose(out[1], ref[1], rtol=1e-10)

@@ -120,6 +120,7 @@ def test_oneflow_ddp_via_launch_cli(tmp_path):
         text=True,
         timeout=240,
         cwd=ROOT,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),  # 2 CPU ranks also on a 1-GPU machine
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     logs = proc.stdout + "".join(p.read_text() for p in tmp_path.glob("*"))
@@ -157,3 +158,19 @@ def test_readme_tour_runs_as_written():
     batches = [(rng.standard_normal((8, 784)).astype("float32"),
                 rng.integers(0, 10, 8).astype("int32")) for _ in range(2)]
     assert ns["train"](batches) == [None, None]  # both ranks ran the loop to the end
+
+
+@pytest.mark.gpu
+def test_train_mnist_on_the_gpu(tmp_path):
+    # a fresh interpreter: its rank is forked before anything initialises CUDA (this process may
+    # have, in its single-process GPU tests)
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_mnist.py"), "--device", "gpu", "--nproc",
+         "1", "--epochs", "1", "--out-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    acc = float(re.search(r"epoch 1: test accuracy ([0-9.]+)", proc.stdout).group(1))
+    assert acc > 0.85  # as on the CPU: one epoch of the MLP on the bundled split

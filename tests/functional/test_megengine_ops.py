@@ -45,7 +45,7 @@ def test_unary_math(name, fn, ref, gen, device, rng, double_grad):
     double_grad(fn, x, device=device)
 
 
-def test_logsigmoid_documented_values_and_no_overflow():
+def test_logsigmoid_documented_values_and_no_overflow(default_device):
     """MegEngine's documented example: logsigmoid(arange(-5, 5)) rounds to -5.0067 ... -0.0181;
     and it is -softplus(-x), finite for huge |x|."""
     y = F.logsigmoid(F.arange(-5, 5)).numpy().round(4)
@@ -69,7 +69,7 @@ def test_binary_math(name, fn, ref, device, rng, double_grad):
     assert fn(t(np.array([1, 2])), t(np.array([3, 4]))).dtype == np.float32
 
 
-def test_logaddexp_splits_the_gradient_at_ties():
+def test_logaddexp_splits_the_gradient_at_ties(default_device):
     """d/dx log(e^x + e^y) = sigmoid(x - y): 0.5 each at x == y (no one-sided maximum)."""
     x, y = mg.Parameter(np.float64(2.0)), mg.Parameter(np.float64(2.0))
     gm = mg.GradManager().attach([x, y])
@@ -80,7 +80,7 @@ def test_logaddexp_splits_the_gradient_at_ties():
     np.testing.assert_allclose(big, 1000.0 + np.log(2.0))
 
 
-def test_shifts_match_numpy():
+def test_shifts_match_numpy(default_device):
     """left_shift/right_shift are NumPy's bitwise shifts (arithmetic right shift)."""
     a, s = np.array([1, -8, 255], np.int32), np.array([3, 1, 4], np.int32)
     np.testing.assert_array_equal(F.left_shift(t(a), t(s)).numpy(), np.left_shift(a, s))
@@ -184,7 +184,7 @@ def test_pad_errors():
         F.pad(t(np.ones((1, 2))), ((1, 1),), mode="reflect")
 
 
-def test_split_sizes_follow_megengine():
+def test_split_sizes_follow_megengine(default_device):
     """split(x, n): sizes ceil then floor of size/n — 20 rows in 3 give 7, 7, 6; MegEngine's
     documented 10 rows in 3 give 4, 3, 3; more parts than rows is an error."""
     x = t(np.arange(40.0).reshape(20, 2))
@@ -198,7 +198,7 @@ def test_split_sizes_follow_megengine():
         F.split(t(np.zeros(2)), 3)
 
 
-def test_full_dtype_follows_the_value_and_eye_takes_a_shape():
+def test_full_dtype_follows_the_value_and_eye_takes_a_shape(default_device):
     """MegEngine: full's dtype is inferred from the value (bool -> bool, int -> int32, float ->
     float32); eye accepts (N, M) as one shape argument."""
     assert F.full((2, 3), True).dtype == np.bool_ and F.full((2,), True).numpy().all()
@@ -282,7 +282,7 @@ def _ctc_brute_force(probs, label, blank):
     return -np.log(total)
 
 
-def test_ctc_loss_documented_example():
+def test_ctc_loss_documented_example(default_device):
     """MegEngine's documented example gives 0.1504417."""
     pred = t(np.array([[[0.0614, 0.9386], [0.8812, 0.1188]], [[0.699, 0.301], [0.2572, 0.7428]]],
                       np.float32))

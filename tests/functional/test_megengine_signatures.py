@@ -106,7 +106,7 @@ def test_megengine_keyword_calls_run():
     assert F.concat([x], device="cpu0").device == "cpu0"
 
 
-def test_sort_along_dim_matches_numpy_and_is_differentiable(rng):
+def test_sort_along_dim_matches_numpy_and_is_differentiable(rng, default_device):
     from minigrad.testing import check_grad
 
     a = rng.standard_normal((4, 3, 2))

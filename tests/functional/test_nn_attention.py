@@ -128,7 +128,7 @@ def test_multi_head_attention_errors(device):
         F.multi_head_attention(x, x, x, 2, _t(np.zeros((12, 6)), device))
 
 
-def test_attention_bias_has_one_boolean_meaning():
+def test_attention_bias_has_one_boolean_meaning(default_device):
     like = mg.tensor(np.zeros((1,)), dtype="float64")
     keep = np.array([[True, False], [False, True]])
     bias = F.nn.attention_bias(2, 2, keep, like=like).numpy()
@@ -145,7 +145,7 @@ def test_attention_bias_has_one_boolean_meaning():
         F.nn.attention_bias(2, 2, np.ones((3, 2), bool), like=like)
 
 
-def test_module_and_functional_read_a_boolean_mask_the_same_way(rng):
+def test_module_and_functional_read_a_boolean_mask_the_same_way(rng, default_device):
     import minigrad.module as M
 
     mha = M.MultiHeadAttention(4, 1, bias=False)

@@ -230,26 +230,26 @@ def test_pool_errors(device):
 # optional cross-check against PyTorch (never the only reference)
 
 
-def test_against_torch(rng):
+def test_against_torch(rng, device):
     torch = pytest.importorskip("torch")
     tf = torch.nn.functional
     x = rng.standard_normal((2, 4, 9, 8))
     w = rng.standard_normal((6, 2, 3, 3))
     np.testing.assert_allclose(
-        F.conv2d(_t(x, "cpu0"), _t(w, "cpu0"), stride=2, padding=1, dilation=2, groups=2).numpy(),
+        F.conv2d(_t(x, device), _t(w, device), stride=2, padding=1, dilation=2, groups=2).numpy(),
         tf.conv2d(torch.tensor(x), torch.tensor(w), stride=2, padding=1, dilation=2,
                   groups=2).numpy(), rtol=1e-10, atol=1e-12)
     wt = rng.standard_normal((4, 3, 3, 2))
     np.testing.assert_allclose(
-        F.conv_transpose2d(_t(x, "cpu0"), _t(wt, "cpu0"), stride=2, padding=1,
+        F.conv_transpose2d(_t(x, device), _t(wt, device), stride=2, padding=1,
                            output_padding=1, groups=2).numpy(),
         tf.conv_transpose2d(torch.tensor(x), torch.tensor(wt), stride=2, padding=1,
                             output_padding=1, groups=2).numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(F.max_pool2d(_t(x, "cpu0"), 3, 2, 1).numpy(),
+    np.testing.assert_allclose(F.max_pool2d(_t(x, device), 3, 2, 1).numpy(),
                                tf.max_pool2d(torch.tensor(x), 3, 2, 1).numpy())
-    np.testing.assert_allclose(F.avg_pool2d(_t(x, "cpu0"), 3, 2, 1, mode="average").numpy(),
+    np.testing.assert_allclose(F.avg_pool2d(_t(x, device), 3, 2, 1, mode="average").numpy(),
                                tf.avg_pool2d(torch.tensor(x), 3, 2, 1).numpy(), rtol=1e-12)
-    np.testing.assert_allclose(F.adaptive_avg_pool2d(_t(x, "cpu0"), (4, 3)).numpy(),
+    np.testing.assert_allclose(F.adaptive_avg_pool2d(_t(x, device), (4, 3)).numpy(),
                                tf.adaptive_avg_pool2d(torch.tensor(x), (4, 3)).numpy(), rtol=1e-12)
 
 

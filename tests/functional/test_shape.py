@@ -269,7 +269,7 @@ SHAPE_ERRORS = [
         r"split: axis 1 of size 4 cannot be split into 5",
     ),
     (
-        lambda x: F.gather(x, 1, mg.tensor(np.full((3, 4), 4), device=x.device)),
+        lambda x: F.gather(x, 1, mg.tensor(np.full((3, 4), 4), device=x.device)).numpy(),
         IndexError,
         r"gather: index out of range for axis 1 of size 4",
     ),
@@ -319,7 +319,8 @@ def test_errors_name_the_op_and_shapes(fn, exc, msg, device):
     [
         ("concat", lambda a, b: F.concat([a, b])),
         ("stack", lambda a, b: F.stack([a, b])),
-        ("gather", lambda a, b: F.gather(b, 0, mg.tensor(np.zeros((1, 2), np.int32)))),
+        ("gather", lambda a, b: F.gather(b, 0, mg.tensor(np.zeros((1, 2), "int32"),
+                                                          device="cpu0"))),
         ("einsum", lambda a, b: F.einsum("ij,jk->ik", a, b)),
         ("where", lambda a, b: F.where(mg.tensor(np.ones((2, 2), bool)), a, b)),
     ],

@@ -69,7 +69,7 @@ def _warp_ref(x, mats, out_hw, mode="replicate", value=0.0, perspective=True, sr
 # -- interpolate and resize ------------------------------------------------------------------------
 
 
-def test_interpolate_documented_example():
+def test_interpolate_documented_example(default_device):
     """MegEngine's example: 2x2 [1..4] to 4x4 bilinear without align_corners, and scale_factor=2
     gives the same."""
     x = t(np.arange(1, 5, dtype=np.float32).reshape(1, 1, 2, 2))
@@ -138,7 +138,7 @@ def test_interpolate_modes(mode, kind, shape, size, align, device, rng):
                device=device)
 
 
-def test_interpolate_align_corners_keeps_corners_and_errors(rng):
+def test_interpolate_align_corners_keeps_corners_and_errors(rng, default_device):
     """align_corners=True preserves the four corner pixels; it is only allowed in linear modes;
     exactly one of size and scale_factor."""
     x = rng.standard_normal((1, 1, 3, 4))
@@ -153,7 +153,7 @@ def test_interpolate_align_corners_keeps_corners_and_errors(rng):
         V.interpolate(t(x[0]), (2, 2))
 
 
-def test_resize_documented_example_and_nhwc():
+def test_resize_documented_example_and_nhwc(default_device):
     """MegEngine's F.vision.resize example: 4x4 arange to 2x2 bilinear is [[2.5, 4.5],
     [10.5, 12.5]]; NHWC input gives the same numbers."""
     x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
@@ -165,7 +165,7 @@ def test_resize_documented_example_and_nhwc():
 # -- warps and remap -------------------------------------------------------------------------------
 
 
-def test_warp_perspective_documented_example():
+def test_warp_perspective_documented_example(default_device):
     """MegEngine's example: the translation matrix reads (w + 1, h + 1): [[5, 6], [9, 10]]."""
     x = t(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
     m = t(np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [0.0, 0.0, 1.0]], np.float32)[None])
@@ -242,7 +242,7 @@ def test_sampling_errors():
 # -- roi ops and nms -------------------------------------------------------------------------------
 
 
-def test_roi_ops_documented_examples():
+def test_roi_ops_documented_examples(default_device):
     """MegEngine's examples on np.random.seed(42) data: roi_pooling gives [[-0.1383, -0.1383],
     [-0.5035, -0.5035]] and roi_align [[0.175, 0.175], [0.1359, 0.1359]] for the first roi; nms of
     its 100 seeded boxes keeps [75, 69]."""
@@ -312,7 +312,7 @@ def test_roi_pooling(mode, device, rng):
     check_grad(fn, x, device=device)
 
 
-def test_nms_greedy_reference(rng):
+def test_nms_greedy_reference(rng, default_device):
     """Boxes are visited by decreasing score; one is dropped when its IoU with a kept box exceeds
     the threshold (equality keeps it); max_output truncates."""
     xy = rng.uniform(0, 10, (30, 2))
@@ -376,7 +376,7 @@ def test_cvt_color_float(device, rng):
         V.cvt_color(t(a[..., :2]), "RGB2GRAY")
 
 
-def test_cvt_color_uint8(rng):
+def test_cvt_color_uint8(rng, default_device):
     """uint8 images use 14-bit fixed point with rounding: gray = (4899 R + 9617 G + 1868 B +
     2^13) >> 14; YUV2RGB(RGB2YUV(x)) is within a couple of grey levels of x."""
     a = rng.integers(0, 256, (1, 5, 6, 3)).astype(np.uint8)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from minigrad.backend.device import get_default_device_obj, probe_gpus
 from minigrad.backend.xp import cupy_import_error, cupy_or_none
 from minigrad.distributed.backends.base import (
     Backend,
@@ -44,11 +45,9 @@ def unavailable_reason() -> str | None:
     """Why the NCCL backend cannot be used in this process (None when it can)."""
     nccl, reason = _probe()
     if reason is None:
-        try:
-            if cupy_or_none().cuda.runtime.getDeviceCount() == 0:
-                reason = "CuPy sees no CUDA device"
-        except Exception as exc:  # CUDA driver missing or broken: say which
-            reason = f"CUDA is not usable ({type(exc).__name__}: {exc})"
+        gpus = probe_gpus()  # a failed count says why (a broken driver is not "no GPU")
+        if gpus.count == 0:
+            reason = f"no usable CUDA device ({gpus.reason})"
     return reason
 
 
@@ -121,6 +120,11 @@ class NcclBackend(Backend):
                 f"(install CuPy with NCCL: pip install -e '.[cuda12]')"
             )
         self.cp = cp if cp is not None else cupy_or_none()
+        # This rank's GPU (its default device, bound at init): every call runs with it current,
+        # also from the threads of isend/irecv, whose current device would otherwise be 0.
+        default = get_default_device_obj()
+        index = default.index if default.is_gpu else self.cp.cuda.runtime.getDevice()
+        self._device = self.cp.cuda.Device(index)
         self.host = ctx.backend("cpu")  # fingerprints, shapes and barriers
         self._comm = None
         self._pairs: dict[int, Any] = {}
@@ -182,22 +186,25 @@ class NcclBackend(Backend):
 
     def run(self, fn):
         """Run ``fn`` now; the caller's stream then waits for its NCCL kernels (not the host)."""
-        self._end_event = None
-        out = fn()
-        if self._end_event is not None:
-            self.cp.cuda.get_current_stream().wait_event(self._end_event)
-        return out
+        with self._device:
+            self._end_event = None
+            out = fn()
+            if self._end_event is not None:
+                self.cp.cuda.get_current_stream().wait_event(self._end_event)
+            return out
 
     def submit(self, fn) -> Work:
         """Enqueue ``fn``'s NCCL kernels; ``Work.wait()`` makes the caller's stream wait."""
-        self._end_event = None
-        out = fn()
-        ev = self._end_event
+        with self._device:
+            self._end_event = None
+            out = fn()
+            ev = self._end_event
         if ev is None:
             return Work.ready(out)
 
         def wait():
-            self.cp.cuda.get_current_stream().wait_event(ev)
+            with self._device:
+                self.cp.cuda.get_current_stream().wait_event(ev)
             return out
 
         return Work(wait, lambda: bool(ev.done))

@@ -1,0 +1,868 @@
+"""A NumPy-backed stand-in for CuPy, so that minigrad's GPU code paths run (and can fail) in CI.
+
+The fake models what minigrad's GPU code depends on, with CuPy's rules and error messages:
+
+* several devices and CUDA's *current device*, one per host thread (``cupy.cuda.Device`` as a
+  context manager, ``use()``, ``runtime.getDevice/setDevice``); a new thread starts on device 0;
+* arrays (``cupy.ndarray``) that live on one device. A kernel (a ufunc, a NumPy function, most
+  methods, indexing with arrays) launched while another device is current raises CuPy's
+  ``ValueError`` for devices without peer access, so an op that runs on the wrong device fails
+  instead of silently crossing devices; ``copy()`` and ``asarray`` copy to the *current* device;
+* no implicit conversion: ``np.asarray`` of a device array raises CuPy's ``TypeError``, and NumPy
+  arrays as kernel operands raise ``TypeError('Unsupported type ...')``;
+* host synchronisations: ``asnumpy``, ``get``, ``item``, ``tolist``, ``bool``/``float``/``int``,
+  ``repr``, the ``synchronize`` methods and ops whose output size depends on the data (boolean
+  mask indexing, ``nonzero``, ``unique``...) are appended to ``fake.syncs`` (and raise
+  ``DeviceSynchronized`` inside ``cupyx.allow_synchronize(False)``, as CuPy's detector does);
+  host-to-device copies are counted in ``fake.h2d``, device-to-host copies in ``fake.d2h``;
+* streams and events, per device, with a current stream per thread and device; ``fake.events`` lists
+  in order every kernel launch (``"launch multiply on gpu0:null"``), copy (``"h2d pinned on
+  gpu0:s2"``), event record (``"record ev3 on gpu0:s2"``) and wait (``"gpu0:null waits ev3"``);
+* pinned host memory (``cuda.alloc_pinned_memory``, ``cupyx.empty_pinned``) and ``ndarray.set``;
+* ``random.default_rng``: a generator bound to the device current when it was made;
+* ``cuda.nccl``: communicators of world size 1 whose collectives copy between the buffers' pointers
+  (the unique id is CuPy 14's ``bytes``).
+
+Not modelled: asynchrony (every launch completes at once, events are always done), CUDA C kernels
+(``ElementwiseKernel``, ``ReductionKernel`` and ``RawKernel`` can be built but raise
+``NotImplementedError`` when called; ``fuse`` returns the function unchanged) and memory pools.
+minigrad's fused kernels (``minigrad.backend.kernels``, CUDA C on a GPU) run their CPU versions on
+the fake arrays' data instead (with the same device checks), so every op can run on the fake.
+
+Example::
+
+    with fake_cupy.installed(n_devices=2) as fake:
+        x = mg.tensor([1.0, 2.0], device="gpu1")
+        y = (x * 2).numpy()
+        assert fake.syncs == ["asnumpy"]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import os
+import sys
+import threading
+import types
+
+import numpy as np
+import scipy.special
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from minigrad.backend.transfer import is_pinned
+from minigrad.backend.xp import use_cupy
+
+__all__ = ["DeviceSynchronized", "FakeCupy", "installed"]
+
+#: CUDA's status for a device index that does not exist.
+CUDA_ERROR_INVALID_DEVICE = 101
+_NAMES = itertools.count(1)  # stream and event numbers, unique in the process
+# functions whose output size depends on the data (CuPy synchronises to learn it)
+_SIZE_FROM_DATA = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "compress",
+                             "extract"})
+# methods that only build a view (no kernel in CuPy for contiguous arrays)
+_VIEW_METHODS = frozenset({"reshape", "view", "transpose", "swapaxes", "squeeze", "ravel"})
+
+
+class CUDARuntimeError(RuntimeError):
+    """``cupy.cuda.runtime.CUDARuntimeError``: carries CUDA's ``status``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class DeviceSynchronized(RuntimeError):
+    """``cupyx.DeviceSynchronized``: a host synchronisation inside ``allow_synchronize(False)``."""
+
+    def __init__(self, what: str):
+        super().__init__(f"Device synchronization was detected while disallowed ({what})")
+
+
+# -------------------------------------------------------------------------------------------------
+# devices, streams, events
+
+
+class _Device:
+    """``cupy.cuda.Device``: an index, a context manager that makes it current, ``use()``."""
+
+    fake: FakeCupy
+
+    def __init__(self, device=None):
+        self.id = self.fake.current_device() if device is None else int(device)
+
+    def __enter__(self):
+        fake = self.fake
+        previous = fake.current_device()
+        fake.set_device(self.id)
+        fake._state().device_stack.append(previous)
+        return self
+
+    def __exit__(self, *exc):
+        self.fake.set_device(self.fake._state().device_stack.pop())
+        return False
+
+    def use(self):
+        self.fake.set_device(self.id)
+        return self
+
+    def synchronize(self) -> None:
+        self.fake.sync("Device.synchronize")
+
+    compute_capability = "80"
+
+    def __int__(self) -> int:
+        return self.id
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Device) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __repr__(self) -> str:
+        return f"<CUDA Device {self.id}>"
+
+
+class _Event:
+    """``cupy.cuda.Event``: recorded on a stream, waited on by another; always done."""
+
+    fake: FakeCupy
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.name = f"ev{next(_NAMES)}"
+        self.ptr = id(self)
+        self.done = True
+
+    def record(self, stream=None) -> None:
+        stream = self.fake.cuda.get_current_stream() if stream is None else stream
+        self.fake.events.append(f"record {self.name} on {stream.name}")
+
+    def synchronize(self) -> None:
+        self.fake.sync("Event.synchronize")
+
+
+class _Stream:
+    """``cupy.cuda.Stream``: made on the current device; ``with stream:`` makes it current there
+    (CuPy's RuntimeError when another device is current)."""
+
+    fake: FakeCupy
+
+    def __init__(self, null=False, non_blocking=False, ptds=False, *, _device=None):
+        fake = self.fake
+        self.device_id = fake.current_device() if _device is None else _device
+        self.name = f"gpu{self.device_id}:" + ("null" if null else f"s{next(_NAMES)}")
+        self.ptr = 0 if null else id(self)
+        self.done = True
+        fake.streams[self.ptr, self.device_id] = self
+
+    def _check_device(self) -> None:
+        current = self.fake.current_device()
+        if self.device_id != current:
+            raise RuntimeError(
+                f"The device that the stream is created on ({self.device_id}) does not match "
+                f"with the current device ({current})"
+            )
+
+    def __enter__(self):
+        self._check_device()
+        self.fake._state().streams.setdefault(self.device_id, []).append(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.fake._state().streams[self.device_id].pop()
+        return False
+
+    def use(self):
+        self._check_device()
+        streams = self.fake._state().streams.setdefault(self.device_id, [])
+        streams[:] = [self]
+        return self
+
+    def record(self, event=None):
+        event = self.fake.cuda.Event() if event is None else event
+        event.record(self)
+        return event
+
+    def wait_event(self, event) -> None:
+        self.fake.events.append(f"{self.name} waits {event.name}")
+
+    def synchronize(self) -> None:
+        self.fake.sync("Stream.synchronize")
+
+    def __repr__(self) -> str:
+        return f"<Stream {self.name}>"
+
+
+class PinnedMemoryPointer(bytearray):
+    """``cupy.cuda.PinnedMemoryPointer``: page-locked host memory (a bytearray here) that NumPy
+    arrays can be built on (``np.ndarray(shape, dtype, buffer=mem)``)."""
+
+    @property
+    def ptr(self) -> int:
+        return ctypes.addressof(ctypes.c_char.from_buffer(self)) if len(self) else 0
+
+
+class _MemoryPointer:
+    """``ndarray.data``: the device pointer (the NumPy buffer's address) and the device."""
+
+    def __init__(self, array: np.ndarray, device_id: int):
+        self.ptr = array.ctypes.data if array.size else 0
+        self.device_id = device_id
+
+
+# -------------------------------------------------------------------------------------------------
+# arrays
+
+
+class _Array(NDArrayOperatorsMixin):
+    """``cupy.ndarray``: a NumPy array and the device it lives on (see the module docstring)."""
+
+    fake: FakeCupy
+
+    def __init__(self, array: np.ndarray, device_id: int):
+        self._a = array
+        self._device_id = device_id
+
+    # -- what CuPy arrays have without launching anything
+    @property
+    def device(self):
+        return self.fake.cuda.Device(self._device_id)
+
+    @property
+    def data(self):
+        return _MemoryPointer(self._a, self._device_id)
+
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    itemsize = property(lambda self: self._a.itemsize)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: self._view(self._a.T))
+
+    def _view(self, array):
+        return type(self)(array, self._device_id)
+
+    def __len__(self) -> int:
+        if self._a.ndim == 0:
+            raise TypeError("len() of unsized object")
+        return len(self._a)
+
+    def __iter__(self):
+        if self._a.ndim == 0:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(len(self._a)))
+
+    # -- kernels
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+        return self.fake._launch(name, getattr(ufunc, method), inputs, kwargs)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        return self.fake._launch(func.__name__, func, args, kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name == "_a":  # no __array_interface__: no implicit copies
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return self._view(attr) if isinstance(attr, np.ndarray) else attr
+        if name in _VIEW_METHODS:
+            def view(*args, **kwargs):
+                return self._view(attr(*args, **kwargs))
+            return view
+
+        def method(*args, **kwargs):
+            return self.fake._launch(name, getattr(np.ndarray, name), (self, *args), kwargs)
+        return method
+
+    def __getitem__(self, key):
+        if _has_array(key):
+            if _has_mask(key):  # the result's size is on the device: CuPy reads it back
+                self.fake.sync("boolean mask index")
+            return self.fake._launch("getitem", _getitem, (self, self._index(key)), {})
+        return self.fake._wrap(self._a[key], self._device_id)
+
+    def __setitem__(self, key, value) -> None:
+        if isinstance(value, np.ndarray) and value.ndim:
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        self.fake._launch("setitem", _setitem, (self, self._index(key), value), {})
+
+    def _index(self, key):
+        """CuPy copies NumPy arrays and lists used as indices to the current device."""
+        if isinstance(key, tuple):
+            return tuple(self._index(k) for k in key)
+        if isinstance(key, (np.ndarray, list)):
+            return self.fake.asarray(key)
+        return key
+
+    def copy(self, order="C"):
+        """A copy on the *current* device (CuPy copies across devices here)."""
+        fake = self.fake
+        current = fake.current_device()
+        if self._device_id != current:
+            fake.events.append(f"peer copy gpu{self._device_id} -> gpu{current}")
+        return type(self)(self._a.copy(order), current)
+
+    def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
+        if not copy and np.dtype(dtype) == self._a.dtype:
+            return self
+        return self.fake._launch("astype", np.ndarray.astype, (self, dtype), {"order": order})
+
+    def fill(self, value) -> None:
+        self.fake._launch("fill", np.ndarray.fill, (self, value), {})
+
+    # -- transfers
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        fake = self.fake
+        fake.d2h.append(self.shape)
+        fake.events.append(f"d2h on {(stream or fake.cuda.get_current_stream()).name}")
+        if blocking:
+            fake.sync("get")
+        host = np.array(self._a, order=order, copy=True)
+        if out is not None:
+            out[...] = host
+            return out
+        return host
+
+    def set(self, arr, stream=None) -> None:
+        if not isinstance(arr, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if self.dtype != arr.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+        if self.shape != arr.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        fake = self.fake
+        stream = fake.cuda.get_current_stream() if stream is None else stream
+        fake.h2d.append(self.shape)
+        kind = "pinned" if is_pinned(arr) else "pageable"
+        fake.events.append(f"h2d {kind} on {stream.name}")
+        self._a[...] = arr
+
+    # -- reading values on the host (each one a synchronisation)
+    def _read(self, what: str) -> np.ndarray:
+        self.fake.sync(what)
+        return self._a
+
+    def item(self):
+        if self._a.size != 1:
+            raise ValueError("can only convert an array of size 1 to a Python scalar")
+        return self._read("item").item()
+
+    def tolist(self):
+        return self._read("tolist").tolist()
+
+    def __bool__(self) -> bool:
+        return bool(self._read("bool"))
+
+    def __float__(self) -> float:
+        return float(self._read("float"))
+
+    def __int__(self) -> int:
+        return int(self._read("int"))
+
+    def __complex__(self) -> complex:
+        return complex(self._read("complex"))
+
+    def __repr__(self) -> str:
+        return repr(self._read("repr"))
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
+            "construct a NumPy array explicitly."
+        )
+
+    __hash__ = None  # arrays are unhashable, as NumPy's are
+
+
+def _getitem(a, key):
+    return a[_wrapped(key, a.shape)]
+
+
+def _setitem(a, key, value) -> None:
+    a[_wrapped(key, a.shape)] = value
+
+
+def _scatter_add(a, key, value) -> None:
+    np.add.at(a, _wrapped(key, a.shape), value)
+
+
+def _wrapped(key, shape):
+    """CuPy wraps out-of-range integer-array indices around where NumPy raises (keys with ``...``
+    or ``None`` are left as they are)."""
+    keys = key if isinstance(key, tuple) else (key,)
+    if any(k is Ellipsis or k is None for k in keys):
+        return key
+    out, axis = [], 0
+    for k in keys:
+        if isinstance(k, np.ndarray) and k.dtype.kind in "iu" and axis < len(shape):
+            out.append(k % shape[axis] if shape[axis] else k)
+        else:
+            out.append(k)
+        axis += k.ndim if isinstance(k, np.ndarray) and k.dtype == bool else 1
+    return tuple(out) if isinstance(key, tuple) else out[0]
+
+
+def _has_mask(key) -> bool:
+    keys = key if isinstance(key, tuple) else (key,)
+    return any(getattr(k, "dtype", None) == np.bool_ for k in keys)
+
+
+def _has_array(key) -> bool:
+    keys = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(k, (_Array, np.ndarray, list)) for k in keys)
+
+
+# -------------------------------------------------------------------------------------------------
+# the modules
+
+
+class _Ufunc:
+    """A ufunc of the fake module: calls and methods (``reduce``...) launch through the fake."""
+
+    def __init__(self, fake: FakeCupy, ufunc: np.ufunc):
+        self._fake, self._ufunc = fake, ufunc
+        self.__name__ = ufunc.__name__
+
+    def __call__(self, *args, **kwargs):
+        return self._fake._launch(self.__name__, self._ufunc, args, kwargs)
+
+    def __getattr__(self, name):
+        method = getattr(self._ufunc, name)
+        if not callable(method):
+            return method
+
+        def call(*args, **kwargs):
+            return self._fake._launch(f"{self.__name__}.{name}", method, args, kwargs)
+        return call
+
+
+class _Namespace(types.ModuleType):
+    """A NumPy namespace (``numpy``, ``numpy.linalg``...) seen through the fake: functions launch
+    on the current device and return device arrays."""
+
+    def __init__(self, fake: FakeCupy, name: str, numpy_module):
+        super().__init__(name)
+        self._fake, self._numpy = fake, numpy_module
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        attr = getattr(self._numpy, name)
+        if isinstance(attr, np.ufunc):
+            attr = _Ufunc(self._fake, attr)
+        elif callable(attr) and not isinstance(attr, type):
+            attr = self._fake._function(name, attr)
+        elif isinstance(attr, types.ModuleType):
+            attr = _Namespace(self._fake, f"{self.__name__}.{name}", attr)
+        setattr(self, name, attr)
+        return attr
+
+
+class _BitGenerator:
+    """``Generator.bit_generator``: like CuPy's, its whole state is one device array (``_state``)
+    that can be copied and written back; here it holds the words of NumPy's PCG64 state."""
+
+    def __init__(self, fake: FakeCupy, bits: np.random.PCG64):
+        self._bits = bits
+        self._state = fake.ndarray(np.zeros(6, np.uint64), fake.current_device())
+        self.save()
+
+    def save(self) -> None:
+        s = self._bits.state
+        words = [s["state"]["state"] >> 64, s["state"]["state"], s["state"]["inc"] >> 64,
+                 s["state"]["inc"], s["has_uint32"], s["uinteger"]]
+        self._state._a[...] = [w & 0xFFFFFFFFFFFFFFFF for w in words]
+
+    def load(self) -> None:
+        w = [int(v) for v in self._state._a]
+        self._bits.state = {"bit_generator": "PCG64", "has_uint32": w[4], "uinteger": w[5],
+                            "state": {"state": w[0] << 64 | w[1], "inc": w[2] << 64 | w[3]}}
+
+
+class _Generator:
+    """``cupy.random.Generator``: draws with NumPy's generator, on the device current when it was
+    made (drawing while another device is current is the peer-access error)."""
+
+    def __init__(self, fake: FakeCupy, seed):
+        self._fake, self._rng = fake, np.random.default_rng(seed)
+        self.device_id = fake.current_device()
+        self.bit_generator = _BitGenerator(fake, self._rng.bit_generator)
+
+    def __getattr__(self, name):
+        method = getattr(self._rng, name)
+
+        def draw(*args, **kwargs):
+            fake = self._fake
+            fake._check_current(self.device_id)
+            self.bit_generator.load()  # the state may have been written back
+            out = fake._launch(f"random.{name}", method, args, kwargs)
+            self.bit_generator.save()
+            return out if isinstance(out, _Array) else fake._wrap(np.asarray(out))
+        return draw
+
+
+class _MemoryPool:
+    """``get_default_memory_pool()``/``get_default_pinned_memory_pool()``: nothing is pooled."""
+
+    def used_bytes(self) -> int:
+        return 0
+
+    total_bytes = used_bytes
+
+    def free_all_blocks(self) -> None:
+        pass
+
+
+class _Kernel:
+    """``ElementwiseKernel``/``ReductionKernel``/``RawKernel``: built, but their CUDA C cannot
+    run here."""
+
+    def __init__(self, *args, **kwargs):
+        names = [a for a in args if isinstance(a, str) and a.isidentifier()]
+        self.name = kwargs.get("name") or (names[-1] if names else "kernel")
+
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError(f"the fake CuPy cannot run CUDA C kernels ({self.name})")
+
+
+class _State(threading.local):
+    """Per host thread: the current device, the devices saved by ``with Device``, the stream
+    stacks per device."""
+
+    def __init__(self):
+        self.device = 0
+        self.device_stack: list[int] = []
+        self.streams: dict[int, list] = {}
+
+
+class FakeCupy(_Namespace):
+    """The fake ``cupy`` module (see the module docstring); ``fake.cupyx`` is the fake ``cupyx``.
+
+    Inspection: ``events`` (launches, copies, records, waits in order), ``syncs`` (host
+    synchronisations), ``h2d``/``d2h`` (the shapes copied each way); :meth:`clear` empties them.
+    """
+
+    def __init__(self, n_devices: int = 2):
+        super().__init__(self, "cupy", np)
+        self.n_devices = n_devices
+        self.events: list[str] = []
+        self.syncs: list[str] = []
+        self.h2d: list[tuple] = []
+        self.d2h: list[tuple] = []
+        self._tls = _State()
+        self.streams: dict[tuple, _Stream] = {}  # (ptr, device) -> every stream made
+        self._sync_allowed = threading.local()
+        self.ndarray = type("ndarray", (_Array,), {"fake": self, "__module__": "cupy"})
+        device = type("Device", (_Device,), {"fake": self})
+        stream = type("Stream", (_Stream,), {"fake": self})
+        event = type("Event", (_Event,), {"fake": self})
+        self._null = {}
+        runtime = types.SimpleNamespace(
+            getDevice=self.current_device, setDevice=self.set_device,
+            getDeviceCount=lambda: self.n_devices, CUDARuntimeError=CUDARuntimeError,
+            deviceSynchronize=lambda: self.sync("deviceSynchronize"),
+        )
+        self.cuda = types.ModuleType("cupy.cuda")
+        self.cuda.__dict__.update(
+            Device=device, Stream=stream, Event=event, runtime=runtime,
+            get_current_stream=self._current_stream, PinnedMemoryPointer=PinnedMemoryPointer,
+            alloc_pinned_memory=PinnedMemoryPointer, nccl=_fake_nccl(self),
+        )
+        self.random = types.ModuleType("cupy.random")
+        self.random.__dict__.update(default_rng=lambda seed=None: _Generator(self, seed),
+                                    Generator=_Generator)
+        self.ElementwiseKernel = self.ReductionKernel = self.RawKernel = _Kernel
+        pool = _MemoryPool()
+        self.get_default_memory_pool = self.get_default_pinned_memory_pool = lambda: pool
+        self.fuse = _fuse
+        self.cupyx = _fake_cupyx(self)
+
+    # -- the current device and stream (per thread)
+    def _state(self) -> _State:
+        return self._tls
+
+    def current_device(self) -> int:
+        """CUDA's current device of the calling thread."""
+        return self._tls.device
+
+    def set_device(self, index: int) -> None:
+        """``cudaSetDevice``: CUDA's error for an index that does not exist."""
+        index = int(index)
+        if not 0 <= index < self.n_devices:
+            raise CUDARuntimeError(CUDA_ERROR_INVALID_DEVICE,
+                                   "cudaErrorInvalidDevice: invalid device ordinal")
+        self._tls.device = index
+
+    def _current_stream(self, device_id: int = -1):
+        device_id = self.current_device() if device_id == -1 else device_id
+        stack = self._tls.streams.get(device_id)
+        if stack:
+            return stack[-1]
+        null = self._null.get(device_id)
+        if null is None:
+            null = self._null[device_id] = self.cuda.Stream(null=True, _device=device_id)
+        return null
+
+    # -- bookkeeping
+    def sync(self, what: str) -> None:
+        """Note a host synchronisation (``DeviceSynchronized`` where they are disallowed)."""
+        self.syncs.append(what)
+        if not getattr(self._sync_allowed, "value", True):
+            raise DeviceSynchronized(what)
+
+    def clear(self) -> None:
+        """Forget the log, the synchronisations and the copies noted so far."""
+        self.events.clear()
+        self.syncs.clear()
+        self.h2d.clear()
+        self.d2h.clear()
+
+    def _check_current(self, device_id: int) -> None:
+        current = self.current_device()
+        if device_id != current:
+            raise ValueError(
+                f"The device where the array resides ({device_id}) is different from the "
+                f"current device ({current}). Peer access is unavailable between these devices."
+            )
+
+    # -- launching kernels
+    def _operand(self, x):
+        """A kernel operand: a device array of the current device (its NumPy array), a scalar, or
+        containers/None of those; NumPy arrays are refused as CuPy refuses them."""
+        if isinstance(x, _Array):
+            self._check_current(x._device_id)
+            return x._a
+        if isinstance(x, np.ndarray):
+            raise TypeError(f"Unsupported type {type(x)}")
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._operand(v) for v in x)
+        return x
+
+    def _wrap(self, result, device_id: int | None = None):
+        device_id = self.current_device() if device_id is None else device_id
+        if isinstance(result, np.ndarray):
+            return self.ndarray(result, device_id)
+        if isinstance(result, np.generic):  # CuPy's reductions and indexing give 0-d arrays
+            return self.ndarray(np.asarray(result), device_id)
+        if isinstance(result, (list, tuple)):
+            return type(result)(self._wrap(r, device_id) for r in result)
+        return result
+
+    def _launch(self, name: str, fn, args, kwargs):
+        if name in _SIZE_FROM_DATA:
+            self.sync(name)  # the output's size depends on the values: CuPy reads it back
+        args = self._operand(tuple(args))
+        out = kwargs.get("out")
+        kwargs = {k: self._operand(v) for k, v in kwargs.items()}
+        self.events.append(f"launch {name} on {self._current_stream().name}")
+        result = fn(*args, **kwargs)
+        if out is not None:
+            return out if not isinstance(out, tuple) or len(out) != 1 else out[0]
+        return self._wrap(result)
+
+    def _function(self, name: str, fn):
+        def call(*args, **kwargs):
+            return self._launch(name, fn, args, kwargs)
+        call.__name__ = name
+        return call
+
+    # -- CuPy's own functions
+    def asarray(self, a, dtype=None, order=None, *, blocking=False):
+        """Device arrays of the current device stay (cast if asked); those of another device are
+        copied here; host data is copied to the current device."""
+        if isinstance(a, _Array):
+            if a._device_id != self.current_device():
+                a = a.copy()
+            return a.astype(dtype, copy=False) if dtype is not None else a
+        host = np.asarray(a, dtype=dtype, order=order)
+        self.h2d.append(host.shape)
+        kind = "pinned" if is_pinned(host) else "pageable"
+        self.events.append(f"h2d {kind} on {self._current_stream().name}")
+        if blocking:
+            self.sync("asarray(blocking=True)")
+        return self.ndarray(np.array(host, copy=True), self.current_device())
+
+    def array(self, obj, dtype=None, copy=True, order="K", subok=False, ndmin=0,
+              *, blocking=False):
+        if isinstance(obj, _Array):
+            out = self.asarray(obj, dtype)
+            return out.copy() if copy and out is obj else out
+        return self.asarray(np.array(obj, dtype=dtype, order=order, ndmin=ndmin),
+                            blocking=blocking)
+
+    def ascontiguousarray(self, a, dtype=None):
+        return self._launch("ascontiguousarray", np.ascontiguousarray, (a,), {"dtype": dtype})
+
+    def asnumpy(self, a, stream=None, order="C", out=None, *, blocking=True):
+        if isinstance(a, _Array):
+            return a.get(stream=stream, order=order, out=out, blocking=blocking)
+        return np.asarray(a, order=order)
+
+    def get_array_module(self, *args):
+        return self if any(isinstance(a, _Array) for a in args) else np
+
+
+def _fuse(*args, **kwargs):
+    """``cupy.fuse``: the function itself (its ufunc calls launch one by one here)."""
+    if args and callable(args[0]):
+        return args[0]
+    return lambda fn: fn
+
+
+def _fake_cupyx(fake: FakeCupy) -> types.ModuleType:
+    cupyx = types.ModuleType("cupyx")
+
+    def scatter_add(a, slices, value) -> None:
+        fake._launch("scatter_add", _scatter_add, (a, a._index(slices), value), {})
+
+    def empty_pinned(shape, dtype=float, order="C"):
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return np.ndarray(shape, dtype, buffer=PinnedMemoryPointer(nbytes), order=order)
+
+    @contextlib.contextmanager
+    def allow_synchronize(allow: bool):
+        old = getattr(fake._sync_allowed, "value", True)
+        fake._sync_allowed.value = allow
+        try:
+            yield
+        finally:
+            fake._sync_allowed.value = old
+
+    special = types.ModuleType("cupyx.scipy.special")
+    special.erf = _Ufunc(fake, scipy.special.erf)
+    cupyx.scipy = types.ModuleType("cupyx.scipy")
+    cupyx.scipy.special = special
+    cupyx.__dict__.update(scatter_add=scatter_add, empty_pinned=empty_pinned,
+                          allow_synchronize=allow_synchronize,
+                          DeviceSynchronized=DeviceSynchronized)
+    return cupyx
+
+
+# -------------------------------------------------------------------------------------------------
+# NCCL for one rank
+
+_NCCL_DTYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64,
+                6: np.float16, 7: np.float32, 8: np.float64}
+
+
+def _fake_nccl(fake: FakeCupy) -> types.ModuleType:
+    """``cupy.cuda.nccl`` with NCCL's constants; a communicator must have one rank, and its
+    collectives are then copies from the send to the receive buffer."""
+    nccl = types.ModuleType("cupy.cuda.nccl")
+    nccl.available = True
+    for name, code in [("INT8", 0), ("UINT8", 1), ("INT32", 2), ("UINT32", 3), ("INT64", 4),
+                       ("UINT64", 5), ("FLOAT16", 6), ("FLOAT32", 7), ("FLOAT64", 8),
+                       ("SUM", 0), ("PROD", 1), ("MAX", 2), ("MIN", 3), ("AVG", 4)]:
+        setattr(nccl, f"NCCL_{name}", code)
+
+    class NcclCommunicator:
+        def __init__(self, ndev: int, comm_id, rank: int):
+            if type(comm_id) is not bytes or len(comm_id) != 128:
+                raise TypeError("Argument 'commId' has incorrect type (expected bytes)")
+            if ndev != 1 or rank != 0:
+                raise NotImplementedError(f"the fake NCCL has one rank, got ndev={ndev}")
+            self.device_id = fake.current_device()
+
+        def _copy(self, op: str, send: int, recv: int, count: int, dtype: int, stream) -> None:
+            fake._check_current(self.device_id)
+            name = fake.streams[stream, self.device_id].name
+            fake.events.append(f"nccl {op} on {name}")
+            if send != recv and count:
+                ctypes.memmove(recv, send, count * np.dtype(_NCCL_DTYPES[dtype]).itemsize)
+
+        def allReduce(self, send, recv, count, dtype, op, stream):
+            self._copy("allReduce", send, recv, count, dtype, stream)
+
+        def reduce(self, send, recv, count, dtype, op, root, stream):
+            self._copy("reduce", send, recv, count, dtype, stream)
+
+        def broadcast(self, send, recv, count, dtype, root, stream):
+            self._copy("broadcast", send, recv, count, dtype, stream)
+
+        def reduceScatter(self, send, recv, count, dtype, op, stream):
+            self._copy("reduceScatter", send, recv, count, dtype, stream)
+
+        def allGather(self, send, recv, count, dtype, stream):
+            self._copy("allGather", send, recv, count, dtype, stream)
+
+        def send(self, *args):
+            raise NotImplementedError("the fake NCCL has one rank: nothing to send to")
+
+        recv = send
+
+        def destroy(self) -> None:
+            pass
+
+    nccl.NcclCommunicator = NcclCommunicator
+    nccl.get_unique_id = lambda: os.urandom(128)
+    nccl.groupStart = nccl.groupEnd = lambda: None
+    return nccl
+
+
+# -------------------------------------------------------------------------------------------------
+# installing it
+
+_MODULES = ("cupy", "cupy.cuda", "cupy.cuda.nccl", "cupy.random", "cupyx", "cupyx.scipy",
+            "cupyx.scipy.special")
+_KERNELS = "minigrad.backend.kernels"
+
+
+class _HostKernels:
+    """The GPU side of minigrad's fused kernels on the fake: each function runs its CPU version on
+    the fake arrays' data (a launch on the current device, like any kernel)."""
+
+    def __init__(self, fake: FakeCupy, cpu_kernels):
+        self._fake, self._cpu = fake, cpu_kernels
+
+    def __getattr__(self, name):
+        fn = getattr(self._cpu, name)
+        return lambda *args: self._fake._launch(f"kernel {name}", fn, args, {})
+
+
+@contextlib.contextmanager
+def installed(n_devices: int = 2):
+    """Run minigrad on a fake CuPy with ``n_devices`` devices inside the block: it becomes
+    minigrad's GPU array module and ``import cupy`` (``CUDA_VISIBLE_DEVICES`` lists the fake
+    devices, so GPU counting sees them); everything is restored afterwards. Processes forked inside
+    the block (``run_workers``) inherit the fake.
+
+    Example::
+
+        with installed(1) as fake:
+            mg.tensor([1.0], device="gpu0")
+    """
+    fake = FakeCupy(n_devices)
+    modules = dict(zip(_MODULES, (fake, fake.cuda, fake.cuda.nccl, fake.random, fake.cupyx,
+                                  fake.cupyx.scipy, fake.cupyx.scipy.special)))
+    saved_modules = {name: sys.modules.get(name) for name in _MODULES}
+    saved_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    kernels = sys.modules.get(_KERNELS)  # minigrad's fused kernels, where this minigrad has them
+    backend_for = getattr(kernels, "backend_for", None)
+    sys.modules.update(modules)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n_devices))
+    if backend_for is not None:
+        host = _HostKernels(fake, backend_for(np.empty(0)))
+        kernels.backend_for = lambda a: host if isinstance(a, fake.ndarray) else backend_for(a)
+    try:
+        with use_cupy(fake, fake.cupyx):
+            yield fake
+    finally:
+        if backend_for is not None:
+            kernels.backend_for = backend_for
+        for name, module in saved_modules.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+        if saved_env is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved_env

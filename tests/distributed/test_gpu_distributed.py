@@ -1,0 +1,78 @@
+"""GPU jobs of several processes (``gpu_jobs.py``): on the fake CuPy here, and marked ``gpu`` on
+CUDA in a fresh interpreter (so that CUDA is first initialised in the forked ranks); plus the
+launcher's rank-to-GPU binding."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import minigrad as mg
+import minigrad.distributed as dist
+from minigrad.testing import fake_cupy
+from minigrad.testing.distributed import run_workers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import gpu_jobs  # noqa: E402
+
+
+@pytest.mark.parametrize("job", sorted(gpu_jobs.JOBS))
+def test_job_on_the_fake_cupy(job):
+    with fake_cupy.installed(1):
+        gpu_jobs.JOBS[job]()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("job", ["nccl_world_size_one", "cupy_collectives", "data_parallel",
+                                 "pipeline"])
+def test_job_on_cuda(job):
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "gpu_jobs.py"), job],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{job}: passed" in proc.stdout
+
+
+def _rank_device():
+    import cupy  # noqa: PLC0415  (the fake)
+
+    y = mg.tensor([1.0, 2.0]) * 2  # on the rank's default device
+    return cupy.cuda.runtime.getDevice(), mg.get_default_device(), str(y.device), y.data.device.id
+
+
+def test_the_launcher_binds_each_rank_to_its_gpu():
+    with fake_cupy.installed(2):
+        ranks = dist.launcher(_rank_device, backend="cpu")()  # one rank per visible GPU
+        assert ranks == [(0, "gpu0", "gpu0", 0), (1, "gpu1", "gpu1", 1)]
+        with pytest.raises(ValueError, match=r"dist.launcher: 3 ranks but 2 visible GPU\(s\)"):
+            dist.launcher(_rank_device, n_gpus=3, device_type="gpu")
+        with pytest.warns(RuntimeWarning, match="running the ranks on the CPU"):
+            job = dist.launcher(_where, n_gpus=3, backend="cpu")
+        assert job() == ["cpu0"] * 3
+
+
+def _where():
+    return mg.get_default_device()
+
+
+def _staged_on_gpu1():
+    import cupy  # noqa: PLC0415  (the fake)
+
+    from minigrad.distributed import comm  # noqa: PLC0415
+
+    with cupy.cuda.Device(1):
+        x = cupy.full(3, float(dist.get_rank() + 1))
+    # device 0 is current: staged results must still land on the inputs' GPU
+    gathered = comm.all_gather(x)
+    comm.all_reduce(x)
+    return [g.device.id for g in gathered], x.device.id, cupy.asnumpy(x).tolist()
+
+
+def test_staged_results_land_on_the_inputs_gpu():
+    with fake_cupy.installed(2):
+        out = run_workers(_staged_on_gpu1, 2, backend="cpu")
+    assert out == [([1, 1], 1, [3.0, 3.0, 3.0])] * 2

@@ -1,0 +1,158 @@
+"""The fake CuPy follows CuPy's rules where minigrad's GPU code depends on them (what the tests
+built on it can catch): the current device per thread, kernels only on the current device, no
+implicit conversion to NumPy, host synchronisations counted, streams and events in order, NCCL for
+one rank."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from minigrad.backend.xp import cupy_or_none
+from minigrad.testing.fake_cupy import CUDARuntimeError, DeviceSynchronized, installed
+
+
+@pytest.fixture
+def fake():
+    with installed(2) as cp:
+        yield cp
+
+
+def test_it_is_minigrads_cupy_and_cuda_sees_its_devices(fake):
+    import cupy  # noqa: PLC0415  (the fake, installed for the block)
+
+    assert cupy is fake and cupy_or_none() is fake
+    assert fake.cuda.runtime.getDeviceCount() == 2
+    with pytest.raises(CUDARuntimeError, match="invalid device ordinal"):
+        fake.cuda.Device(2).use()
+
+
+def test_the_current_device_is_per_thread_and_restored(fake):
+    with fake.cuda.Device(1):
+        assert fake.cuda.runtime.getDevice() == 1
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(fake.cuda.runtime.getDevice()))
+        t.start()
+        t.join()
+        assert seen == [0]  # a new thread starts on device 0, as with CUDA
+        with fake.cuda.Device(0):
+            assert fake.cuda.runtime.getDevice() == 0
+        assert fake.cuda.runtime.getDevice() == 1
+    assert fake.cuda.runtime.getDevice() == 0
+
+
+def test_kernels_run_only_on_the_current_device(fake):
+    with fake.cuda.Device(1):
+        a = fake.arange(3.0)
+    assert a.device.id == 1 and a.data.device_id == 1
+    with pytest.raises(ValueError, match=r"resides \(1\) is different from the current device "
+                                         r"\(0\)"):
+        a * 2
+    with pytest.raises(ValueError, match="resides"):
+        a.sum()
+    with fake.cuda.Device(1):
+        b = (a * 2).sum()
+    assert b.shape == () and isinstance(b, fake.ndarray) and b.device.id == 1  # 0-d, no scalar
+    c = a.copy()  # copy() copies to the *current* device
+    assert c.device.id == 0 and fake.asarray(a).device.id == 0
+    assert a.reshape(3, 1).device.id == 1  # a view stays where its data is
+
+
+def test_no_implicit_host_copies_and_numpy_operands_refused(fake):
+    a = fake.ones(3)
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
+        np.asarray(a)
+    with pytest.raises(TypeError, match="Unsupported type <class 'numpy.ndarray'>"):
+        a + np.ones(3)
+    with pytest.raises(ValueError, match="non-scalar numpy.ndarray cannot be used for fill"):
+        a[...] = np.ones(3)
+    assert (a + np.float32(1)).dtype == np.float64  # NumPy scalars are fine
+    assert fake.asnumpy(a[np.array([0, 0, 2])]).tolist() == [1.0, 1.0, 1.0]  # index arrays copy
+
+
+def test_host_synchronisations_are_counted_and_can_be_forbidden(fake):
+    a = fake.arange(4.0)
+    fake.clear()
+    float(a[1]), a.sum().item(), bool(a[2] > 1), fake.asnumpy(a)
+    assert fake.syncs == ["float", "item", "bool", "get"] and fake.d2h == [(4,)]
+    with fake.cupyx.allow_synchronize(False):
+        b = a * 2  # launching is fine
+        with pytest.raises(DeviceSynchronized, match="item"):
+            b[0].item()
+    assert fake.asnumpy(b).tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_streams_and_events_are_logged_in_order(fake):
+    side = fake.cuda.Stream(non_blocking=True)
+    with pytest.raises(RuntimeError, match=r"stream is created on \(0\) does not match with the "
+                                           r"current device \(1\)"):
+        with fake.cuda.Device(1), side:
+            pass
+    fake.clear()
+    a = fake.empty(3)
+    a.set(np.zeros(3), stream=side)
+    ev = fake.cuda.Event(disable_timing=True)
+    ev.record(side)
+    fake.cuda.get_current_stream().wait_event(ev)
+    with side:
+        a += 1
+    assert fake.events == ["launch empty on gpu0:null", f"h2d pageable on {side.name}",
+                           f"record {ev.name} on {side.name}", f"gpu0:null waits {ev.name}",
+                           f"launch add on {side.name}"]
+
+
+def test_pinned_memory_and_cupyx(fake):
+    host = fake.cupyx.empty_pinned((2, 3), np.float32)
+    view = np.frombuffer(fake.cuda.alloc_pinned_memory(8), np.float32)
+    assert host.shape == (2, 3) and view.shape == (2,)
+    a = fake.zeros(3)
+    fake.cupyx.scatter_add(a, np.array([0, 0, 5]), 1.0)  # repeats add up; CuPy wraps 5 to 2
+    assert fake.asnumpy(a).tolist() == [2.0, 0.0, 1.0]
+    with pytest.raises(NotImplementedError, match="cannot run CUDA C kernels \\(scale\\)"):
+        fake.ElementwiseKernel("T x", "T y", "y = 2 * x", "scale")(a)
+
+
+def test_generators_draw_on_their_own_device(fake):
+    with fake.cuda.Device(1):
+        rng = fake.random.default_rng(0)
+        x = rng.standard_normal(3)
+    assert x.device.id == 1
+    with pytest.raises(ValueError, match="resides"):
+        rng.standard_normal(3)
+
+
+def test_nccl_of_one_rank_copies_between_the_buffers(fake):
+    nccl = fake.cuda.nccl
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    src, dst = fake.arange(4, dtype=np.int64), fake.zeros(4, np.int64)
+    stream = fake.cuda.Stream(non_blocking=True)
+    comm.allReduce(src.data.ptr, dst.data.ptr, 4, nccl.NCCL_INT64, nccl.NCCL_SUM, stream.ptr)
+    assert fake.asnumpy(dst).tolist() == [0, 1, 2, 3]
+    assert fake.events[-2] == f"nccl allReduce on {stream.name}"
+    with pytest.raises(TypeError, match="commId"):
+        nccl.NcclCommunicator(1, tuple(range(128)), 0)
+    with pytest.raises(NotImplementedError, match="one rank"):
+        nccl.NcclCommunicator(2, nccl.get_unique_id(), 0)
+
+
+def test_uninstalled_afterwards():
+    before = cupy_or_none()
+    with installed(1) as fake:
+        assert cupy_or_none() is fake
+    assert cupy_or_none() is before
+
+
+def test_fused_kernels_run_their_cpu_versions_on_the_fake(fake):
+    pytest.importorskip("minigrad.backend.kernels")  # where this minigrad has fused kernels
+    import minigrad as mg  # noqa: PLC0415
+    import minigrad.functional as F  # noqa: PLC0415
+
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    for fn in (F.gelu, lambda t: F.softmax(t, -1)):
+        got = fn(mg.tensor(x, device="gpu1"))  # device 0 stays current: kernels must follow
+        assert got.device == "gpu1" and got.data.device.id == 1
+        np.testing.assert_allclose(got.numpy(), fn(mg.tensor(x, device="cpu0")).numpy(),
+                                   rtol=1e-6)
+    assert any(e.startswith("launch kernel ") for e in fake.events)
