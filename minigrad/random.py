@@ -58,17 +58,17 @@ def _param_arrays(op: str, params: dict, size):
     """Broadcast the parameters (numbers or Tensors) against each other, then put ``size`` in
     front (MegEngine's rule: output shape ``size + broadcast(params)``); all must be positive.
     Returns the device, the float dtype and the broadcast NumPy/CuPy arrays."""
-    dev = next((p._device for p in params.values() if isinstance(p, Tensor)), None)
+    dev = next((p.device for p in params.values() if isinstance(p, Tensor)), None)
     dev = as_device(dev)
     dtype = np.dtype(np.float32)
     arrays = {}
     for name, p in params.items():
         if isinstance(p, Tensor):
-            if p._device != dev:
-                raise RuntimeError(f"random.{op}: {name} is on {p._device}, expected {dev}")
+            if p.device != dev:
+                raise RuntimeError(f"random.{op}: {name} is on {p.device}, expected {dev}")
             if p.dtype.kind == "f":
                 dtype = p.dtype
-            arr = p._data
+            arr = p.data
         else:
             arr = dev.xp.asarray(float(p))
         if arr.size and not bool((arr > 0).all()):

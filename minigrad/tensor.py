@@ -388,6 +388,18 @@ class Tensor:
 
     _reset = set_value
 
+    def set_(self, source) -> "Tensor":
+        """Point this tensor at ``source`` (a backend array on its device, same shape and dtype)
+        without copying: PyTorch's ``set_``. For memory another layer owns and fills, e.g. the
+        gradient all-reduce hands each gradient a view of its reduced bucket."""
+        if source.shape != self.shape or source.dtype != self.dtype:
+            raise ValueError(
+                f"set_: expected {self.shape} {self.dtype.name}, got {source.shape} "
+                f"{source.dtype.name}"
+            )
+        self._data = source
+        return self
+
     def _ones_like(self) -> "Tensor":
         with self._device.context():
             return Tensor._wrap(self.xp.ones(self.shape, self.dtype), self._device)

@@ -342,6 +342,18 @@ def test_set_value_keeps_dtype_and_checks_shape(device):
         t.set_value([1.0, 2.0, 3.0])
 
 
+def test_set_shares_memory_and_checks_shape_and_dtype(device):
+    t = mg.tensor([1.0, 2.0], device=device)
+    source = t.xp.asarray(np.array([5.0, 6.0], np.float32))
+    assert t.set_(source) is t and t.data is source
+    source[0] = 7.0  # no copy: the tensor sees writes to the shared memory
+    assert t.tolist() == [7.0, 6.0]
+    with pytest.raises(ValueError, match=r"set_: expected \(2,\) float32, got \(3,\) float32"):
+        t.set_(t.xp.zeros(3, np.float32))
+    with pytest.raises(ValueError, match=r"set_: expected \(2,\) float32, got \(2,\) float64"):
+        t.set_(t.xp.zeros(2, np.float64))
+
+
 def test_methods_delegate_to_functional(device, rng):
     x = rng.standard_normal((2, 3, 4))
     t = mg.tensor(x, device=device)

@@ -14,7 +14,7 @@ costs one comparison. Array outputs are placed on that device; a Tensor returned
 keeps its own device (``Copy``'s output lives on the target device).
 
 Calling a Function records a graph node when a GradManager is recording and some input needs a
-gradient: the node keeps one *edge* per input (the producing node and output index, the attached
+gradient (or, with ``records_always``, whenever a GradManager is recording): the node keeps one *edge* per input (the producing node and output index, the attached
 leaf tensor, or None), the inputs' shapes, dtypes and devices, a creation number ``_seq`` (a
 topological order) and the tape of recordings it belongs to (see ``minigrad.recording``).
 
@@ -57,6 +57,10 @@ class Function:
     #: its local data (the global-tensor layer's own view op): their calls are never dispatched.
     dispatches = True
 
+    #: True for ops every rank must see in backward even where no input of this rank needs a
+    #: gradient (the differentiable collectives): recorded whenever a GradManager is recording.
+    records_always = False
+
     def forward(self, *inputs):
         """Compute the outputs from the inputs (arrays or Tensors; a tuple for several outputs)."""
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
@@ -86,20 +90,17 @@ class Function:
         state = STATE
         tape = state.tape
         may_record = state.enabled and tape
-        record = False
-        device = first = None
+        record = may_record and self.records_always
+        device = None
         for x in inputs:
             if isinstance(x, Tensor):
                 if x.__minigrad_dispatch__ is not None and self.dispatches:
                     return x.__minigrad_dispatch__(self, inputs)
+                x_device = x._device
                 if device is None:
-                    device, first = x._device, x
-                elif x._device is not device and x._device != device:
-                    raise RuntimeError(
-                        f"{type(self).__name__}: inputs are on different devices: {first.shape} "
-                        f"{first.dtype} on {device} and {x.shape} {x.dtype} on {x._device}; "
-                        "move them with .to(device) first"
-                    )
+                    device = x_device
+                elif x_device is not device and x_device != device:
+                    raise self._device_mismatch(inputs)
                 if may_record and not record:
                     node = x._node
                     record = x._requires_grad or (
@@ -131,6 +132,17 @@ class Function:
             self._record(inputs, (y,))
         return y
 
+    def _device_mismatch(self, inputs) -> RuntimeError:
+        """The error for inputs on different devices, naming the first two that differ."""
+        tensors = [x for x in inputs if isinstance(x, Tensor)]
+        first = tensors[0]
+        other = next(t for t in tensors if t._device != first._device)
+        return RuntimeError(
+            f"{type(self).__name__}: inputs are on different devices: {first.shape} "
+            f"{first.dtype} on {first._device} and {other.shape} {other.dtype} on "
+            f"{other._device}; move them with .to(device) first"
+        )
+
     def _forward_on(self, device, inputs, may_record):
         """``forward`` with ``device`` (a GPU) made current, so that every kernel it launches and
         every array it allocates is on the inputs' GPU (CuPy works on the current device)."""
@@ -150,22 +162,30 @@ class Function:
         edges = []
         meta = []
         for x in inputs:
-            if isinstance(x, Tensor) and x._data.dtype.kind == "f":
-                node = x._node
-                if node is not None and (node._tape is tape or shares_recording(node._tape, tape)):
-                    edges.append((node, x._out_idx))
-                else:
-                    edges.append((x, 0) if x._requires_grad else None)
-                meta.append((x._data.shape, x._data.dtype, x._device))
-            else:
-                edges.append(None)
-                meta.append(None)
+            if isinstance(x, Tensor):
+                data = x._data
+                if data.dtype.kind == "f":
+                    node = x._node
+                    if node is not None and (
+                        node._tape is tape or shares_recording(node._tape, tape)
+                    ):
+                        edges.append((node, x._out_idx))
+                    else:
+                        edges.append((x, 0) if x._requires_grad else None)
+                    meta.append((data.shape, data.dtype, x._device))
+                    continue
+            edges.append(None)
+            meta.append(None)
         self._edges = edges
         self._in_meta = meta
-        state.seq += 1
-        self._seq = state.seq
+        self._seq = state.seq = state.seq + 1
         self._tape = tape
-        self._n_out = len(outputs)
+        n_out = self._n_out = len(outputs)
+        if n_out == 1:
+            y = outputs[0]
+            if y._data.dtype.kind == "f":
+                y._node = self  # its _out_idx is 0 already (_wrap)
+            return
         for i, t in enumerate(outputs):
             if t._data.dtype.kind == "f":
                 t._node = self

@@ -23,24 +23,20 @@ def _root(group, root):
     return group.root if root is None else root
 
 
-def _token(node_output: Tensor) -> Tensor:
-    """Make a token an extra backward root of every manager recording now."""
-    if node_output._node is not None:
+def _token(out: Tensor) -> Tensor:
+    """Make a token an extra backward root of every manager recording now (it was recorded:
+    collectives are ``records_always``, so a float output is recorded whenever one records)."""
+    if is_recording() and out.dtype.kind == "f":
         for gm in STATE.recorders:
-            gm.add_backward_root(node_output)
-    return node_output
+            gm.add_backward_root(out)
+    return out
 
 
 class _Collective(Function):
     """Collectives must run on every rank even when this rank's input needs no gradient, so the
     backward communication stays matched: record whenever a GradManager is recording."""
 
-    def __call__(self, *inputs):
-        out = super().__call__(*inputs)
-        outs = out if isinstance(out, tuple) else (out,)
-        if is_recording() and outs[0]._node is None:
-            self._record(inputs, outs)
-        return out
+    records_always = True
 
 
 # -------------------------------------------------------------------------------------------------

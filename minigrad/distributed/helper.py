@@ -109,10 +109,10 @@ class AllreduceCallback:
                 raise RuntimeError("allreduce callback: must be called from GradManager.backward")
             gm.register_after_backward_callback(self._flush)
             self._flush_registered = True
-        placeholder = Tensor._wrap(grad._data, grad._device)  # its data is replaced at flush
+        placeholder = grad.detach()  # pointed at its slice of the reduced bucket at flush
         key = (str(grad.dtype), str(grad.device))
-        self._buckets.setdefault(key, []).append((placeholder, grad._data))
-        self._bucket_bytes[key] = self._bucket_bytes.get(key, 0) + grad._data.nbytes
+        self._buckets.setdefault(key, []).append((placeholder, grad.data))
+        self._bucket_bytes[key] = self._bucket_bytes.get(key, 0) + grad.data.nbytes
         if self._bucket_bytes[key] >= self.bucket_bytes:
             self._start(key)
         return placeholder
@@ -154,7 +154,7 @@ class AllreduceCallback:
                 offset = 0
                 for placeholder, array in items:
                     size = array.size
-                    placeholder._data = flat[offset : offset + size].reshape(array.shape)
+                    placeholder.set_(flat[offset : offset + size].reshape(array.shape))
                     offset += size
         finally:
             self._works = []

@@ -49,7 +49,7 @@ def clip_grad_norm(tensors: Iterable[Tensor] | Tensor, max_norm: float,
         scale = get_array_module(scale).minimum(scale, 1.0)
     with no_grad():  # gradients are values here, not part of any recorded graph
         for t in ts:
-            factor = scale if on_host else Tensor._wrap(scale.astype(t.grad.dtype), device)
+            factor = scale if on_host else Tensor(scale.astype(t.grad.dtype), device=device)
             t.grad = t.grad * factor
     return Tensor(total, dtype="float32", device=device)
 

@@ -353,3 +353,33 @@ def test_split_slices_without_gradient_get_zeros():
         _a, b, _c = F.split(x, 3)
         gm.backward((b * b).sum())
     np.testing.assert_array_equal(x.grad.numpy(), [0, 0, 4, 6, 0, 0])
+
+
+def test_records_always_function_is_recorded_and_back_propagated_without_grad_inputs():
+    """A ``records_always`` op (the differentiable collectives) joins the graph even when none of
+    its inputs needs a gradient, so its backward still runs (a collective must run on every rank);
+    outside a recording it records nothing."""
+    seen = []
+
+    class Double(ad.Function):
+        records_always = True
+
+        def forward(self, x):
+            return x * 2
+
+        def backward(self, dy):
+            seen.append(dy.numpy().copy())
+            return dy * 2
+
+    w = mg.Parameter([1.0, 2.0])
+    x = mg.tensor([3.0, 4.0])  # needs no gradient
+    assert not Double()(x).requires_grad
+    gm = ad.GradManager().attach(w)
+    with gm:
+        y = Double()(x)
+        assert y.requires_grad
+        gm.backward((y * w).sum())
+    np.testing.assert_array_equal(w.grad.numpy(), [6.0, 8.0])
+    assert len(seen) == 1
+    np.testing.assert_array_equal(seen[0], [1.0, 2.0])
+    assert x.grad is None
