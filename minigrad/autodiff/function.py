@@ -14,9 +14,10 @@ costs one comparison. Array outputs are placed on that device; a Tensor returned
 keeps its own device (``Copy``'s output lives on the target device).
 
 Calling a Function records a graph node when a GradManager is recording and some input needs a
-gradient (or, with ``records_always``, whenever a GradManager is recording): the node keeps one *edge* per input (the producing node and output index, the attached
-leaf tensor, or None), the inputs' shapes, dtypes and devices, a creation number ``_seq`` (a
-topological order) and the tape of recordings it belongs to (see ``minigrad.recording``).
+gradient (or, for a ``records_always`` op, whenever a GradManager is recording): the node keeps one
+*edge* per input (the producing node and output index, the attached leaf tensor, or None), the
+inputs' shapes, dtypes and devices, a creation number ``_seq`` (a topological order) and the tape
+of recordings it belongs to (see ``minigrad.recording``).
 
 Dispatch seam (global tensors): a tensor class may set a class-level ``__minigrad_dispatch__``
 (``None`` on ``Tensor``). When an input carries one, the call is handed to it,
