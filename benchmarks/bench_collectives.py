@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import socket
 import subprocess
@@ -22,6 +21,7 @@ import sys
 import time
 
 import numpy as np
+from machine import cpu_name
 
 import minigrad.distributed as dist
 
@@ -32,17 +32,6 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "c
 
 def _calls_per_block(nbytes: int) -> int:
     return 50 if nbytes <= (64 << 10) else (10 if nbytes <= (1 << 20) else 3)
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _free_port() -> int:
@@ -108,7 +97,7 @@ def _report(samples: dict, sizes: list[int], rounds: int, launch: str) -> dict:
     stats = {name: {n: (float(np.median(s[n])), float(np.percentile(s[n], 10))) for n in sizes}
              for name, s in samples.items()}
     print(f"all_reduce float32 in place, 2 processes ({launch}), {os.cpu_count()} cores: "
-          f"{_cpu_name()}; {rounds} interleaved rounds; median / p10 per call")
+          f"{cpu_name()}; {rounds} interleaved rounds; median / p10 per call")
     print(f"{'size':>9} | " + " | ".join(f"{name:>30}" for name in stats))
     for n in sizes:
         cells = []
@@ -119,7 +108,7 @@ def _report(samples: dict, sizes: list[int], rounds: int, launch: str) -> dict:
     result = {
         "nproc": 2,
         "cpu_count": os.cpu_count(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "launch": launch,
         "rounds": rounds,
         "seconds_per_call": {k: {str(n): v[n][0] for n in sizes} for k, v in stats.items()},

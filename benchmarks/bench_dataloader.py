@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
+
+from machine import cpu_name
 
 from minigrad.data.dataloader import DataLoader
 from minigrad.data.dataset.vision.mnist import MNIST
@@ -44,8 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     dataset = MNIST(train=True, subset="bundled")
     print(f"bundled MNIST train: {len(dataset)} samples, batch {args.batch_size}, "
-          f"Normalize+ToMode(CHW); {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs")
+          f"Normalize+ToMode(CHW); {cpu_name()}")
     print(f"{'num_workers':>11} | {'best samples/s':>14} | {'mean samples/s':>14}")
     print(f"{'-' * 11}-+-{'-' * 14}-+-{'-' * 14}")
     results = {"batch_size": args.batch_size, "samples_per_s": {}}

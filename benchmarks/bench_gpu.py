@@ -26,13 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import statistics
 import sys
 import time
 
 import numpy as np
+from machine import cpu_name
 
 import minigrad as mg
 import minigrad.backend.device
@@ -294,7 +294,7 @@ def main(argv=None) -> None:
     which = args.only or ["mlp", "lenet", "transformer", "allreduce"]
     props = torch.cuda.get_device_properties(0)
     print(f"GPU: {props.name}; CuPy {cp.__version__}, PyTorch {torch.__version__}, CPU: "
-          f"{platform.processor() or platform.machine()}")
+          f"{cpu_name()}")
     results = {"gpu": props.name, "cupy": cp.__version__, "torch": torch.__version__,
                "rounds": args.rounds, "steps_per_round": args.steps}
     results["training"] = bench_models(which, torch, cp, args.rounds, args.steps)

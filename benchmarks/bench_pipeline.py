@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_name
 
 import minigrad as mg
 import minigrad.autodiff as ad
@@ -199,9 +199,8 @@ def main(argv=None) -> dict:
     p.add_argument("--unit", type=float, default=0.04, help="tF = tI = tW, seconds")
     p.add_argument("--steps", type=int, default=3, help="measured steps per configuration")
     args = p.parse_args(argv)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor())
-    print(f"CPU: {cpu}, {os.cpu_count()} cores; unit tF = tI = tW = {args.unit * 1e3:g} ms; "
+    cpu = cpu_name()
+    print(f"CPU: {cpu}; unit tF = tI = tW = {args.unit * 1e3:g} ms; "
           f"median of {args.steps} steps")
     configs = [("gpipe", 2, 4), ("1f1b", 2, 4), ("gpipe", 4, 8), ("1f1b", 4, 8),
                ("1f1b", 4, 4), ("interleaved", 2, 4), ("interleaved", 4, 8), ("zb-h1", 4, 8)]

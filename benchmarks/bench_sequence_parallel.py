@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 import tracemalloc
 
 import numpy as np
+from machine import cpu_name
 
 import minigrad as mg
 import minigrad.autodiff as ad
@@ -191,7 +191,7 @@ def main(argv=None) -> dict:
     lengths = (256, 512) if args.quick else (512, 1024, 2048)
     rounds = args.rounds or (3 if args.quick else 10)
     time_len = 1024 if args.quick else 2048
-    print(f"CPU: {platform.processor() or platform.machine()}, batch {B}, {H} heads, head dim {D},"
+    print(f"CPU: {cpu_name()}, batch {B}, {H} heads, head dim {D},"
           f" float32")
     print("per-rank peak memory of one attention layer, forward + backward (causal):")
     memory = memory_table(lengths, causal=True)

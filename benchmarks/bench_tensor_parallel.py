@@ -44,11 +44,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 
 import numpy as np
+from machine import cpu_name
 from threadpoolctl import threadpool_limits
 
 import minigrad as mg
@@ -56,7 +56,8 @@ import minigrad.autodiff as ad
 import minigrad.distributed as dist
 import minigrad.optimizer as optim
 from minigrad.distributed import tensor_parallel as tp
-from minigrad.distributed.backends import cpu as cpu_backend
+from minigrad.distributed.backends.cpu.shm import ShmTransport
+from minigrad.distributed.backends.cpu.tcp import TcpTransport
 from minigrad.distributed.launcher import launcher
 
 MODES = [
@@ -111,13 +112,9 @@ def _block(h, heads):
 
 def _count_wire_bytes() -> list:
     """Count the bytes the CPU backend hands its transport for other ranks (an independent check
-    of the log's per-collective model; this worker process only). Returns a one-item counter, or
-    None when the backend's transports are not there to wrap."""
-    classes = [getattr(cpu_backend, name, None) for name in ("ShmTransport", "TcpTransport")]
-    if None in classes:
-        return None
+    of the log's per-collective model; this worker process only). Returns a one-item counter."""
     counter = [0]
-    for cls in classes:
+    for cls in (ShmTransport, TcpTransport):
         def exchange(self, header, sends, *rest, _orig=cls.exchange):
             counter[0] += sum(a.nbytes for j, a in enumerate(sends)
                               if a is not None and j != self.index)
@@ -136,7 +133,7 @@ def _bytes_job(parallel, batch, seq, h, heads):
     with tp.log_collectives() as log:
         with gm:
             gm.backward(block(x).sum())
-    return log.bytes_sent(), (None if wire is None else wire[0])
+    return log.bytes_sent(), wire[0]
 
 
 def _time_steps(block, x, steps):
@@ -196,17 +193,6 @@ def _torch_step_time(batch, seq, h, heads, steps, threads):
     return statistics.median(times[2:])
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _pct(samples, p):
     return float(np.percentile(samples, p))
 
@@ -225,7 +211,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     b, s, h, heads = args.batch, args.seq, args.dim, args.heads
     tokens = b * s
-    print(f"CPU: {_cpu_name()} ({os.cpu_count()} cores); block dim {h}, {heads} heads, "
+    print(f"CPU: {cpu_name()}; block dim {h}, {heads} heads, "
           f"batch {b} × seq {s} = {tokens} tokens, float32")
 
     rows = []
@@ -234,11 +220,11 @@ def main(argv=None) -> dict:
     for mode, size, parallel in MODES:
         per_rank = launcher(_bytes_job, n_gpus=size, device_type="cpu")(parallel, b, s, h, heads)
         logged = [r[0] for r in per_rank]
-        wire = None if per_rank[0][1] is None else [r[1] for r in per_rank]
+        wire = [r[1] for r in per_rank]
         exact, paper = exact_bytes(mode, size, tokens, h), paper_bytes(mode, size, tokens, h)
         rows.append(dict(mode=mode, size=size, logged=logged, wire=wire, exact=exact, paper=paper))
-        wire_mb = "-" if wire is None else f"{max(wire) / 1e6:.4f}"
-        print(f"{mode:>6} {size:>3} {max(logged) / 1e6:10.4f} {wire_mb:>9} {exact / 1e6:9.4f} "
+        print(f"{mode:>6} {size:>3} {max(logged) / 1e6:10.4f} {max(wire) / 1e6:9.4f} "
+              f"{exact / 1e6:9.4f} "
               f"{(max(logged) - exact) / exact:8.1e} {paper / 1e6:9.4f} "
               f"{(max(logged) - paper) / paper:7.2%}")
 
@@ -261,7 +247,7 @@ def main(argv=None) -> dict:
     print(f"{'':40} {'median ms':>10} {'p10 ms':>8}")
     for name, samples in timing.items():
         print(f"{name:40} {statistics.median(samples) * 1e3:10.2f} {_pct(samples, 10) * 1e3:8.2f}")
-    result = dict(cpu=_cpu_name(), cores=os.cpu_count(), batch=b, seq=s, dim=h, heads=heads,
+    result = dict(cpu=cpu_name(), cores=os.cpu_count(), batch=b, seq=s, dim=h, heads=heads,
                   bytes=rows, step_seconds=timing)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from machine import cpu_name
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = r"""
 import json, os, sys, time
@@ -57,17 +59,6 @@ for _ in range(int(sys.argv[2])):
 print(json.dumps({"times": times, "threads": mg.get_num_threads(),
                   "spin": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}))
 """
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def _env(spin: str) -> dict:
@@ -136,13 +127,13 @@ def main() -> None:
                 "median_ms": statistics.median(times) * 1e3,
                 "p10_ms": times[len(times) // 10] * 1e3,
             }
-    print(f"MLP 784-512-512-10 b128 training step, {_cpu_model()}, {cores} cores, "
+    print(f"MLP 784-512-512-10 b128 training step, {cpu_name()}, "
           f"1-min load average at the start: {load_before:.2f}")
     for name, r in results.items():
         print(f"  {name:<64} median {r['median_ms']:7.2f} ms   p10 {r['p10_ms']:7.2f} ms")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
-        json.dump({"cpu": _cpu_model(), "cores": cores, "load_average_at_start": load_before,
+        json.dump({"cpu": cpu_name(), "cores": cores, "load_average_at_start": load_before,
                    "results": results}, fh, indent=2)
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations  # noqa: I001  (minigrad is imported before N
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -44,6 +43,8 @@ import torch
 
 import minigrad.functional as F
 from minigrad.optimizer import SGD
+
+from machine import cpu_info
 
 tF = torch.nn.functional
 LR, MOMENTUM = 0.01, 0.9
@@ -69,24 +70,6 @@ def _parse_args(argv=None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------------------------
 # the machine
-
-
-def cpu_info() -> dict:
-    """CPU model, the SIMD flags that matter for BLAS and the cores this process may use."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-    except OSError:
-        pass
-    simd = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-                        "amx_tile") if f in flags]
-    return {"model": model, "simd": simd, "cores": len(os.sched_getaffinity(0))}
 
 
 # ---------------------------------------------------------------------------------------------

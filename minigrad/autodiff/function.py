@@ -92,6 +92,8 @@ class Function:
         tape = state.tape
         may_record = state.enabled and tape
         record = may_record and self.records_always
+        edges = [] if may_record else None  # built in the same pass, used if this call records
+        meta = [] if may_record else None
         device = None
         for x in inputs:
             if isinstance(x, Tensor):
@@ -102,12 +104,25 @@ class Function:
                     device = x_device
                 elif x_device is not device and x_device != device:
                     raise self._device_mismatch(inputs)
-                if may_record and not record:
-                    node = x._node
-                    record = x._requires_grad or (
-                        node is not None
-                        and (node._tape is tape or shares_recording(node._tape, tape))
-                    )
+                if may_record:
+                    data = x._data
+                    if data.dtype.kind == "f":  # only float inputs get gradients
+                        node = x._node
+                        if node is not None and (
+                            node._tape is tape or shares_recording(node._tape, tape)
+                        ):
+                            edges.append((node, x._out_idx))
+                            record = True
+                        elif x._requires_grad:
+                            edges.append((x, 0))
+                            record = True
+                        else:
+                            edges.append(None)
+                        meta.append((data.shape, data.dtype, x_device))
+                        continue
+            if may_record:
+                edges.append(None)
+                meta.append(None)
         if device is None:
             device = get_default_device_obj()
         if device.kind != "cpu":
@@ -125,12 +140,12 @@ class Function:
             outs = tuple(Tensor._wrap(o._data, o._device) if isinstance(o, Tensor)
                          else Tensor._wrap(o, device) for o in out)
             if record:
-                self._record(inputs, outs)
+                self._record(edges, meta, outs)
             return outs
         y = (Tensor._wrap(out._data, out._device) if isinstance(out, Tensor)
              else Tensor._wrap(out, device))
         if record:
-            self._record(inputs, (y,))
+            self._record(edges, meta, (y,))
         return y
 
     def _device_mismatch(self, inputs) -> RuntimeError:
@@ -156,31 +171,14 @@ class Function:
             finally:
                 STATE.enabled = True
 
-    def _record(self, inputs, outputs):
-        """Make this call a node of the graph recorded for ``STATE.tape``."""
+    def _record(self, edges, meta, outputs):
+        """Make this call a node of the graph recorded for ``STATE.tape``, with the inputs' edges
+        and metadata that ``__call__`` collected."""
         state = STATE
-        tape = state.tape
-        edges = []
-        meta = []
-        for x in inputs:
-            if isinstance(x, Tensor):
-                data = x._data
-                if data.dtype.kind == "f":
-                    node = x._node
-                    if node is not None and (
-                        node._tape is tape or shares_recording(node._tape, tape)
-                    ):
-                        edges.append((node, x._out_idx))
-                    else:
-                        edges.append((x, 0) if x._requires_grad else None)
-                    meta.append((data.shape, data.dtype, x._device))
-                    continue
-            edges.append(None)
-            meta.append(None)
         self._edges = edges
         self._in_meta = meta
         self._seq = state.seq = state.seq + 1
-        self._tape = tape
+        self._tape = state.tape
         n_out = self._n_out = len(outputs)
         if n_out == 1:
             y = outputs[0]
