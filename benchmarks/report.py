@@ -148,8 +148,8 @@ def readme_table() -> str:
                      f"| {target} |")
     rec = (tr or {}).get("overhead", {}).get("record")
     if rec:
-        lines.append(f"| recorded elementwise op on a tiny tensor | {rec['minigrad_us']:.1f} µs "
-                     f"| {rec['torch_us']:.1f} µs | {rec['ratio_median']:.2f}× "
+        lines.append(f"| recorded elementwise op on a tiny tensor | {rec['minigrad_us']:.2f} µs "
+                     f"| {rec['torch_us']:.2f} µs | {rec['ratio_median']:.2f}× "
                      f"| {rec['ratio_p10']:.2f}× |  | ≤ 2.5 µs |")
     co = _load("collectives.json")
     if co:
