@@ -51,11 +51,11 @@ def _passed(proc, n: int, backend: str) -> None:
 
 def test_collectives_and_data_parallel_under_mpiexec_2_ranks():
     job = str(HERE / "mpi_job.py")
-    _passed(run_mpi(2, [job, "cases", "comm", "data_parallel"]), 2, "mpi")
+    _passed(run_mpi(2, [job, "cases", "comm", "mismatch", "data_parallel"]), 2, "mpi")
 
 
 def test_collectives_under_mpiexec_3_ranks():
-    _passed(run_mpi(3, [str(HERE / "mpi_job.py"), "cases"]), 3, "mpi")
+    _passed(run_mpi(3, [str(HERE / "mpi_job.py"), "cases", "mismatch"]), 3, "mpi")
 
 
 def test_cpu_backend_in_an_mpi_job():

@@ -179,13 +179,12 @@ class MpiBackend(Backend):
         slots = np.empty(n * HEADER_SLOT, np.uint8)
         self._wait(self.comm.Iallgather(np.frombuffer(mine, np.uint8), slots), what, fp["seq"])
         got = slots.tobytes()
-        if fits and got == mine * n:  # the usual case: every member sent the same header
-            headers = [fp] * n
-        else:
-            blobs = [got[j * HEADER_SLOT : (j + 1) * HEADER_SLOT].rstrip(b"\0") for j in range(n)]
-            if any(b.startswith(b"#") for b in blobs):
-                blobs = self._long_headers(raw, blobs, what, fp["seq"])
-            headers = [json.loads(b) for b in blobs]
+        if fits and got == mine * n:  # the usual case: every member sent this very header
+            return [fp] * n
+        blobs = [got[j * HEADER_SLOT : (j + 1) * HEADER_SLOT].rstrip(b"\0") for j in range(n)]
+        if any(b.startswith(b"#") for b in blobs):
+            blobs = self._long_headers(raw, blobs, what, fp["seq"])
+        headers = [json.loads(b) for b in blobs]
         base.check_fingerprints(headers, ctx.ranks)
         return headers
 
