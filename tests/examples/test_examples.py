@@ -1,6 +1,5 @@
 """Every example, run in reduced form, with assertions on what it produced."""
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -9,21 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from example_programs import load_example
 
 import minigrad as mg
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_train_mnist_trains_saves_and_resumes(tmp_path, monkeypatch, capsys):
-    ex = _load("train_mnist")
+    ex = load_example("train_mnist")
     monkeypatch.chdir(tmp_path)  # outputs go to ./runs/train_mnist/, never next to tracked files
     first = ex.main(["--epochs", "1", "--save", "mlp.mgc", "--nproc", "2", "--device", "cpu"])
     assert first["acc"] > 0.85  # one epoch of the MLP on the bundled 8k split
@@ -57,7 +50,7 @@ def test_train_mnist_trains_saves_and_resumes(tmp_path, monkeypatch, capsys):
 
 
 def test_train_mnist_resume_reads_the_model_kind_from_the_checkpoint(tmp_path):
-    ex = _load("train_mnist")
+    ex = load_example("train_mnist")
     cnn = ex.build_model("cnn")
     opt = ex.optim.Adam(cnn.parameters(), lr=1e-3)
     path = str(tmp_path / "cnn.mgc")
@@ -76,7 +69,7 @@ def test_train_mnist_resume_reads_the_model_kind_from_the_checkpoint(tmp_path):
 
 
 def test_megengine_dp_tutorial_matches_single_process(tmp_path):
-    ex = _load("megengine_dp_mnist")
+    ex = load_example("megengine_dp_mnist")
     dp = ex.main(["--max-steps", "15", "--save", str(tmp_path / "dp.mgc")])
     single = ex.main(["--max-steps", "15", "--single", "--save", str(tmp_path / "single.mgc")])
     assert dp["losses"][-1] < dp["losses"][0]
@@ -87,7 +80,7 @@ def test_megengine_dp_tutorial_matches_single_process(tmp_path):
 
 
 def test_megengine_pipeline_toy_gradients_equal_single_process():
-    ex = _load("megengine_pipeline_toy")
+    ex = load_example("megengine_pipeline_toy")
     pipe = ex.main(["--steps", "12"])
     single = ex.main(["--steps", "12", "--single"])
     assert pipe["losses"][-1] < pipe["losses"][0]
@@ -98,7 +91,7 @@ def test_megengine_pipeline_toy_gradients_equal_single_process():
 
 
 def test_pipeline_mlp_matches_single_process():
-    ex = _load("pipeline_mlp")
+    ex = load_example("pipeline_mlp")
     out = ex.main(["--steps", "6", "--micro-batches", "4", "--check"])
     assert out["max_diff"] < 1e-5
     assert out["losses"][-1] < out["losses"][0]

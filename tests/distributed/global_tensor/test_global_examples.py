@@ -1,28 +1,16 @@
 """examples/global_tensor_hybrid.py: the 2 x 2 data x tensor parallel MLP trained 3 steps equals
 one process (float64, 1e-10), and its command writes the folder it names."""
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import numpy as np
+from example_programs import load_example
 
 import minigrad as mg
 from minigrad.testing.distributed import run_workers
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location(
-        "global_tensor_hybrid", ROOT / "examples" / "global_tensor_hybrid.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-EX = _example()
+EX = load_example("global_tensor_hybrid")
 
 
 def _train_on_mesh(steps):

@@ -1,28 +1,17 @@
 """examples/pipeline_lm.py, run in reduced form, with assertions on what it produced."""
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
+from example_programs import load_example
 
 from minigrad.distributed.pipeline import load_layer_states
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("pipeline_lm", ROOT / "examples" /
-                                                  "pipeline_lm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_block_parameter_count_matches_a_built_block():
-    ex = _load()
+    ex = load_example("pipeline_lm")
     assert ex.Block.parameter_count(16, 2, 0.0) == sum(p.size for p in ex.Block(16, 2, 0.0)
                                                        .parameters())
 
@@ -32,7 +21,7 @@ def test_block_parameter_count_matches_a_built_block():
     ["--stages", "2", "--schedule", "zb-h1", "--checkpoint-interval", "1"],
 ])
 def test_pipeline_lm_trains_and_writes_its_outputs(tmp_path, monkeypatch, capsys, argv):
-    ex = _load()
+    ex = load_example("pipeline_lm")
     monkeypatch.chdir(tmp_path)
     small = ["--steps", "6", "--layers", "2", "--d-model", "16", "--heads", "2", "--seq-len",
              "8", "--batch-size", "4", "--lr", "1e-2", "--timeline", "tl.png"]

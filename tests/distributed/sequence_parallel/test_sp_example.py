@@ -1,27 +1,16 @@
 """examples/sequence_parallel_lm.py in reduced form: sequence 2 × data 2, float64, checked against
 its one-process run, with the promised files in the folder it names."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
+from example_programs import load_example
 
 import minigrad as mg
 
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location(
-        "sequence_parallel_lm", ROOT / "examples" / "sequence_parallel_lm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_example_trains_like_one_process_and_writes_its_outputs(tmp_path, capsys):
-    ex = _load()
+    ex = load_example("sequence_parallel_lm")
     out = tmp_path / "run"
     res = ex.main(["--sp", "2", "--dp", "2", "--sp-impl", "ulysses", "--causal", "--zigzag",
                    "--steps", "3", "--seq-len", "16", "--dtype", "float64", "--check",
