@@ -57,12 +57,12 @@ VERSION = 1
 _PICKLE_MAGIC = (b"\x80", b"PK")  # pickle protocol >= 2, zip (legacy torch-style) files
 
 
-_ARRAY_KINDS = "biufc"
+_ARRAY_KINDS = "biufc"  # what the container stores natively (bool, ints, floats, complex)
 #: A safetensors file starts with its JSON header's length as a little-endian u64.
 HEADER_LENGTH_BYTES = 8
 #: Pickle protocol for opted-in objects: 4 reads on every supported Python (>= 3.4) and handles
 #: large objects (protocol 5 would need Python 3.8 on the reading side).
-PICKLE_PROTOCOL = 4  # what the container stores natively (bool, ints, floats, complex)
+PICKLE_PROTOCOL = 4
 
 
 def _native(arr: np.ndarray) -> np.ndarray:
@@ -113,6 +113,14 @@ def install_global_io(io) -> None:
     _GLOBAL_IO = io
 
 
+def _tensor_node(t: Tensor, key: str) -> dict:
+    """The JSON node of a tensor whose array is stored under ``key``."""
+    node = {"tensor": key, "device": str(t.device)}
+    if isinstance(t, Parameter):
+        node["parameter"] = True
+    return node
+
+
 class _Encoder:
     """Turn a Python object into a JSON-able tree plus a dict of named NumPy arrays. Global
     tensors are gathered to ``global_dst_rank`` (their logical values)."""
@@ -121,7 +129,9 @@ class _Encoder:
         self.allow_pickle = allow_pickle
         self.global_dst_rank = global_dst_rank
         self.arrays: dict[str, np.ndarray] = {}
-        self.memo: dict[int, str] = {}  # id(Tensor or ndarray) -> key: shared objects stored once
+        # id(Tensor or ndarray) -> key: shared objects stored once (None: a global tensor that
+        # another rank writes)
+        self.memo: dict[int, str | None] = {}
         self.keep: list = []  # keeps memoised objects alive so ids stay unique while encoding
 
     def _array(self, obj, arr: np.ndarray) -> str:
@@ -143,11 +153,7 @@ class _Encoder:
         if isinstance(obj, Tensor) and obj.is_global:
             return self._global(obj, path)
         if isinstance(obj, Tensor):
-            key = self._array(obj, to_numpy(obj.data))
-            node = {"tensor": key, "device": str(obj.device)}
-            if isinstance(obj, Parameter):
-                node["parameter"] = True
-            return node
+            return _tensor_node(obj, self._array(obj, to_numpy(obj.data)))
         if isinstance(obj, np.ndarray):
             if obj.dtype.kind not in _ARRAY_KINDS:
                 return self._fallback(obj, path)
@@ -181,16 +187,15 @@ class _Encoder:
                 f"mg.save: {path or 'the object'} is a global tensor (placement {obj.placement}, "
                 f"sbp {obj.sbp}): Please set global_dst_rank in `mg.save` to save global tensor"
             )
-        key = self.memo.get(id(obj))
-        if key is None:
+        if id(obj) not in self.memo:  # gather once per tensor, on every rank alike
             arr = _GLOBAL_IO.gather(obj, self.global_dst_rank)
             if arr is None:  # not the writing rank: nothing of this file is kept here
-                return None
-            key = self._array(obj, np.ascontiguousarray(arr))
-        node = {"tensor": key, "device": str(obj.device)}
-        if isinstance(obj, Parameter):
-            node["parameter"] = True
-        return node
+                self.memo[id(obj)] = None
+                self.keep.append(obj)
+            else:
+                self._array(obj, np.ascontiguousarray(arr))
+        key = self.memo[id(obj)]
+        return None if key is None else _tensor_node(obj, key)
 
     def _fallback(self, obj, path: str) -> Any:
         if not self.allow_pickle:

@@ -74,3 +74,20 @@ def test_save_without_distributed_is_unchanged(tmp_path):
     assert mg.load(str(tmp_path / "a.mgc"), global_src_rank=0)["a"].tolist() == [1.0, 2.0]
     with pytest.raises(RuntimeError, match="local tensor, only global tensors have a placement"):
         mg.tensor([1.0]).placement  # noqa: B018
+
+
+def _save_shared(path):
+    P = mg.placement("cpu", [0, 1])
+    w = mg.tensor(W, dtype="float64", placement=P, sbp=mg.sbp.split(0))
+    mg.save({"a": w, "b": w, "c": [w]}, path, global_dst_rank=0)  # one gather, on every rank
+    comm_after = mg.tensor(B, dtype="float64", placement=P, sbp=mg.sbp.split(0))
+    return comm_after.to_global(sbp=mg.sbp.broadcast).to_local().numpy()
+
+
+def test_a_global_tensor_saved_twice_is_gathered_once_on_every_rank(tmp_path):
+    path = str(tmp_path / "shared.mgc")
+    for after in run_workers(_save_shared, 2, path, timeout=60):
+        np.testing.assert_array_equal(after, B)  # the ranks are still in step afterwards
+    state = mg.load(path)
+    for value in (state["a"], state["b"], state["c"][0]):
+        np.testing.assert_array_equal(value.numpy(), W)
