@@ -410,19 +410,14 @@ def load(f, map_location=None, allow_pickle: bool = False, format: str | None = 
     """
     if format not in (None, "minigrad", "megengine"):
         raise ValueError(f"mg.load: format must be None, 'minigrad' or 'megengine', got {format!r}")
-    if global_src_rank is not None:
-        where = repr(getattr(f, "name", "<file object>") if hasattr(f, "read") else os.fspath(f))
-        payload = None
-        if _GLOBAL_IO.rank() == global_src_rank:
-            payload = f.read() if hasattr(f, "read") else _read_file(f, where)
-        payload = _GLOBAL_IO.share(payload, global_src_rank)
-        return _load_payload(payload, where, map_location, allow_pickle, format)
-    if hasattr(f, "read"):
-        where = repr(getattr(f, "name", "<file object>"))
-        payload = f.read()
+    is_file = hasattr(f, "read")
+    where = repr(getattr(f, "name", "<file object>") if is_file else os.fspath(f))
+    if global_src_rank is None or _GLOBAL_IO.rank() == global_src_rank:
+        payload = f.read() if is_file else _read_file(f, where)
     else:
-        where = repr(os.fspath(f))
-        payload = _read_file(f, where)
+        payload = None  # the reading rank sends it
+    if global_src_rank is not None:
+        payload = _GLOBAL_IO.share(payload, global_src_rank)
     return _load_payload(payload, where, map_location, allow_pickle, format)
 
 

@@ -200,8 +200,6 @@ class MapSampler(Sampler):
         self.total_samples = total
         # Samples per rank after padding to a multiple of world_size.
         self.num_samples = math.ceil(total / self.world_size)
-        self.epoch = 0
-        self._epoch_started = False
 
     def sample(self, epoch: int) -> list[int]:
         """The full index list of ``epoch``, identical on every rank."""

@@ -295,11 +295,8 @@ class InstanceNorm(GroupNorm):
         super().__init__(num_channels, num_channels, eps, affine, **kwargs)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.ndim < 3 or x.shape[1] != self.num_channels:
-            raise ValueError(
-                f"InstanceNorm({self.num_channels}): expected input of shape "
-                f"(N, {self.num_channels}, H, W), got {tuple(x.shape)}"
-            )
+        c = self.num_channels
+        _expect(x.ndim >= 3 and x.shape[1] == c, f"InstanceNorm({c})", f"(N, {c}, H, W)", x)
         return F.nn.instance_norm(x, self.affine, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:

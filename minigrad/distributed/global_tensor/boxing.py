@@ -60,6 +60,7 @@ from minigrad.distributed.global_tensor.sbp import (
     describe,
     local_shape,
     local_slices,
+    piece_bounds,
 )
 from minigrad.distributed.group import get_rank
 from minigrad.tensor import Tensor
@@ -171,7 +172,7 @@ def _box_on(a, placement, src: tuple, dst: tuple, shape: tuple, line: str):
     return a
 
 
-def _along(xp, a, axis: int, start: int, stop: int):
+def _along(a, axis: int, start: int, stop: int):
     index = (slice(None),) * axis + (slice(start, stop),)
     return a[index]
 
@@ -184,10 +185,10 @@ def _pad_to(xp, a, axis: int, n: int):
     return xp.concatenate([a, xp.zeros(pad, a.dtype)], axis=axis)
 
 
-def _chunks(xp, a, axis: int, sizes: list) -> list:
+def _chunks(a, axis: int, sizes: list) -> list:
     out, start = [], 0
     for n in sizes:
-        out.append(_along(xp, a, axis, start, start + n))
+        out.append(_along(a, axis, start, start + n))
         start += n
     return out
 
@@ -219,9 +220,9 @@ def _box_1d(a, placement, d: int, frm, to, seen: tuple, line: str):
         j = to.dim
         sizes = balanced_sizes(seen[j], k)
         m = max(sizes)
-        padded = xp.concatenate([_pad_to(xp, c, j, m) for c in _chunks(xp, a, j, sizes)], axis=j)
+        padded = xp.concatenate([_pad_to(xp, c, j, m) for c in _chunks(a, j, sizes)], axis=j)
         out = _collective(dist_functional.reduce_scatter_sum, padded, group, axis=j)
-        return _along(xp, out, j, 0, sizes[i])
+        return _along(out, j, 0, sizes[i])
     if frm.kind == "S" and to.kind == "B":
         return _collective(dist_functional.all_gather, a, group, axis=frm.dim)
     if frm.kind == "S" and to.kind == "S":  # all-to-all: split along j, concatenate along i
@@ -229,17 +230,15 @@ def _box_1d(a, placement, d: int, frm, to, seen: tuple, line: str):
         sizes_i, sizes_j = balanced_sizes(seen[ai], k), balanced_sizes(seen[aj], k)
         mi, mj = max(sizes_i), max(sizes_j)
         mine = _pad_to(xp, a, ai, mi)
-        send = xp.concatenate([_pad_to(xp, c, aj, mj) for c in _chunks(xp, mine, aj, sizes_j)],
+        send = xp.concatenate([_pad_to(xp, c, aj, mj) for c in _chunks(mine, aj, sizes_j)],
                               axis=aj)
         got = _collective(dist_functional.all_to_all, send, group, split_axis=aj,
                           concat_axis=ai)
-        got = _along(xp, got, aj, 0, sizes_j[i])
-        return xp.concatenate([_along(xp, got, ai, r * mi, r * mi + sizes_i[r])
+        got = _along(got, aj, 0, sizes_j[i])
+        return xp.concatenate([_along(got, ai, r * mi, r * mi + sizes_i[r])
                                for r in range(k)], axis=ai)
     if frm.kind == "B" and to.kind == "S":  # keep the local slice
-        start = sum(balanced_sizes(seen[to.dim], k)[:i])
-        return xp.ascontiguousarray(
-            _along(xp, a, to.dim, start, start + balanced_sizes(seen[to.dim], k)[i]))
+        return xp.ascontiguousarray(_along(a, to.dim, *piece_bounds(seen[to.dim], k, i)))
     if frm.kind == "B":  # -> partial_sum: the first rank keeps the data
         return a if i == 0 else xp.zeros_like(a)
     # split(j) -> partial_sum: the piece in place, zeros elsewhere
@@ -247,7 +246,7 @@ def _box_1d(a, placement, d: int, frm, to, seen: tuple, line: str):
     full = list(a.shape)
     full[j] = seen[j]
     out = xp.zeros(full, a.dtype)
-    start = sum(balanced_sizes(seen[j], k)[:i])
+    start, _ = piece_bounds(seen[j], k, i)
     out[(slice(None),) * j + (slice(start, start + a.shape[j]),)] = a
     return out
 

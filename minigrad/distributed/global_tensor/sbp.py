@@ -151,7 +151,8 @@ def balanced_sizes(n: int, k: int) -> list:
     return [base + (1 if i < extra else 0) for i in range(k)]
 
 
-def _bounds(n: int, k: int, i: int) -> tuple:
+def piece_bounds(n: int, k: int, i: int) -> tuple:
+    """``(start, stop)`` of part ``i`` when ``n`` items are split over ``k`` parts."""
     sizes = balanced_sizes(n, k)
     start = sum(sizes[:i])
     return start, start + sizes[i]
@@ -164,7 +165,7 @@ def local_slices(shape: Sequence[int], nd_sbp: tuple, mesh_shape: Sequence[int],
     starts, stops = [0] * len(shape), list(shape)
     for s, k, i in zip(nd_sbp, mesh_shape, coord):
         if s.kind == "S":
-            a, b = _bounds(stops[s.dim] - starts[s.dim], k, i)
+            a, b = piece_bounds(stops[s.dim] - starts[s.dim], k, i)
             starts[s.dim], stops[s.dim] = starts[s.dim] + a, starts[s.dim] + b
     return tuple(slice(a, b) for a, b in zip(starts, stops))
 

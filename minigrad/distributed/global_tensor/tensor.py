@@ -41,6 +41,7 @@ from minigrad.distributed.global_tensor import lockstep
 from minigrad.distributed.global_tensor.boxing import (
     Boxing,
     Layout,
+    _collective,
     box,
     empty_piece,
     piece_of,
@@ -439,11 +440,8 @@ def _broadcast_dims(data, layout: Layout, shape):
             continue
         group = pl.slice_group(d, me)
         lockstep.verify(pl, group, ranks, f"to_global (broadcast on mesh dimension {d})")
-        with no_grad():
-            src = Tensor._wrap(np.ascontiguousarray(data) if isinstance(data, np.ndarray)
-                               else data, None)
-            data = dist_functional.broadcast(src, group, root=ranks[0])._data.reshape(
-                data.shape)
+        data = _collective(dist_functional.broadcast, data, group, root=ranks[0]).reshape(
+            data.shape)
     return data
 
 
