@@ -76,6 +76,10 @@ UFUNCS = {
     ReduceOp.MAX: np.maximum,
 }
 
+#: Bool reductions as the backends run them on 0/1 bytes (NumPy's semantics): sum is "or" (max),
+#: product is "and" (min).
+BOOL_AS_BYTES_OPS = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PRODUCT: ReduceOp.MIN}
+
 
 _DTYPE_NAMES: dict = {}
 
@@ -87,6 +91,11 @@ def dtype_name(dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
     return name
+
+
+def array_meta(a) -> list | None:
+    """``[shape, dtype name]`` of an array (None for None): what a fingerprint says of a buffer."""
+    return None if a is None else [list(a.shape), dtype_name(a.dtype)]
 
 
 def fingerprint(op: str, seq: int, root: int | None = None, sig: Any = None) -> dict:

@@ -30,10 +30,18 @@ import math
 import numpy as np
 
 from minigrad.distributed.backends import base
-from minigrad.distributed.backends.base import Backend, CollectiveError, ReduceOp, dtype_name
+from minigrad.distributed.backends.base import (
+    BOOL_AS_BYTES_OPS,
+    Backend,
+    CollectiveError,
+    ReduceOp,
+    array_meta,
+    dtype_name,
+)
 from minigrad.distributed.backends.cpu.transport import as_bytes
 from minigrad.distributed.backends.waiting import Waiter, Watchdog
 from minigrad.distributed.store import StoreTimeout
+from minigrad.distributed.wire import encode_header
 
 HEADER_SLOT = 512  # bytes per member in the header round: fits the headers of most calls
 PUBLISH_AFTER = 1.0  # seconds of waiting before a rank records its position in the store
@@ -50,7 +58,6 @@ _MPI_TYPES = {
     "int64": "INT64_T",
 }
 _MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.PRODUCT: "PROD", ReduceOp.MIN: "MIN", ReduceOp.MAX: "MAX"}
-_BOOL_OPS = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PRODUCT: ReduceOp.MIN}  # or / and on 0/1 bytes
 
 
 def mpi_module():
@@ -173,7 +180,7 @@ class MpiBackend(Backend):
         """
         ctx, n = self.ctx, len(self.ctx.ranks)
         what = self._what(fp)
-        raw = json.dumps(fp, separators=(",", ":")).encode()
+        raw = encode_header(fp)
         fits = len(raw) <= HEADER_SLOT
         mine = (raw if fits else b"#%d" % len(raw)).ljust(HEADER_SLOT, b"\0")
         slots = np.empty(n * HEADER_SLOT, np.uint8)
@@ -204,7 +211,7 @@ class MpiBackend(Backend):
         if name not in _MPI_TYPES:
             raise TypeError(f"mpi backend: dtype {name} is not supported")
         if name == "bool":
-            op = _BOOL_OPS.get(op, op)
+            op = BOOL_AS_BYTES_OPS.get(op, op)
             x = x.view(np.uint8)
         MPI = self.MPI
         return [x, getattr(MPI, _MPI_TYPES[name])], getattr(MPI, _MPI_OPS[op])
@@ -237,7 +244,7 @@ class MpiBackend(Backend):
 
     def broadcast(self, x, root: int, seq: int):
         ranks = self.ctx.ranks
-        meta = None if x is None else [list(x.shape), dtype_name(x.dtype)]
+        meta = array_meta(x)
         fp = dict(base.fingerprint("broadcast", seq, ranks[root]), meta=meta)
         headers = self._agree(fp)
         base.check_broadcast_buffers(headers, root, ranks, seq)
@@ -253,7 +260,7 @@ class MpiBackend(Backend):
         i. Runs as one ``Ialltoallv`` of bytes after the header round told everyone the shapes."""
         me = self.ctx.rank
         fp = dict(base.fingerprint(op, seq, root, sig),
-                  meta=[None if a is None else [list(a.shape), dtype_name(a.dtype)] for a in sends])
+                  meta=[array_meta(a) for a in sends])
         headers = self._agree(fp)
         outs = [None if h["meta"][me] is None else np.empty(h["meta"][me][0], h["meta"][me][1])
                 for h in headers]
@@ -292,7 +299,7 @@ class MpiBackend(Backend):
 
     def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int):
         me = self.ctx.rank
-        metas = [[list(c.shape), dtype_name(c.dtype)] for c in chunks]
+        metas = [array_meta(c) for c in chunks]
         fp = base.fingerprint("reduce_scatter", seq, None, [metas, op.value])
         self._agree(fp)
         widen = chunks[0].dtype == np.float16
@@ -316,7 +323,7 @@ class MpiBackend(Backend):
         meta = {"header": header}
         if x is not None:
             meta.update(shape=list(x.shape), dtype=dtype_name(x.dtype))
-        raw = json.dumps(meta, separators=(",", ":")).encode()
+        raw = encode_header(meta)
         if len(raw) > HEADER_SLOT:
             raise CollectiveError(f"{what}: message header of {len(raw)} B exceeds {HEADER_SLOT} B")
         slot = np.zeros(HEADER_SLOT, np.uint8)

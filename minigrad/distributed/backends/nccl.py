@@ -26,10 +26,12 @@ import numpy as np
 from minigrad.backend.device import get_default_device_obj, probe_gpus
 from minigrad.backend.xp import cupy_import_error, cupy_or_none
 from minigrad.distributed.backends.base import (
+    BOOL_AS_BYTES_OPS,
     Backend,
     CollectiveError,
     ReduceOp,
     Work,
+    array_meta,
     check_broadcast_buffers,
     dtype_name,
     fingerprint,
@@ -97,14 +99,6 @@ _OP_CODES = {
     ReduceOp.MIN: "NCCL_MIN",
     ReduceOp.MAX: "NCCL_MAX",
 }
-# NumPy's bool semantics on 0/1 bytes: sum is "or" (max), product is "and" (min)
-_BOOL_OPS = {ReduceOp.SUM: ReduceOp.MAX, ReduceOp.PRODUCT: ReduceOp.MIN}
-
-
-def _meta(a) -> list | None:
-    return None if a is None else [list(a.shape), dtype_name(a.dtype)]
-
-
 class NcclBackend(Backend):
     """NCCL collectives for one group (``cp``/``nccl`` may be replaced by fakes in unit tests)."""
 
@@ -217,7 +211,7 @@ class NcclBackend(Backend):
         if op is None:
             return code
         if name == "bool":
-            op = _BOOL_OPS.get(op, op)
+            op = BOOL_AS_BYTES_OPS.get(op, op)
         return code, getattr(self.nccl, _OP_CODES[op])
 
     # --- collectives
@@ -232,7 +226,7 @@ class NcclBackend(Backend):
     def broadcast(self, x, root: int, seq: int):
         ranks = self.ctx.ranks
         box = {"out": x}
-        fp = dict(fingerprint("broadcast", seq, ranks[root]), meta=_meta(x))
+        fp = dict(fingerprint("broadcast", seq, ranks[root]), meta=array_meta(x))
 
         def on_headers(headers):
             check_broadcast_buffers(headers, root, ranks, seq)
@@ -281,7 +275,7 @@ class NcclBackend(Backend):
                 if m is not None:
                     outs[src] = cp.empty(m[0], dtype=m[1])
 
-        fp = dict(fingerprint(op, seq, root, sig), meta=[_meta(a) for a in sends])
+        fp = dict(fingerprint(op, seq, root, sig), meta=[array_meta(a) for a in sends])
         comm = self._begin(fp, on_headers)
         if sends[me] is not None:
             self._copy_on_stream(outs[me], sends[me])
@@ -313,7 +307,7 @@ class NcclBackend(Backend):
 
     def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int):
         cp, me = self.cp, self.ctx.rank
-        sig = [[_meta(c) for c in chunks], op.value]
+        sig = [[array_meta(c) for c in chunks], op.value]
         dt, code = self._codes(chunks[0].dtype, op)
         out = cp.empty_like(chunks[me])
         if len({c.shape for c in chunks}) == 1:
@@ -346,7 +340,7 @@ class NcclBackend(Backend):
     # --- point to point: the header goes over the host channel, the payload over a pair comm
     def send(self, x, dst: int, header: dict) -> None:
         channel = self.ctx.backend(self.ctx.host_route)
-        channel.send(None, dst, dict(header, via="nccl", meta=_meta(x)))
+        channel.send(None, dst, dict(header, via="nccl", meta=array_meta(x)))
         comm, peer = self._pair(dst)
         self._after_caller()
         if x.size:

@@ -13,6 +13,7 @@ from minigrad.distributed.backends.base import (
     UFUNCS,
     Backend,
     ReduceOp,
+    array_meta,
     check_broadcast_buffers,
     check_fingerprints,
     describe,
@@ -32,10 +33,6 @@ from minigrad.distributed.backends.cpu.transport import (
 # + all-gather costs more than reading n-1 small arrays (measured on 3-4 ranks of a 2-core VM).
 RS_AG_MIN_BYTES = 64 << 10
 TRANSPORTS = {"local": LocalTransport, "shm": ShmTransport, "tcp": TcpTransport}
-
-
-def _meta(a: np.ndarray | None):
-    return None if a is None else [list(a.shape), dtype_name(a.dtype)]
 
 
 def _empty(meta) -> np.ndarray:
@@ -120,7 +117,7 @@ class CpuBackend(Backend):
             for src, (off, mv) in pieces.items():
                 _fill(outs[src], off, mv)
 
-        fp = dict(fingerprint(op, seq, root, sig), meta=[_meta(a) for a in sends])
+        fp = dict(fingerprint(op, seq, root, sig), meta=[array_meta(a) for a in sends])
         self._run(fp, sends, on_headers, consume)
         return outs
 
@@ -171,7 +168,7 @@ class CpuBackend(Backend):
 
     def broadcast(self, x: np.ndarray | None, root: int, seq: int) -> np.ndarray:
         n, me, ranks = len(self.ctx.ranks), self.ctx.rank, self.ctx.ranks
-        fp = dict(fingerprint("broadcast", seq, ranks[root]), meta=_meta(x))
+        fp = dict(fingerprint("broadcast", seq, ranks[root]), meta=array_meta(x))
         box = {"out": x}
 
         def on_headers(headers):
@@ -212,7 +209,7 @@ class CpuBackend(Backend):
         return self._collect("scatter", seq, self.ctx.ranks[root], None, sends)[root]
 
     def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int) -> np.ndarray:
-        sig = [[_meta(c) for c in chunks], op.value]
+        sig = [[array_meta(c) for c in chunks], op.value]
         outs = self._collect("reduce_scatter", seq, None, sig, list(chunks))
         return _reduce_in_order(outs, UFUNCS[op], np.empty_like(outs[0]))
 

@@ -21,7 +21,7 @@ from minigrad.distributed.backends.base import CollectiveError
 from minigrad.distributed.backends.cpu.transport import SHM_DIR, as_bytes
 from minigrad.distributed.backends.waiting import Waiter, Watchdog
 from minigrad.distributed.settings import SHM_CHUNK_ENV
-from minigrad.distributed.wire import U64
+from minigrad.distributed.wire import U64, encode_header
 
 CTRL_BYTES = 4096  # one page of control slots keeps the data areas page-aligned
 # int64 slots of a group segment's control block
@@ -142,6 +142,7 @@ class ShmTransport:
         finally:
             unlink(path)  # every peer has it mapped now (or the job failed): nothing can leak
         self.pids = [int(s.ctrl[OWNER_PID]) for s in self.segs]
+        self.peers = [(j, s.ctrl) for j, s in enumerate(self.segs) if j != self.index]
         self.step = 0
 
     def close(self) -> None:
@@ -160,8 +161,7 @@ class ShmTransport:
     def _sync(self, what) -> None:
         """Publish this round and wait until every peer published it too."""
         self.step += 1
-        target = self.step
-        peers = [(j, s.ctrl) for j, s in enumerate(self.segs) if j != self.index]
+        target, peers = self.step, self.peers
         self.me.ctrl[STEP] = target
         if all(c[STEP] >= target for _, c in peers):
             return
@@ -200,7 +200,7 @@ class ShmTransport:
                 total = (total + int(u8.size) + 7) // 8 * 8
             dirs.append(seen[key])
         header = dict(header, _dir=dirs, _total=total)
-        hb = json.dumps(header, separators=(",", ":")).encode()
+        hb = encode_header(header)
         if len(hb) + U64.size > META_BYTES:
             raise CollectiveError(f"{what()}: header of {len(hb)} B exceeds {META_BYTES} B")
         C = self.chunk

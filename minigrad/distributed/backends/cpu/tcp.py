@@ -18,7 +18,7 @@ import struct
 from minigrad.distributed.backends.base import CollectiveError, CollectiveTimeoutError
 from minigrad.distributed.backends.cpu.transport import as_bytes
 from minigrad.distributed.backends.waiting import Watchdog
-from minigrad.distributed.wire import FRAME, U64, auth_token, frame_prefix, recv_exact
+from minigrad.distributed.wire import FRAME, U64, auth_token, encode_header, recv_exact
 
 SELECT_INTERVAL = 0.5  # seconds between watchdog polls while sockets are idle
 
@@ -114,10 +114,11 @@ class TcpTransport:
         payload = [as_bytes(a) if a is not None else None for a in sends]
         lens = [int(p.size) if p is not None else None for p in payload]
         header = dict(header, _n=lens)
+        h = encode_header(header)  # the same for every peer; only the payload length differs
         out = {}
         for j in self.socks:
             p = payload[j]
-            parts = [memoryview(frame_prefix(header, lens[j] or 0))]
+            parts = [memoryview(FRAME.pack(len(h), lens[j] or 0) + h)]
             if p is not None and p.size:
                 parts.append(memoryview(p))
             out[j] = parts
