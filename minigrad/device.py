@@ -76,7 +76,7 @@ def _cuda(what: str):
 
 
 def _gpu(device, what: str):
-    dev = as_device(get_default_device() if device is None else device)
+    dev = as_device(device)  # None: the default device
     if dev.kind != "gpu":
         raise ValueError(
             f"{what}: {dev} is a CPU device; minigrad keeps no memory pool on the CPU (NumPy "
@@ -88,7 +88,7 @@ def _gpu(device, what: str):
 def get_mem_status_bytes(device=None) -> tuple[int, int]:
     """``(total, free)`` bytes of the memory of ``device`` (default: the default device): the
     GPU's memory, or the host's physical memory for a CPU device."""
-    dev = as_device(get_default_device() if device is None else device)
+    dev = as_device(device)  # None: the default device
     if dev.kind == "cpu":
         page = os.sysconf("SC_PAGE_SIZE")
         return os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page

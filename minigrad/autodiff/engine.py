@@ -91,7 +91,7 @@ def run_backward_input(roots, rec: Recording, inputs, keep_weight_pass: bool = T
     def keep(node, grads, mask):
         """Keep an X node with weight work, and its output gradients, for the weight pass."""
         weight_mask = [w and not i for w, i in zip(_followed(node, rec), mask)]
-        if keep_weight_pass and any(weight_mask) and not _all_none(grads):
+        if any(weight_mask) and not _all_none(grads):
             frontier.append((node, grads))
             masks[id(node)] = weight_mask
             return True
@@ -100,7 +100,8 @@ def run_backward_input(roots, rec: Recording, inputs, keep_weight_pass: bool = T
     def follow(node):
         return [leads_to_input(e) for e in node._edges]
 
-    collected = _walk(first, [], follow, rec, None, keep, stops, len(inputs))
+    collected = _walk(first, [], follow, rec, None, keep if keep_weight_pass else None, stops,
+                      len(inputs))
     return collected, WeightPass(later, frontier, masks, rec)
 
 

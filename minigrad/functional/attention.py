@@ -105,8 +105,10 @@ class _Attention(Function):
     def forward(self, q, k, v, bias, scale, causal):
         xp = q.xp
         w = xp.matmul(q._data, _transposed(xp, k._data))
-        if bias is not None and np.broadcast_shapes(w.shape, bias.shape) != w.shape:
-            w = xp.ascontiguousarray(xp.broadcast_to(w, np.broadcast_shapes(w.shape, bias.shape)))
+        if bias is not None:
+            shape = np.broadcast_shapes(w.shape, bias.shape)
+            if shape != w.shape:
+                w = xp.ascontiguousarray(xp.broadcast_to(w, shape))
         w = kernels.attention_softmax(w, scale, None if bias is None else bias._data, causal)
         self.q, self.k, self.v, self.bias, self.scale, self.causal = q, k, v, bias, scale, causal
         self.w = w

@@ -19,7 +19,7 @@ import itertools
 
 from minigrad.autodiff.function import Function
 from minigrad.functional._util import ntuple
-from minigrad.functional.conv import _add_bias, _check_mode
+from minigrad.functional.conv import _add_bias, _check_mode, _out_size
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import einsum
 from minigrad.functional.shape import reshape
@@ -28,12 +28,12 @@ from minigrad.tensor import Tensor
 __all__ = ["conv3d", "local_conv2d", "sliding_window", "sliding_window_transpose"]
 
 
-def _window_args(op, x: Tensor, kernel, stride, padding, dilation):
-    """Check an unfold's arguments against the (N, C, *spatial) input; return them with the output
-    size per spatial axis."""
-    n = x.ndim - 2
+def _window_args(op, shape: tuple, kernel, stride, padding, dilation):
+    """Check an unfold's arguments against the (N, C, *spatial) input ``shape``; return them with
+    the output size per spatial axis."""
+    n = len(shape) - 2
     if n < 1:
-        raise ValueError(f"{op}: expected an input (N, C, *spatial), got shape {x.shape}")
+        raise ValueError(f"{op}: expected an input (N, C, *spatial), got shape {shape}")
     kernel, stride = ntuple(kernel, n, "kernel_size", op), ntuple(stride, n, "stride", op)
     padding, dilation = ntuple(padding, n, "padding", op), ntuple(dilation, n, "dilation", op)
     if min(kernel) < 1 or min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
@@ -41,13 +41,10 @@ def _window_args(op, x: Tensor, kernel, stride, padding, dilation):
             f"{op}: need kernel_size, stride, dilation >= 1 and padding >= 0; got kernel_size="
             f"{kernel}, stride={stride}, padding={padding}, dilation={dilation}"
         )
-    out = tuple(
-        (size + 2 * p - d * (k - 1) - 1) // s + 1
-        for size, k, s, p, d in zip(x.shape[2:], kernel, stride, padding, dilation)
-    )
+    out = tuple(_out_size(*a) for a in zip(shape[2:], kernel, stride, padding, dilation))
     if min(out) < 1:
         raise ValueError(
-            f"{op}: input {x.shape} is too small for kernel {kernel} with padding {padding} and "
+            f"{op}: input {shape} is too small for kernel {kernel} with padding {padding} and "
             f"dilation {dilation} (output would be {out})"
         )
     return kernel, stride, padding, dilation, out
@@ -115,7 +112,7 @@ def sliding_window(inp, kernel_size, padding=0, stride=1, dilation=1) -> Tensor:
     """
     x = _f(inp)
     kernel, stride, padding, dilation, out = _window_args(
-        "sliding_window", x, kernel_size, stride, padding, dilation
+        "sliding_window", x.shape, kernel_size, stride, padding, dilation
     )
     return Unfold()(x, kernel, stride, padding, dilation, out)
 
@@ -130,9 +127,8 @@ def sliding_window_transpose(inp, output_size, kernel_size, padding=0, stride=1,
     if n < 1 or y.ndim != 2 + 2 * n:
         raise ValueError(f"{op}: expected (N, C, *out, *kernel) windows, got shape {y.shape}")
     size = ntuple(output_size, n, "output_size", op)
-    probe = Tensor._wrap(y.xp.empty((1, 1) + size, y.dtype), y._device)
     kernel, stride, padding, dilation, out = _window_args(
-        op, probe, kernel_size, stride, padding, dilation
+        op, (1, 1) + size, kernel_size, stride, padding, dilation
     )
     if y.shape[2:] != out + kernel:
         raise ValueError(
@@ -163,7 +159,8 @@ def _grouped_windows(op, x: Tensor, weight, groups: int, per_group: int, kernel,
             f"{tuple(weight.shape)} expects {per_group * groups} (= {per_group} per group x "
             f"{groups} groups)"
         )
-    kernel, stride, padding, dilation, out = _window_args(op, x, kernel, stride, padding, dilation)
+    kernel, stride, padding, dilation, out = _window_args(
+        op, x.shape, kernel, stride, padding, dilation)
     if expect_out is not None and out != expect_out:
         raise ValueError(
             f"{op}: weight is for a {expect_out} output but input {x.shape} with kernel {kernel}, "

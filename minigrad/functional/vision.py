@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.backend.device_checks import check_range
 from minigrad.backend.xp import scatter_add
 from minigrad.functional._util import ntuple
 from minigrad.functional.elementwise import _f
@@ -339,8 +340,8 @@ def _batch_index(op, x: Tensor, n_mat: int, mat_idx):
     idx = np.asarray(mat_idx.numpy() if isinstance(mat_idx, Tensor) else mat_idx).reshape(-1)
     if idx.shape[0] != n_mat or idx.dtype.kind not in "iu":
         raise ValueError(f"{op}: mat_idx must be {n_mat} integers, got {idx.shape} {idx.dtype}")
-    if n_mat and (int(idx.min()) < 0 or int(idx.max()) >= x.shape[0]):
-        raise IndexError(f"{op}: mat_idx must be in [0, {x.shape[0]}), got {idx.tolist()}")
+    check_range(idx, 0, x.shape[0], lambda lo, hi: IndexError(
+        f"{op}: mat_idx must be in [0, {x.shape[0]}), got {idx.tolist()}"))
     return x._device.put(idx.astype(np.int64))
 
 
