@@ -75,7 +75,12 @@ from minigrad.distributed import comm
 from minigrad.distributed.group import Group, get_rank, get_world_size, is_distributed, new_group
 from minigrad.distributed.helper import bcast_list_
 from minigrad.distributed.pipeline.module import PipelineError, PipelineModule
-from minigrad.distributed.pipeline.schedule import InferenceSchedule, Schedule, get_schedule
+from minigrad.distributed.pipeline.schedule import (
+    InferenceSchedule,
+    Schedule,
+    _positive_int,
+    get_schedule,
+)
 from minigrad.distributed.pipeline.timeline import Timeline, TimelineEvent
 from minigrad.tensor import Tensor
 
@@ -83,8 +88,7 @@ __all__ = ["PipelineEngine", "Transport"]
 
 _DATA, _ABORT = 0, 1
 # Timeline labels as numbers, to gather every rank's events in one float array.
-_LABELS = ("F", "B", "BI", "BW", "SA", "RA", "SG", "RG",
-           "ReduceTiedGrads", "ReduceGrads", "OptimizerStep")
+_LABELS = (*A._MICRO_BATCH_ACTIONS, *A._STEP_ACTIONS)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -250,10 +254,7 @@ class PipelineEngine:
         if not isinstance(module, PipelineModule):
             raise TypeError(
                 f"PipelineEngine: module must be a PipelineModule, got {type(module).__name__}")
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
-                or micro_batches < 1:
-            raise ValueError(
-                f"PipelineEngine: micro_batches must be a positive integer, got {micro_batches!r}")
+        _positive_int("micro_batches", micro_batches, "PipelineEngine")
         self.schedule = get_schedule(schedule, module.num_stages, micro_batches, module.chunks)
         if not self.schedule.training:
             raise ValueError(
@@ -489,10 +490,7 @@ class PipelineEngine:
                     pass
 
     def _record(self, action: A.Action, start: float, end: float) -> None:
-        mb = getattr(action, "micro_batch", None)
-        label = action.label if mb is not None else repr(action)
-        self._events.append(TimelineEvent(self.rank, label, mb, getattr(action, "chunk", 0),
-                                          start, end))
+        self._events.append(TimelineEvent.of(self.rank, action, start, end))
         for hook in self._action_hooks:
             hook(self, action)
 
@@ -504,7 +502,7 @@ class PipelineEngine:
             value = np.array([sum(step.losses[m] for m in sorted(step.losses))
                               / step.micro_batches])
             if self._data_group is not None:
-                value = comm.all_reduce(value, "sum", self._data_group) / self._data_group.size
+                value = comm.all_reduce(value, "avg", self._data_group)
         if self._pipe_group is not None:
             value = comm.broadcast(value, self._pipe_ranks[-1], self._pipe_group)
         return float(np.asarray(value)[0])

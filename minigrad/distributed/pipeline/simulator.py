@@ -38,7 +38,6 @@ from typing import Callable, Mapping, Sequence
 from minigrad.distributed.pipeline.actions import (
     Action,
     Communication,
-    MicroBatchAction,
     ScheduleError,
     format_programs,
 )
@@ -83,10 +82,7 @@ def simulate(
     events: list[TimelineEvent] = []
 
     def record(stage: int, action: Action, start: float, end: float) -> None:
-        mb = action.micro_batch if isinstance(action, MicroBatchAction) else None
-        chunk = action.chunk if isinstance(action, MicroBatchAction) else 0
-        events.append(TimelineEvent(stage, action.label if mb is not None else repr(action),
-                                    mb, chunk, start, end))
+        events.append(TimelineEvent.of(stage, action, start, end))
         clock[stage] = end
         pc[stage] += 1
 

@@ -43,6 +43,14 @@ class TimelineEvent:
     start: float
     end: float
 
+    @classmethod
+    def of(cls, rank: int, action, start: float, end: float) -> "TimelineEvent":
+        """The event of a schedule action (a micro-batch action by its label, a per-step action by
+        its name)."""
+        mb = getattr(action, "micro_batch", None)
+        label = action.label if mb is not None else repr(action)
+        return cls(rank, label, mb, getattr(action, "chunk", 0), start, end)
+
     @property
     def duration(self) -> float:
         """``end - start``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from minigrad.tensor import Tensor
 
-__all__ = ["check_qkv"]
+__all__ = ["check_qkv", "check_zigzag_shard"]
 
 
 def check_qkv(op: str, q, k, v) -> None:
@@ -29,4 +29,13 @@ def check_qkv(op: str, q, k, v) -> None:
         raise TypeError(
             f"{op}: q, k, v must share one dtype, got {q.dtype.name}, {k.dtype.name}, "
             f"{v.dtype.name}"
+        )
+
+
+def check_zigzag_shard(op: str, shard_len: int) -> None:
+    """A zigzag shard holds two chunks of ``L/(2N)`` tokens, so its length must be even."""
+    if shard_len % 2:
+        raise ValueError(
+            f"{op}(zigzag=True): a zigzag shard holds two chunks of L/(2N) tokens, so its length "
+            f"must be even; got {shard_len} tokens on this rank"
         )

@@ -43,7 +43,7 @@ from collections import namedtuple
 from minigrad.autodiff import Function, is_recording
 from minigrad.backend.xp import get_array_module
 from minigrad.distributed.group import Group
-from minigrad.distributed.sequence_parallel.checks import check_qkv
+from minigrad.distributed.sequence_parallel.checks import check_qkv, check_zigzag_shard
 from minigrad.distributed.sequence_parallel.groups import position_in, sequence_group
 from minigrad.distributed.sequence_parallel.transfer import RingExchange
 from minigrad.module.module import Module
@@ -277,11 +277,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, zigzag
     check_qkv(op, q, k, v)
     group = sequence_group(group)
     position_in(op, group)
-    if zigzag and q.shape[2] % 2:
-        raise ValueError(
-            f"{op}(zigzag=True): a zigzag shard holds two chunks of L/(2N) tokens, so its length "
-            f"must be even; got {q.shape[2]} tokens on this rank"
-        )
+    if zigzag:
+        check_zigzag_shard(op, q.shape[2])
     scale = default_scale(scale, q.shape[-1])
     return RingAttentionFunction()(q, k, v, group, bool(causal), bool(zigzag), scale,
                                    bool(overlap))

@@ -12,12 +12,14 @@ attention.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import minigrad.functional as F
 from minigrad.distributed import functional as dist_F
 from minigrad.distributed.group import Group
-from minigrad.distributed.sequence_parallel.checks import check_qkv
+from minigrad.distributed.sequence_parallel.checks import check_qkv, check_zigzag_shard
 from minigrad.distributed.sequence_parallel.groups import position_in, sequence_group
 from minigrad.distributed.sequence_parallel.sharding import shard_ranges
 from minigrad.module.module import Module
@@ -26,13 +28,15 @@ from minigrad.tensor import Tensor
 __all__ = ["UlyssesAttention", "ulysses_attention"]
 
 
-def _zigzag_causal_mask(xp, shard_len: int, world: int):
-    """May-attend mask (True) over the tokens in the order the all-to-all gathers zigzag shards."""
+@functools.lru_cache(maxsize=16)
+def _zigzag_causal_mask(shard_len: int, world: int) -> np.ndarray:
+    """May-attend mask (True) over the tokens in the order the all-to-all gathers zigzag shards
+    (the same for every layer and step: built once per shape, never written)."""
     seq_len = shard_len * world
     pos = np.concatenate([
         np.arange(a, b) for r in range(world) for a, b in shard_ranges(seq_len, r, world, True)
     ])
-    return xp.asarray(pos[:, None] >= pos[None, :])
+    return pos[:, None] >= pos[None, :]
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
@@ -55,16 +59,13 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
             f"{op}: heads={heads} is not divisible by N={world} (the ranks of the sequence "
             f"group); each rank attends over H/N whole heads"
         )
-    if zigzag and shard_len % 2:
-        raise ValueError(
-            f"{op}(zigzag=True): a zigzag shard holds two chunks of L/(2N) tokens, so its length "
-            f"must be even; got {shard_len} tokens on this rank"
-        )
+    if zigzag:
+        check_zigzag_shard(op, shard_len)
     if world > 1:
         q, k, v = (dist_F.all_to_all(t, group, split_axis=1, concat_axis=2) for t in (q, k, v))
     mask = None
     if causal and zigzag and world > 1:
-        mask = _zigzag_causal_mask(q.xp, shard_len, world)
+        mask = q.xp.asarray(_zigzag_causal_mask(shard_len, world))
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=scale
     )

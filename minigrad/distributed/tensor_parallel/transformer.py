@@ -60,8 +60,7 @@ class SelfAttention(M.Module):
         if self.training and self.attn_dropout.drop_prob > 0:
             scores = F.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(d))
             if self.causal:
-                mask = np.triu(np.full((s, s), -np.inf), 1).astype(scores.dtype)
-                scores = scores + Tensor(mask, device=scores.device)
+                scores = scores + F.nn.attention_bias(s, s, is_causal=True, like=scores)
             out = F.matmul(self.attn_dropout(F.softmax(scores, axis=-1)), v)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
