@@ -113,6 +113,7 @@ class GroupContext:
         self.broken = False
         self._backends: dict[str, Backend] = {}
         self._peer_workers: dict[tuple, OrderedWorker] = {}
+        self._routes: dict[bool, str] = {}
         self.host_route = self.route(False)
         self.backend(self.host_route)
 
@@ -128,8 +129,13 @@ class GroupContext:
         return getattr(be, "transport_kind", None)
 
     def route(self, on_gpu: bool) -> str:
-        """The backend that moves host (or GPU) arrays in this group (see ``choose_backend``)."""
-        return choose_backend(self.setting, on_gpu, _state.mpi_job, nccl_usable)
+        """The backend that moves host (or GPU) arrays in this group (see ``choose_backend``);
+        decided once per kind of array, since neither the setting nor NCCL's presence changes."""
+        route = self._routes.get(on_gpu)
+        if route is None:
+            route = self._routes[on_gpu] = choose_backend(
+                self.setting, on_gpu, _state.mpi_job, nccl_usable)
+        return route
 
     def next_seq(self) -> int:
         """The next call's sequence number (every member counts the same calls)."""
