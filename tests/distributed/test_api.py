@@ -26,6 +26,57 @@ def test_every_torch_style_collective_equals_numpy(n):
     assert all(check_rank(got, r, n) > 150 for r, got in enumerate(res))
 
 
+def _keyword_calls():
+    """Each collective called with PyTorch's keyword names, as torch scripts write them."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    t = mg.tensor(np.full(2, r + 1.0))
+    out = {}
+    tensor_list = [mg.tensor(np.zeros(2)) for _ in range(n)]
+    dist.all_gather(tensor_list=tensor_list, tensor=t)
+    out["all_gather"] = [x.numpy() for x in tensor_list]
+    output = mg.tensor(np.zeros(2))
+    dist.reduce_scatter(output=output, input_list=[mg.tensor(np.full(2, 10.0 * j + r))
+                                                   for j in range(n)], op=dist.ReduceOp.SUM)
+    out["reduce_scatter"] = output.numpy()
+    gather_list = [mg.tensor(np.zeros(2)) for _ in range(n)] if r == 0 else None
+    dist.gather(tensor=t, gather_list=gather_list, dst=0)
+    out["gather"] = None if gather_list is None else [x.numpy() for x in gather_list]
+    got = mg.tensor(np.zeros(2))
+    dist.scatter(tensor=got, scatter_list=[mg.tensor(np.full(2, 7.0 * j)) for j in range(n)]
+                 if r == 0 else None, src=0)
+    out["scatter"] = got.numpy()
+    output_tensor_list = [mg.tensor(np.zeros(2)) for _ in range(n)]
+    dist.all_to_all(output_tensor_list=output_tensor_list,
+                    input_tensor_list=[mg.tensor(np.full(2, 100.0 * r + j)) for j in range(n)])
+    out["all_to_all"] = [x.numpy() for x in output_tensor_list]
+    b = mg.tensor(np.full(2, float(r)))
+    dist.broadcast(tensor=b, src=1)
+    out["broadcast"] = b.numpy()
+    red = mg.tensor(np.full(2, r + 1.0))
+    dist.reduce(tensor=red, dst=1, op=dist.ReduceOp.MAX)
+    out["reduce"] = red.numpy()
+    return r, out
+
+
+def test_collectives_take_pytorch_keyword_names():
+    n = 3
+    for r, out in run_workers(_keyword_calls, n, timeout=60):
+        full = lambda v: np.full(2, float(v))  # noqa: E731
+        for j, x in enumerate(out["all_gather"]):
+            np.testing.assert_array_equal(x, full(j + 1))
+        reduced = sum(10.0 * r + k for k in range(n))  # rank k sent 10 r + k to rank r
+        np.testing.assert_array_equal(out["reduce_scatter"], full(reduced))
+        if r == 0:
+            for j, x in enumerate(out["gather"]):
+                np.testing.assert_array_equal(x, full(j + 1))
+        np.testing.assert_array_equal(out["scatter"], full(7.0 * r))
+        for j, x in enumerate(out["all_to_all"]):
+            np.testing.assert_array_equal(x, full(100.0 * j + r))
+        np.testing.assert_array_equal(out["broadcast"], full(1))
+        if r == 1:
+            np.testing.assert_array_equal(out["reduce"], full(n))
+
+
 def _groups_and_errors():
     r = dist.get_rank()
     g = dist.new_group([2, 0], timeout=12, backend="gloo")
