@@ -31,8 +31,8 @@ import minigrad as mg
 import minigrad.autodiff as ad
 import minigrad.distributed as dist
 import minigrad.functional as F
-from minigrad.distributed import comm
 from minigrad.distributed import sequence_parallel as sp
+from minigrad.distributed.comm import arrays as comm
 from minigrad.testing.distributed import run_workers
 
 B, H, D = 1, 4, 32

@@ -56,9 +56,9 @@ import minigrad.autodiff as ad
 import minigrad.distributed as dist
 import minigrad.optimizer as optim
 from minigrad.distributed import tensor_parallel as tp
-from minigrad.distributed.backends.cpu.shm import ShmTransport
-from minigrad.distributed.backends.cpu.tcp import TcpTransport
-from minigrad.distributed.launcher import launcher
+from minigrad.distributed.comm.providers.cpu.shm import ShmTransport
+from minigrad.distributed.comm.providers.cpu.tcp import TcpTransport
+from minigrad.distributed.runtime.launcher import launcher
 
 MODES = [
     ("1d", 2, dict(tensor=dict(size=2, mode="1d"))),

@@ -30,7 +30,7 @@ import minigrad.functional as F
 import minigrad.optimizer as optim
 from minigrad.distributed import comm
 from minigrad.distributed import sequence_parallel as sp
-from minigrad.distributed.topology import ProcessTopology
+from minigrad.distributed.mesh.topology import ProcessTopology
 
 VOCAB, STRIDES = 32, (1, 2, 3, 5)
 

@@ -19,8 +19,15 @@ import importlib
 # which OpenBLAS reads once, when NumPy loads it (see minigrad.backend.threads).
 from minigrad import backend  # isort: split
 
-from minigrad import autodiff, device, functional, random
+from minigrad import aliases  # noqa: F401  (installs MegEngine's import paths: minigrad.aliases)
+
+# isort: split
+import minigrad.device as device
+import minigrad.random as random
+import minigrad.tensor  # noqa: F401  (imported before the line below makes mg.tensor the class)
+from minigrad import autodiff, functional
 from minigrad.autodiff import Function, GradManager, enable_grad, no_grad
+from minigrad.autodiff.tensor import Parameter, Tensor, tensor
 from minigrad.backend import (
     get_default_device,
     get_device_count,
@@ -32,9 +39,8 @@ from minigrad.backend import (
 from minigrad.backend.allocator import tune_malloc_unless_disabled
 from minigrad.functional import creation as _creation
 from minigrad.functional.creation import *  # noqa: F403  (mg.zeros, mg.arange... as MegEngine)
-from minigrad.random import rand, randint, randn
+from minigrad.functional.random import rand, randint, randn
 from minigrad.serialization import load, save
-from minigrad.tensor import Parameter, Tensor, tensor
 
 tune_malloc_unless_disabled()
 

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minigrad.tensor import Parameter, Tensor
+from minigrad.autodiff.tensor import Parameter, Tensor
 
 __all__ = ["MegEngineCheckpointError", "RefusedPickleError", "load_megengine"]
 

@@ -19,7 +19,7 @@ Global tensors (OneFlow's logical checkpoints): ``save(..., global_dst_rank=r)``
 tensor's *logical* value, gathered to rank ``r``, which alone writes the file; ``load(...,
 global_src_rank=r)`` reads the file once on rank ``r`` and hands the objects to every rank, where
 ``to_global`` can lay them out at any world size and SBP. The distributed side comes in through
-``install_global_io`` (this layer never imports ``minigrad.distributed``).
+the seam :data:`minigrad.seams.GLOBAL_IO` (this layer never imports ``minigrad.distributed``).
 
 Example::
 
@@ -43,6 +43,8 @@ import numpy as np
 from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
 
+from minigrad import seams
+from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.device import as_device
 from minigrad.backend.xp import to_numpy
 from minigrad.megengine_checkpoint import (
@@ -50,7 +52,6 @@ from minigrad.megengine_checkpoint import (
     RefusedPickleError,
     load_megengine,
 )
-from minigrad.tensor import Parameter, Tensor
 
 FORMAT = "minigrad.checkpoint"
 VERSION = 1
@@ -101,16 +102,16 @@ class _SingleProcessIO:
         return payload
 
 
-_GLOBAL_IO = _SingleProcessIO()
+_SINGLE_PROCESS = _SingleProcessIO()
 
 
-def install_global_io(io) -> None:
-    """Give ``save``/``load`` their distributed side (``minigrad.distributed.global_tensor`` calls
-    this once, when imported): ``io.rank()`` is this process's rank; ``io.gather(tensor, dst)`` is
-    a global tensor's logical value as a NumPy array on rank ``dst`` (None on the others, every
-    rank calls it); ``io.share(payload, src)`` returns rank ``src``'s bytes on every rank."""
-    global _GLOBAL_IO
-    _GLOBAL_IO = io
+def _global_io():
+    """The rank-aware side of save/load: what ``minigrad.distributed.global_tensor`` installed in
+    :data:`minigrad.seams.GLOBAL_IO`, or one process when the distributed layer is not loaded.
+    ``io.rank()`` is this process's rank; ``io.gather(tensor, dst)`` a global tensor's logical
+    value as a NumPy array on rank ``dst`` (None on the others, every rank calls it);
+    ``io.share(payload, src)`` rank ``src``'s bytes on every rank."""
+    return seams.GLOBAL_IO.value or _SINGLE_PROCESS
 
 
 def _tensor_node(t: Tensor, key: str) -> dict:
@@ -188,7 +189,7 @@ class _Encoder:
                 f"sbp {obj.sbp}): Please set global_dst_rank in `mg.save` to save global tensor"
             )
         if id(obj) not in self.memo:  # gather once per tensor, on every rank alike
-            arr = _GLOBAL_IO.gather(obj, self.global_dst_rank)
+            arr = _global_io().gather(obj, self.global_dst_rank)
             if arr is None:  # not the writing rank: nothing of this file is kept here
                 self.memo[id(obj)] = None
                 self.keep.append(obj)
@@ -226,7 +227,7 @@ def save(obj: Any, f, pickle: bool = False, global_dst_rank: int | None = None) 
     """
     enc = _Encoder(allow_pickle=pickle, global_dst_rank=global_dst_rank)
     tree = enc.encode(obj, "")
-    if global_dst_rank is not None and _GLOBAL_IO.rank() != global_dst_rank:
+    if global_dst_rank is not None and _global_io().rank() != global_dst_rank:
         return
     checksums = {k: _crc(a) for k, a in enc.arrays.items()}
     meta = {
@@ -412,12 +413,12 @@ def load(f, map_location=None, allow_pickle: bool = False, format: str | None = 
         raise ValueError(f"mg.load: format must be None, 'minigrad' or 'megengine', got {format!r}")
     is_file = hasattr(f, "read")
     where = repr(getattr(f, "name", "<file object>") if is_file else os.fspath(f))
-    if global_src_rank is None or _GLOBAL_IO.rank() == global_src_rank:
+    if global_src_rank is None or _global_io().rank() == global_src_rank:
         payload = f.read() if is_file else _read_file(f, where)
     else:
         payload = None  # the reading rank sends it
     if global_src_rank is not None:
-        payload = _GLOBAL_IO.share(payload, global_src_rank)
+        payload = _global_io().share(payload, global_src_rank)
     return _load_payload(payload, where, map_location, allow_pickle, format)
 
 

@@ -9,6 +9,7 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
+from minigrad.tensor import Parameter, Tensor
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
@@ -18,7 +19,6 @@ import minigrad.module as M
 import minigrad.optimizer as optim
 from minigrad import serialization
 from minigrad.serialization import CheckpointError, UnsafeCheckpointError, load, save
-from minigrad.tensor import Parameter, Tensor
 
 
 def _same(a, b):

@@ -1,9 +1,9 @@
 """Automatic differentiation: ``Function`` (the op API), the backward engine, ``GradManager`` and
 ``checkpoint``.
 
-Module order (imports go one way): ``state`` (recording state, imports nothing) ->
-``minigrad.tensor`` -> ``function`` -> ``engine`` -> ``grad_manager``; ``checkpointing`` also uses
-``minigrad.random`` (which imports only backend and tensor).
+Module order (imports go one way): ``recording`` (which GradManagers record now) -> ``tensor``
+(array + device + grad + graph node) -> ``function`` -> ``engine`` -> ``grad_manager`` ->
+``checkpointing`` (which also restores the backend's random generators).
 """
 
 from minigrad.autodiff.checkpointing import checkpoint
@@ -16,7 +16,7 @@ from minigrad.autodiff.grad_manager import (
     get_backwarding_grad_manager,
     register_grad_hook,
 )
-from minigrad.recording import enable_grad, is_recording, no_grad
+from minigrad.autodiff.recording import enable_grad, is_recording, no_grad
 
 __all__ = [
     "Function",

@@ -3,17 +3,17 @@
 ``checkpoint(fn, *args)`` runs ``fn`` now but keeps none of its intermediate results: in the
 recorded graph one node stands for the whole call, holding only the arguments. When a backward
 reaches that node, ``fn`` runs again on the same arguments, with every random generator minigrad
-ops draw from (``minigrad.random``, used by dropout) put back in the state it had before the first
-run, so the recomputation is bitwise the first run. Its graph is recorded privately and the node's
-output gradients are back-propagated through it to the arguments and to the tensors ``fn`` used
-that need gradients (the parameters of the layers it calls). Works in every backward mode:
+ops draw from (``minigrad.backend.rng``, used by dropout) put back in the state it had before
+the first run, so the recomputation is bitwise the first run. Its graph is recorded privately
+and the node's output gradients are back-propagated through it to the arguments and to the tensors
+``fn`` used that need gradients (the parameters of the layers it calls). Works in every backward
+mode:
 ``release=False`` and the split backward (each pass recomputes and computes only the gradients it
 wants).
 
 How the node learns which parameters ``fn`` uses: the first run is recorded like any other code,
 then the recorded nodes are walked to find the leaves they reach and freed at once, so their memory
-is held only while ``fn`` runs. ``minigrad.random`` (the generators) imports only backend and
-tensor, so this module stays in the autodiff layer.
+is held only while ``fn`` runs.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import numpy as np
 
 from minigrad.autodiff.engine import run_backward_input
 from minigrad.autodiff.function import Function
-from minigrad.random import get_rng
-from minigrad.recording import STATE, Recording, is_recording, recording_for
-from minigrad.tensor import Tensor
+from minigrad.autodiff.recording import STATE, Recording, is_recording, recording_for
+from minigrad.autodiff.tensor import Tensor
+from minigrad.backend.rng import get_rng
 
 
 def checkpoint(fn, *args, **kwargs):

@@ -15,7 +15,7 @@ walk over the part of the graph a pass wants:
 3. When a leaf has received all its gradients it is *final*: ``on_leaf(tensor, grad)`` runs at once,
    which is what lets data-parallel all-reduce overlap with the rest of backward.
 4. A backward goes only through nodes of the recording it back-propagates (``Recording``, see
-   ``minigrad.recording``); other edges are dead ends. Once a node has no work left in this
+   ``minigrad.autodiff.recording``); other edges are dead ends. Once a node has no work left in this
    backward it is released at once: its saved buffers are freed, unless another active recording
    still needs the node (then it is only marked consumed for this one). A freed or consumed node
    cannot be back-propagated again.
@@ -47,9 +47,9 @@ import heapq
 
 import numpy as np
 
+from minigrad.autodiff.recording import Recording
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.xp import get_array_module
-from minigrad.recording import Recording
-from minigrad.tensor import Tensor
 
 
 def run_backward(roots, rec: Recording, on_leaf) -> None:

@@ -17,7 +17,7 @@ Calling a Function records a graph node when a GradManager is recording and some
 gradient (or, for a ``records_always`` op, whenever a GradManager is recording): the node keeps one
 *edge* per input (the producing node and output index, the attached leaf tensor, or None), the
 inputs' shapes, dtypes and devices, a creation number ``_seq`` (a topological order) and the tape
-of recordings it belongs to (see ``minigrad.recording``).
+of recordings it belongs to (see ``minigrad.autodiff.recording``).
 
 Dispatch seam (global tensors): a tensor class may set a class-level ``__minigrad_dispatch__``
 (``None`` on ``Tensor``). When an input carries one, the call is handed to it,
@@ -28,9 +28,9 @@ The hot path pays one attribute check per tensor input; this layer never imports
 
 from __future__ import annotations
 
+from minigrad.autodiff.recording import STATE, shares_recording
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.device import get_default_device_obj
-from minigrad.recording import STATE, shares_recording
-from minigrad.tensor import Tensor
 
 
 class Function:
@@ -194,3 +194,12 @@ class Function:
         """Drop everything saved for backward and the edges into the graph."""
         self.__dict__.clear()
         self._edges = None
+
+
+def dispatches(operands) -> bool:
+    """Whether an operand runs ops its own way (a global tensor, see ``Function.__call__``): the
+    ops without a gradient then go through a Function; otherwise they skip that machinery."""
+    for x in operands:
+        if isinstance(x, Tensor) and x.__minigrad_dispatch__ is not None:
+            return True
+    return False

@@ -28,8 +28,8 @@ from minigrad.autodiff.engine import (
     run_backward_input,
     run_backward_weight,
 )
-from minigrad.recording import STATE, Recording, recording_for
-from minigrad.tensor import Tensor
+from minigrad.autodiff.recording import STATE, Recording, recording_for
+from minigrad.autodiff.tensor import Tensor
 
 
 class _WithRecords:

@@ -19,9 +19,10 @@ import warnings
 
 import numpy as np
 
+from minigrad import seams
 from minigrad.backend.device_checks import raise_deferred_errors
 from minigrad.backend.transfer import host_to_device
-from minigrad.backend.xp import cupy_import_error, cupy_or_none, is_cupy_array, on_cupy_change
+from minigrad.backend.xp import cupy_import_error, cupy_or_none, is_cupy_array
 
 _NAME = re.compile(r"^(cpu|gpu|xpu|cuda)(\d+|x)?(?::\d+)?$")
 
@@ -260,7 +261,7 @@ def _forget_devices() -> None:
     _probe = None
 
 
-on_cupy_change(_forget_devices)
+seams.GPU_ARRAYS.watch(lambda _arrays: _forget_devices())  # CuPy swapped (tests)
 
 
 def as_device(device) -> Device:

@@ -25,7 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from minigrad.backend.xp import get_array_module, on_cupy_change
+from minigrad import seams
+from minigrad.backend.xp import get_array_module
 
 #: Unread GPU checks that trigger a read at the next check.
 MAX_PENDING = 256
@@ -39,7 +40,7 @@ def _forget() -> None:
         _pending.clear()
 
 
-on_cupy_change(_forget)
+seams.GPU_ARRAYS.watch(lambda _arrays: _forget())  # CuPy swapped (tests)
 
 
 def check_range(array, low: int, high: int, error: Callable[[int, int], Exception]) -> None:

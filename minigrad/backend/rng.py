@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minigrad import seams
 from minigrad.backend.device import as_device
-from minigrad.backend.xp import on_cupy_change
 
 _cpu_rng = np.random.default_rng()
 _gpu_rngs: dict[int, object] = {}  # GPU index -> its generator, made on first use
@@ -25,7 +25,7 @@ def _forget_gpu_generators() -> None:
     _gpu_rngs.clear()
 
 
-on_cupy_change(_forget_gpu_generators)
+seams.GPU_ARRAYS.watch(lambda _arrays: _forget_gpu_generators())  # CuPy swapped (tests)
 
 
 def seed(value: int) -> None:

@@ -23,7 +23,8 @@ import collections
 
 import numpy as np
 
-from minigrad.backend.xp import cupy_or_none, on_cupy_change
+from minigrad import seams
+from minigrad.backend.xp import cupy_or_none
 
 _copy_streams: dict[int, object] = {}  # GPU index -> its copy stream
 _in_flight: collections.deque = collections.deque()  # (event, host array) of unfinished copies
@@ -34,7 +35,7 @@ def _forget() -> None:
     _in_flight.clear()
 
 
-on_cupy_change(_forget)
+seams.GPU_ARRAYS.watch(lambda _arrays: _forget())  # CuPy swapped (tests)
 
 
 def is_pinned(array) -> bool:

@@ -3,24 +3,24 @@ CuPy spellings differ.
 
 CuPy is optional: it is imported on first use (``cupy_or_none``), never at ``import minigrad``, so a
 CPU-only install never loads CUDA libraries, and the reason an import failed is kept for the error
-message of whoever asks for a GPU. Tests swap in a stand-in with :func:`use_cupy` (the modules that
-cache GPU objects register with :func:`on_cupy_change`). :func:`on_device_of` makes an array's GPU
-the current device for code working on raw arrays.
+message of whoever asks for a GPU. Tests swap in a stand-in with :func:`use_cupy`, which announces
+the swap through :data:`minigrad.seams.GPU_ARRAYS` (the modules that cache GPU objects watch it).
+:func:`on_device_of` makes an array's GPU the current device for code working on raw arrays.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Callable
 
 import numpy as np
+
+from minigrad import seams
 
 _cupy = None
 _cupyx = None
 _cupy_error: str | None = None
 _cupy_checked = False
-_on_change: list[Callable[[], None]] = []
 
 
 def cupy_or_none():
@@ -48,12 +48,6 @@ def cupy_import_error() -> str | None:
     return _cupy_error
 
 
-def on_cupy_change(callback: Callable[[], None]) -> None:
-    """Call ``callback()`` whenever :func:`use_cupy` swaps the GPU array module, so that modules
-    caching GPU objects (devices, generators, streams) drop what belongs to the old one."""
-    _on_change.append(callback)
-
-
 @contextlib.contextmanager
 def use_cupy(cupy, cupyx):
     """Use ``cupy``/``cupyx`` as the GPU array modules inside the block, then restore the previous
@@ -67,14 +61,12 @@ def use_cupy(cupy, cupyx):
     global _cupy, _cupyx, _cupy_error, _cupy_checked
     saved = (_cupy, _cupyx, _cupy_error, _cupy_checked)
     _cupy, _cupyx, _cupy_error, _cupy_checked = cupy, cupyx, None, True
-    for callback in _on_change:
-        callback()
+    previous = seams.GPU_ARRAYS.install((cupy, cupyx))  # modules caching GPU objects forget them
     try:
         yield cupy
     finally:
         _cupy, _cupyx, _cupy_error, _cupy_checked = saved
-        for callback in _on_change:
-            callback()
+        seams.GPU_ARRAYS.install(previous)
 
 
 def is_cupy_array(x) -> bool:

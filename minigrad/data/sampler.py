@@ -13,7 +13,7 @@ current so that the next ``iter()`` draws epoch ``e`` (to replay or resume one).
 
 ``world_size`` and ``rank`` left out come from the initialised process group, as MegEngine's
 samplers do. This package sits below ``minigrad.distributed`` in the layer order, so it asks
-through a seam, :func:`set_world_provider`, which the distributed runtime fills when imported.
+through a seam, :data:`minigrad.seams.WORLD`, which the distributed runtime fills when imported.
 Nothing is guessed silently: a rank without a world size (or the reverse) is an error, and so is a
 process started by a launcher (``RANK``/``WORLD_SIZE`` set) that builds a sampler before
 ``init_process_group``, since it would otherwise read the whole dataset on every rank.
@@ -31,10 +31,12 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+
+from minigrad import seams
 
 __all__ = [
     "Sampler",
@@ -44,7 +46,6 @@ __all__ = [
     "ReplacementSampler",
     "Infinite",
     "StreamSampler",
-    "set_world_provider",
 ]
 
 # Seed used when seed=None but several ranks must agree on the order without communicating.
@@ -52,27 +53,6 @@ DEFAULT_DISTRIBUTED_SEED = 0
 #: The environment variables a launcher sets in each rank it starts (torchrun's names, which
 #: ``python -m minigrad.distributed.launch`` and ``@dist.launcher`` use too).
 RANK_ENV, WORLD_SIZE_ENV = "RANK", "WORLD_SIZE"
-
-WorldProvider = Callable[[], "tuple[int, int] | None"]
-
-
-def _no_process_group() -> tuple[int, int] | None:
-    return None
-
-
-_world_provider: WorldProvider = _no_process_group
-
-
-def set_world_provider(provider: WorldProvider) -> WorldProvider:
-    """Install the function samplers call for ``(world_size, rank)`` when they are not given:
-    it returns the initialised process group's values, or None when there is none.
-    ``minigrad.distributed`` installs its own when imported; returns the previous provider."""
-    global _world_provider
-    if not callable(provider):
-        raise TypeError(f"set_world_provider: expected a callable, got {type(provider).__name__}")
-    previous, _world_provider = _world_provider, provider
-    return previous
-
 
 def _launched_world() -> tuple[int, int] | None:
     """(world_size, rank) a launcher put in the environment, or None."""
@@ -87,7 +67,7 @@ def _resolve_world(owner: str, world_size: int | None, rank: int | None) -> tupl
     world = None if world_size is None else _check_int("world_size", owner, world_size, 1)
     if rank is not None:
         rank = _check_int("rank", owner, rank, 0)
-    job = _world_provider()
+    job = seams.WORLD.value()  # (world_size, rank) of the process group, or None
     if world is None and rank is None:
         if job is not None:
             return job

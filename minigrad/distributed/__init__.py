@@ -21,16 +21,10 @@ Example::
     main()   # -> [array([1., 1.]), array([1., 1.])]
 """
 
-from minigrad.distributed import comm, functional
-from minigrad.distributed.backends.base import (
-    Backend,
-    CollectiveError,
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    ReduceOp,
-    Work,
-)
-from minigrad.distributed.collectives import (
+from minigrad.distributed import comm
+from minigrad.distributed.comm import functional
+from minigrad.distributed.comm.arrays import group_barrier
+from minigrad.distributed.comm.collectives import (
     P2POp,
     all_gather,
     all_gather_into_tensor,
@@ -52,9 +46,7 @@ from minigrad.distributed.collectives import (
     scatter,
     send,
 )
-from minigrad.distributed.comm import group_barrier
-from minigrad.distributed.data_parallel import DistributedDataParallel
-from minigrad.distributed.group import (
+from minigrad.distributed.comm.group import (
     WORLD,
     Group,
     destroy_process_group,
@@ -70,12 +62,22 @@ from minigrad.distributed.group import (
     is_initialized,
     new_group,
 )
-from minigrad.distributed.helper import bcast_list_, make_allreduce_cb, synchronized
-from minigrad.distributed.launcher import LaunchError, launcher
-from minigrad.distributed.log import get_logger
-from minigrad.distributed.parallel_context import get_parallel_context, init_parallel
-from minigrad.distributed.store import Client, Server, StoreError, StoreTimeout
-from minigrad.distributed.sync_batch_norm import SyncBatchNorm
+from minigrad.distributed.comm.providers.base import (
+    Backend,
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    ReduceOp,
+    Work,
+)
+from minigrad.distributed.data_parallel import helper
+from minigrad.distributed.data_parallel.ddp import DistributedDataParallel
+from minigrad.distributed.data_parallel.helper import bcast_list_, make_allreduce_cb, synchronized
+from minigrad.distributed.data_parallel.sync_batch_norm import SyncBatchNorm
+from minigrad.distributed.mesh.parallel_context import get_parallel_context, init_parallel
+from minigrad.distributed.runtime.launcher import LaunchError, launcher
+from minigrad.distributed.runtime.log import get_logger
+from minigrad.distributed.runtime.store import Client, Server, StoreError, StoreTimeout
 
 __all__ = [
     "WORLD",
@@ -118,6 +120,7 @@ __all__ = [
     "get_rank",
     "get_world_size",
     "group_barrier",
+    "helper",
     "init_parallel",
     "init_process_group",
     "irecv",

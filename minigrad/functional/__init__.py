@@ -13,13 +13,15 @@ Example::
 
 import sys
 
+from minigrad import seams
 from minigrad.functional import (
-    elemwise,
+    elementwise,
     nn,
     shape,
     vision,
 )
 from minigrad.functional.creation import *  # the names in creation.__all__
+from minigrad.functional.elementwise import *  # MegEngine's elementwise names
 from minigrad.functional.elementwise import (
     astype,
     copy,
@@ -30,7 +32,6 @@ from minigrad.functional.elementwise import (
     sign,
     where,
 )
-from minigrad.functional.elemwise import *  # MegEngine's elementwise names
 from minigrad.functional.linalg import cross, dot, einsum, matinv, matmul
 from minigrad.functional.nn import *  # the names in nn.__all__
 from minigrad.functional.reduction import (
@@ -74,7 +75,8 @@ from minigrad.functional.shape import (
     topk,
     transpose,
 )
-from minigrad.tensor import install_functional
+
+elemwise = elementwise  # MegEngine's F.elemwise (its import path: minigrad.aliases)
 
 __all__ = [
     "abs",
@@ -235,5 +237,5 @@ __all__ = [
     "zeros_like",
 ]
 
-# Tensor's operators and methods delegate to this module (the one upward link; see tensor.py)
-install_functional(sys.modules[__name__])
+# Tensor's operators and methods delegate to this module (a seam: see minigrad.seams)
+seams.FUNCTIONAL.install(sys.modules[__name__])

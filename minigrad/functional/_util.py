@@ -6,8 +6,8 @@ import numbers
 
 import numpy as np
 
-from minigrad.recording import is_recording
-from minigrad.tensor import Tensor, as_dtype
+from minigrad.autodiff.recording import is_recording
+from minigrad.autodiff.tensor import Tensor, as_dtype
 
 FLOAT32 = np.dtype(np.float32)
 FLOAT16 = np.dtype(np.float16)

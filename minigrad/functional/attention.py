@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
 from minigrad.functional._util import recording_backward
 from minigrad.functional.elementwise import _f
@@ -23,7 +24,6 @@ from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import reshape, stack, transpose
 from minigrad.functional.softmax_family import softmax
 from minigrad.functional.stochastic import dropout
-from minigrad.tensor import Tensor
 
 __all__ = ["attention_bias", "multi_head_attention", "scaled_dot_product_attention"]
 

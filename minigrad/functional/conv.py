@@ -24,12 +24,12 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
 from minigrad.functional._util import compute_mode_inputs
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import matmul
 from minigrad.functional.shape import reshape
-from minigrad.tensor import Tensor
 
 __all__ = [
     "adaptive_avg_pool2d",

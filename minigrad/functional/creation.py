@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minigrad.autodiff.tensor import Tensor, as_dtype, place_new_tensor
 from minigrad.backend.device import as_device
-from minigrad.tensor import Tensor, as_dtype, place_new_tensor
 
 __all__ = [
     "arange",

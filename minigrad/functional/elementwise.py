@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from minigrad.autodiff.function import Function
+from minigrad.autodiff.function import Function, dispatches
+from minigrad.autodiff.tensor import Tensor, as_dtype
 from minigrad.backend.device import as_device
 from minigrad.backend.xp import erf as erf_kernel
 from minigrad.functional._util import (
@@ -21,10 +22,61 @@ from minigrad.functional._util import (
     data,
     recording_backward,
 )
-from minigrad.tensor import Tensor, as_dtype
 
 # -------------------------------------------------------------------------------------------------
 # binary arithmetic
+
+# MegEngine's ``functional.elemwise`` names (``from minigrad.functional.elemwise import *``)
+__all__ = [
+    "abs",
+    "acos",
+    "acosh",
+    "add",
+    "asin",
+    "asinh",
+    "atan",
+    "atan2",
+    "atanh",
+    "ceil",
+    "clip",
+    "cos",
+    "cosh",
+    "div",
+    "equal",
+    "erf",
+    "exp",
+    "expm1",
+    "floor",
+    "floor_div",
+    "greater",
+    "greater_equal",
+    "left_shift",
+    "less",
+    "less_equal",
+    "log",
+    "log1p",
+    "logaddexp",
+    "logical_and",
+    "logical_not",
+    "logical_or",
+    "logical_xor",
+    "maximum",
+    "minimum",
+    "mod",
+    "mul",
+    "neg",
+    "not_equal",
+    "pow",
+    "right_shift",
+    "round",
+    "sin",
+    "sinh",
+    "sqrt",
+    "square",
+    "sub",
+    "tan",
+    "tanh",
+]
 
 
 # The four arithmetic ops inline ``data()`` (``x._data`` for a Tensor, else the Python number): two
@@ -522,15 +574,6 @@ class Raw(Function):
 
     def backward(self, dy):
         return (None,) * len(self._edges)
-
-
-def dispatches(operands) -> bool:
-    """Whether an operand runs ops its own way (a global tensor, see ``Function.__call__``): the
-    ops without a gradient then go through a Function; otherwise they skip that machinery."""
-    for x in operands:
-        if isinstance(x, Tensor) and x.__minigrad_dispatch__ is not None:
-            return True
-    return False
 
 
 def _raw(fn, a, b=None, op="compare"):

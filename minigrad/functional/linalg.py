@@ -8,6 +8,7 @@ import re
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor
 from minigrad.functional._util import (
     binary_args,
     check_compatible,
@@ -27,7 +28,6 @@ from minigrad.functional.shape import (
     swapaxes,
     transpose,
 )
-from minigrad.tensor import Tensor
 
 
 class MatMul(Function):

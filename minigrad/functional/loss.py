@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.device_checks import check_range
 from minigrad.backend.xp import to_numpy
 from minigrad.functional._util import recording_backward
@@ -16,7 +17,6 @@ from minigrad.functional.elementwise import abs as _abs
 from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import indexing_one_hot, one_hot
 from minigrad.functional.softmax_family import logsoftmax, softmax
-from minigrad.tensor import Tensor
 
 __all__ = [
     "binary_cross_entropy",

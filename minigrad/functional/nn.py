@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
 from minigrad.backend.device_checks import check_range
 from minigrad.functional._util import recording_backward
@@ -64,7 +65,6 @@ from minigrad.functional.sliding_window import (
 from minigrad.functional.softmax_family import log_softmax, logsoftmax, softmax
 from minigrad.functional.stochastic import dropout
 from minigrad.functional.vision import remap, warp_affine, warp_perspective
-from minigrad.tensor import Tensor
 
 # --------------------------------------------------------------------------------------------------
 # activations (compositions)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numbers
 
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
 from minigrad.backend.xp import get_array_module, on_device_of
 from minigrad.functional._util import data, recording_backward
@@ -19,7 +20,6 @@ from minigrad.functional.elementwise import _f, sqrt
 from minigrad.functional.reduction import mean
 from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import reshape
-from minigrad.tensor import Tensor
 
 __all__ = ["batch_norm", "group_norm", "instance_norm", "layer_norm", "running_stats_update"]
 

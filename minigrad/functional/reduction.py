@@ -6,12 +6,12 @@ compositions.
 
 from __future__ import annotations
 
-from minigrad.autodiff.function import Function
+from minigrad.autodiff.function import Function, dispatches
+from minigrad.autodiff.tensor import Tensor
 from minigrad.functional._util import accumulate_dtype, normalize_axis, recording_backward
-from minigrad.functional.elementwise import _f, _t, dispatches, exp, log, sqrt, where
+from minigrad.functional.elementwise import _f, _t, exp, log, sqrt, where
 from minigrad.functional.elementwise import abs as _abs
 from minigrad.functional.shape import broadcast_to, expand_dims, reshape, transpose
-from minigrad.tensor import Tensor
 
 
 def _restore(dy, axes, keepdims, shape):

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor, raw_index
 from minigrad.backend.device_checks import check_range
 from minigrad.backend.xp import scatter_add
 from minigrad.functional._util import accumulate_dtype, check_compatible, normalize_axis
-from minigrad.tensor import Tensor, raw_index
 
 
 def _t(x) -> Tensor:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import itertools
 
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor
 from minigrad.functional._util import ntuple
 from minigrad.functional.conv import _add_bias, _check_mode, _out_size
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import einsum
 from minigrad.functional.shape import reshape
-from minigrad.tensor import Tensor
 
 __all__ = ["conv3d", "local_conv2d", "sliding_window", "sliding_window_transpose"]
 

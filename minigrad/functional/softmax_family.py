@@ -9,11 +9,11 @@ every attention layer.
 from __future__ import annotations
 
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
 from minigrad.functional._util import recording_backward
 from minigrad.functional.elementwise import _f, exp
 from minigrad.functional.reduction import sum as _sum
-from minigrad.tensor import Tensor
 
 __all__ = ["log_softmax", "logsoftmax", "softmax"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.rng import get_rng
 from minigrad.functional.elementwise import _f
-from minigrad.tensor import Tensor
 
 __all__ = ["dropout"]
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.device_checks import check_range
 from minigrad.backend.xp import scatter_add
 from minigrad.functional._util import ntuple
@@ -33,7 +34,6 @@ from minigrad.functional.linalg import matmul
 from minigrad.functional.reduction import max as _max
 from minigrad.functional.reduction import mean as _mean
 from minigrad.functional.shape import getitem, reshape, stack, transpose
-from minigrad.tensor import Tensor
 
 __all__ = [
     "cvt_color",

@@ -13,7 +13,7 @@ from minigrad.module.activation import (
 from minigrad.module.attention import MultiHeadAttention
 from minigrad.module.conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d
 from minigrad.module.dropout import Dropout
-from minigrad.module.elemwise import Elemwise
+from minigrad.module.elementwise import Elemwise
 from minigrad.module.embedding import Embedding
 from minigrad.module.identity import Flatten, Identity
 from minigrad.module.linear import Linear

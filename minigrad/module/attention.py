@@ -12,11 +12,11 @@ import math
 import numpy as np
 
 import minigrad.functional as F
+from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.module import init
 from minigrad.module.dropout import Dropout
 from minigrad.module.linear import Linear
 from minigrad.module.module import Module
-from minigrad.tensor import Parameter, Tensor
 
 
 class MultiHeadAttention(Module):

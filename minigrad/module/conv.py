@@ -15,9 +15,9 @@ import math
 import numpy as np
 
 import minigrad.functional as F
+from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.module import init
 from minigrad.module.module import Module
-from minigrad.tensor import Parameter, Tensor
 
 
 def _tuple(value, n: int, name: str, layer: str) -> tuple:

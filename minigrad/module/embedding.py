@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 import minigrad.functional as F
+from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.device_checks import check_range
 from minigrad.module import init
 from minigrad.module.module import Module
-from minigrad.tensor import Parameter, Tensor
 
 
 class Embedding(Module):

@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.rng import get_rng
-from minigrad.tensor import Tensor
 
 #: The ``a`` of the Kaiming-uniform initialisation Linear and Conv layers use (PyTorch's default,
 #: which MegEngine's layers match): the bound ``sqrt(6 / ((1 + a^2) fan_in))`` becomes

@@ -9,8 +9,8 @@ work unchanged on global tensors.
 from __future__ import annotations
 
 import minigrad.functional as F
+from minigrad.autodiff.tensor import Tensor
 from minigrad.module.module import Module
-from minigrad.tensor import Tensor
 
 _REDUCTIONS = ("mean", "sum", "none")
 

@@ -28,8 +28,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 import minigrad.functional as F
+from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.xp import to_numpy
-from minigrad.tensor import Parameter, Tensor
 
 # Attributes of the base class itself; they never hold tensors, so the scan skips them.
 _INTERNAL = frozenset({"training", "name", "_forward_pre_hooks", "_forward_hooks"})

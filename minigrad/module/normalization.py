@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 import minigrad.functional as F
+from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.functional.normalization import running_stats_update
 from minigrad.module.module import Module
-from minigrad.tensor import Parameter, Tensor
 
 
 def _expect(ok: bool, layer: str, expected: str, x: Tensor) -> None:

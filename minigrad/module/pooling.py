@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import minigrad.functional as F
+from minigrad.autodiff.tensor import Tensor
 from minigrad.module.module import Module
-from minigrad.tensor import Tensor
 
 
 def _check_4d(layer: Module, x: Tensor) -> None:

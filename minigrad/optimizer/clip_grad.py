@@ -7,8 +7,8 @@ from typing import Iterable
 
 import minigrad.functional as F
 from minigrad.autodiff import no_grad
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.xp import get_array_module, on_device_of
-from minigrad.tensor import Tensor
 
 #: Added to the total norm before dividing (MegEngine's and PyTorch's value), so that all-zero
 #: gradients give a finite scale instead of a division by zero.

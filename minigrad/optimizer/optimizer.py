@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 import minigrad.functional as F
+from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.xp import to_numpy
-from minigrad.tensor import Parameter, Tensor
 
 
 class _Required:

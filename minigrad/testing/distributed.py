@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from minigrad.distributed.launcher import launcher
+from minigrad.distributed.runtime.launcher import launcher
 
 
 def run_workers(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff.grad_manager import GradManager
-from minigrad.recording import no_grad
-from minigrad.tensor import Tensor
+from minigrad.autodiff.recording import no_grad
+from minigrad.autodiff.tensor import Tensor
 
 #: Nested managers compute the first derivative with the same ops as a plain backward, so in
 #: float64 the two may differ only by round-off.

@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 
+import minigrad.device as device
 import pytest
 
 import minigrad as mg
-import minigrad.device as device
 
 _HAS_CUDA = mg.is_cuda_available()
 

@@ -7,13 +7,13 @@ import types
 import numpy as np
 import pytest
 
+from minigrad import seams
 from minigrad.data.sampler import (
     Infinite,
     RandomSampler,
     ReplacementSampler,
     SequentialSampler,
     StreamSampler,
-    set_world_provider,
 )
 
 
@@ -121,12 +121,12 @@ def test_infinite_repeats_with_new_epochs():
 def job(monkeypatch):
     """Pretend to be rank ``job.rank`` of ``job.world`` (None: no process group) for samplers."""
     state = types.SimpleNamespace(world=None, rank=0)
-    previous = set_world_provider(
+    previous = seams.WORLD.install(
         lambda: None if state.world is None else (state.world, state.rank))
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
     yield state
-    set_world_provider(previous)
+    seams.WORLD.install(previous)
 
 
 def test_default_world_comes_from_the_process_group(job):

@@ -7,6 +7,7 @@ import pytest
 
 import minigrad.distributed as dist
 from minigrad.distributed import comm
+from minigrad.distributed.comm import group
 from minigrad.testing.distributed import run_workers
 
 DTYPES = ["float32", "float16", "float64", "int32", "int64", "int8", "uint8", "bool"]
@@ -120,7 +121,7 @@ def test_results_are_bitwise_identical_across_ranks():
 
 def _tcp_body():
     out = _all_collectives(("sum",))
-    return out, dist.group._state.world.transport_kind
+    return out, group._state.world.transport_kind
 
 
 def test_tcp_transport_forced(monkeypatch):

@@ -15,11 +15,12 @@ import pytest
 
 import minigrad.distributed as dist
 from minigrad.backend.device import GpuProbe
-from minigrad.distributed import env, group
-from minigrad.distributed.backends import nccl
+from minigrad.distributed.comm import group
+from minigrad.distributed.comm.providers import nccl
+from minigrad.distributed.runtime import env
 
-# the module (``minigrad.distributed.launcher`` the attribute is the decorator class)
-launcher = importlib.import_module("minigrad.distributed.launcher")
+# the module (``minigrad.distributed.runtime.launcher`` the attribute is the decorator class)
+launcher = importlib.import_module("minigrad.distributed.runtime.launcher")
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import minigrad.distributed as dist
-from minigrad.distributed import comm, launch
-from minigrad.distributed.launcher import cuda_initialized, visible_gpu_count
+from minigrad.distributed import comm
+from minigrad.distributed.runtime import launch
+from minigrad.distributed.runtime.launcher import cuda_initialized, visible_gpu_count
 from minigrad.testing.distributed import run_workers
 
 

@@ -10,8 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from minigrad.distributed.backends.base import ReduceOp
-from minigrad.distributed.backends.nccl import (
+from minigrad.distributed.comm.providers.base import ReduceOp
+from minigrad.distributed.comm.providers.nccl import (
     NcclBackend,
     unique_id_from_wire,
     unique_id_to_wire,

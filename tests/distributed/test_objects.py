@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import minigrad.distributed as dist
-from minigrad.distributed.objects import decode, encode
+from minigrad.distributed.runtime.objects import decode, encode
 from minigrad.testing.distributed import run_workers
 
 SAMPLE = {

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import minigrad.distributed as dist
-from minigrad.distributed import log
+from minigrad.distributed.runtime import log
 from minigrad.testing.distributed import run_workers
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from minigrad.distributed.store import Client, Server, StoreError, StoreTimeout
+from minigrad.distributed.runtime.store import Client, Server, StoreError, StoreTimeout
 
 
 @pytest.fixture()

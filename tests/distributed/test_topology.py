@@ -7,7 +7,7 @@ import pytest
 
 import minigrad.distributed as dist
 from minigrad.distributed import comm
-from minigrad.distributed.topology import (
+from minigrad.distributed.mesh.topology import (
     PipeDataParallelTopology,
     PipeModelDataParallelTopology,
     ProcessTopology,

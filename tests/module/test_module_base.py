@@ -4,10 +4,10 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
+from minigrad.tensor import Parameter
 
 import minigrad as mg
 import minigrad.module as M
-from minigrad.tensor import Parameter
 
 
 class NoSuper(M.Module):

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from minigrad.tensor import Parameter
 
 import minigrad as mg
 import minigrad.optimizer as optim
-from minigrad.tensor import Parameter
 
 SHAPES = [(3, 4), (5,)]
 STEPS = 6

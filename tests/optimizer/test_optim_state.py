@@ -4,12 +4,12 @@ import math
 
 import numpy as np
 import pytest
+from minigrad.tensor import Parameter
 
 import minigrad as mg
 import minigrad.autodiff as ad
 import minigrad.module as M
 import minigrad.optimizer as optim
-from minigrad.tensor import Parameter
 
 
 def _run(opt, params, grads):

@@ -76,7 +76,7 @@ The pieces:
 * :mod:`.graph` — ``mg.Graph``, OneFlow's ``nn.Graph`` with pipeline stages.
 """
 
-from minigrad import serialization
+from minigrad import seams
 from minigrad.distributed.global_tensor import sbp
 from minigrad.distributed.global_tensor.checkpoint import GlobalIO
 from minigrad.distributed.global_tensor.graph import Graph, GraphConfig
@@ -89,7 +89,7 @@ from minigrad.distributed.global_tensor.placement import Placement, placement
 from minigrad.distributed.global_tensor.sbp import broadcast, partial_sum, split
 from minigrad.distributed.global_tensor.tensor import GlobalParameter, GlobalTensor
 
-serialization.install_global_io(GlobalIO())
+seams.GLOBAL_IO.install(GlobalIO())  # mg.save/mg.load of global tensors
 
 __all__ = [
     "GlobalParameter",

@@ -36,8 +36,8 @@ Gradients: the gradient of a redistribution is the same routine run backwards on
 layouts (split stays split, broadcast <-> partial_sum), so the backward of an all-gather is a
 reduce-scatter, of an all-reduce an all-reduce, of a slice a zero-padding.
 
-Every collective runs through ``minigrad.distributed.functional`` and is preceded by the lockstep
-digest exchange (:mod:`.lockstep`).
+Every collective runs through ``minigrad.distributed.comm.functional`` and is preceded by the
+lockstep digest exchange (:mod:`.lockstep`).
 """
 
 from __future__ import annotations
@@ -49,9 +49,11 @@ import numpy as np
 
 from minigrad.autodiff import no_grad
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.xp import get_array_module
-from minigrad.distributed import comm
-from minigrad.distributed import functional as dist_functional
+from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.comm import functional as dist_functional
+from minigrad.distributed.comm.group import get_rank
 from minigrad.distributed.global_tensor import lockstep
 from minigrad.distributed.global_tensor.sbp import (
     adjoint,
@@ -62,8 +64,6 @@ from minigrad.distributed.global_tensor.sbp import (
     local_slices,
     piece_bounds,
 )
-from minigrad.distributed.group import get_rank
-from minigrad.tensor import Tensor
 
 __all__ = ["Boxing", "Layout", "box", "empty_piece", "piece_of", "plan_steps"]
 

@@ -1,7 +1,7 @@
 """The distributed side of ``mg.save(global_dst_rank=)`` and ``mg.load(global_src_rank=)``.
 
 ``minigrad.serialization`` (a lower layer) asks for three things through the object installed
-here (``serialization.install_global_io``): this process's rank, a global tensor's logical value
+here (``minigrad.seams.GLOBAL_IO``): this process's rank, a global tensor's logical value
 gathered to one rank (boxing to a one-rank placement with ``broadcast``), and one rank's bytes on
 every rank (a broadcast over all ranks).
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff import no_grad
-from minigrad.distributed import functional as dist_functional
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.comm import functional as dist_functional
+from minigrad.distributed.comm.group import WORLD, get_rank, get_world_size
 from minigrad.distributed.global_tensor.placement import Placement
 from minigrad.distributed.global_tensor.sbp import broadcast
-from minigrad.distributed.group import WORLD, get_rank, get_world_size
-from minigrad.tensor import Tensor
 
 __all__ = ["GlobalIO"]
 

@@ -45,11 +45,11 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff import GradManager, no_grad
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.comm.group import get_rank
 from minigrad.distributed.global_tensor.tensor import local_row_chunks
-from minigrad.distributed.group import get_rank
 from minigrad.distributed.pipeline.actions import Forward
 from minigrad.distributed.pipeline.schedule import get_schedule
-from minigrad.tensor import Tensor
 
 __all__ = ["Graph", "GraphConfig"]
 

@@ -28,7 +28,8 @@ import os
 
 import numpy as np
 
-from minigrad.distributed import CollectiveError, comm
+from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.comm.providers.base import CollectiveError
 
 __all__ = ["LockstepError", "is_lockstep_check_enabled", "record", "set_lockstep_check",
            "verify", "send_fingerprint", "check_fingerprint"]

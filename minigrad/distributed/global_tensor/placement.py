@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from minigrad.distributed import group as dist_group
+from minigrad.distributed.comm import group as dist_group
 from minigrad.distributed.global_tensor import tensor as global_tensor
 
 __all__ = ["Placement", "placement"]

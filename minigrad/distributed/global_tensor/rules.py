@@ -18,6 +18,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from minigrad.autodiff.tensor import Tensor
 from minigrad.distributed.global_tensor.sbp import SBP, broadcast, partial_sum, split
 from minigrad.functional.elementwise import (
     Abs,
@@ -63,7 +64,6 @@ from minigrad.functional.shape import (
     Transpose,
 )
 from minigrad.functional.softmax_family import LogSoftmax, Softmax
-from minigrad.tensor import Tensor
 
 __all__ = ["LocalCall", "RULES", "Rule", "rule_for"]
 

@@ -34,9 +34,11 @@ import numpy as np
 
 from minigrad.autodiff import no_grad
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.xp import get_array_module, to_numpy
-from minigrad.distributed import comm
-from minigrad.distributed import functional as dist_functional
+from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.comm import functional as dist_functional
+from minigrad.distributed.comm.group import get_rank, get_world_size
 from minigrad.distributed.global_tensor import lockstep
 from minigrad.distributed.global_tensor.boxing import (
     Boxing,
@@ -48,8 +50,6 @@ from minigrad.distributed.global_tensor.boxing import (
 )
 from minigrad.distributed.global_tensor.rules import LocalCall, rule_for
 from minigrad.distributed.global_tensor.sbp import as_nd_sbp, broadcast, describe, local_shape
-from minigrad.distributed.group import get_rank, get_world_size
-from minigrad.tensor import Parameter, Tensor
 
 __all__ = ["GlobalParameter", "GlobalTensor", "dispatch", "local_row_chunks", "local_to_global",
            "make_global"]

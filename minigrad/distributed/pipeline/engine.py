@@ -71,9 +71,16 @@ import numpy as np
 import minigrad.distributed.pipeline.actions as A
 import minigrad.functional as F
 from minigrad.autodiff import GradManager, is_recording, no_grad
-from minigrad.distributed import comm
-from minigrad.distributed.group import Group, get_rank, get_world_size, is_distributed, new_group
-from minigrad.distributed.helper import bcast_list_
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.comm.group import (
+    Group,
+    get_rank,
+    get_world_size,
+    is_distributed,
+    new_group,
+)
+from minigrad.distributed.data_parallel.helper import bcast_list_
 from minigrad.distributed.pipeline.module import PipelineError, PipelineModule
 from minigrad.distributed.pipeline.schedule import (
     InferenceSchedule,
@@ -82,7 +89,6 @@ from minigrad.distributed.pipeline.schedule import (
     get_schedule,
 )
 from minigrad.distributed.pipeline.timeline import Timeline, TimelineEvent
-from minigrad.tensor import Tensor
 
 __all__ = ["PipelineEngine", "Transport"]
 

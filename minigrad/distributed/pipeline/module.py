@@ -61,15 +61,15 @@ from typing import Any, Callable, Sequence
 import minigrad.module as M
 from minigrad import serialization
 from minigrad.autodiff import checkpoint
-from minigrad.distributed.group import get_rank, get_world_size, is_distributed
+from minigrad.autodiff.tensor import Parameter, Tensor
+from minigrad.distributed.comm.group import get_rank, get_world_size, is_distributed
+from minigrad.distributed.mesh.topology import PipeDataParallelTopology, ProcessTopology
 from minigrad.distributed.pipeline.partition import (
     check_bounds,
     partition_balanced,
     partition_uniform,
 )
-from minigrad.distributed.topology import PipeDataParallelTopology, ProcessTopology
 from minigrad.module import Module
-from minigrad.tensor import Parameter, Tensor
 
 __all__ = [
     "LayerSpec",
@@ -248,7 +248,7 @@ class PipelineModule(Module):
     partition methods and the checkpoint layout.
 
     Arguments: ``layers`` (list, tuple or ``M.Sequential``); ``num_stages`` S or ``topology`` (a
-    :class:`~minigrad.distributed.topology.ProcessTopology` with a ``"pipe"`` axis; by default
+    :class:`~minigrad.distributed.mesh.topology.ProcessTopology` with a ``"pipe"`` axis; by default
     ``PipeDataParallelTopology(S, world_size // S)``); ``loss_fn(outputs, labels)`` applied by the
     engine on the last stage; ``partition_method`` — ``"parameters"``, ``"uniform"``,
     ``"type:REGEX"`` or a list of ``S * chunks + 1`` bounds; ``activation_checkpoint_interval`` k

@@ -3,7 +3,7 @@ so that every rank raises the same error instead of leaving its peers waiting)."
 
 from __future__ import annotations
 
-from minigrad.tensor import Tensor
+from minigrad.autodiff.tensor import Tensor
 
 __all__ = ["check_qkv", "check_zigzag_shard"]
 

@@ -17,8 +17,8 @@ otherwise WORLD.
 
 from __future__ import annotations
 
-from minigrad.distributed.group import WORLD, Group, get_rank
-from minigrad.distributed.parallel_context import get_parallel_context
+from minigrad.distributed.comm.group import WORLD, Group, get_rank
+from minigrad.distributed.mesh.parallel_context import get_parallel_context
 
 __all__ = ["gradient_group", "position_in", "sequence_group"]
 

@@ -10,9 +10,9 @@ exactly the gradient of the single-device mean loss.
 from __future__ import annotations
 
 import minigrad.functional as F
-from minigrad.distributed.group import Group
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.comm.group import Group
 from minigrad.distributed.sequence_parallel.groups import gradient_group, position_in
-from minigrad.tensor import Tensor
 
 __all__ = ["sequence_cross_entropy"]
 

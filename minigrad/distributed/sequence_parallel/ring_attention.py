@@ -41,13 +41,13 @@ import math
 from collections import namedtuple
 
 from minigrad.autodiff import Function, is_recording
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.xp import get_array_module
-from minigrad.distributed.group import Group
+from minigrad.distributed.comm.group import Group
 from minigrad.distributed.sequence_parallel.checks import check_qkv, check_zigzag_shard
 from minigrad.distributed.sequence_parallel.groups import position_in, sequence_group
 from minigrad.distributed.sequence_parallel.transfer import RingExchange
 from minigrad.module.module import Module
-from minigrad.tensor import Tensor
 
 __all__ = [
     "BlockPlan",

@@ -25,12 +25,12 @@ from __future__ import annotations
 import numpy as np
 
 import minigrad.functional as F
+from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.xp import get_array_module
-from minigrad.distributed import comm
-from minigrad.distributed import functional as dist_F
-from minigrad.distributed.group import Group
+from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.comm import functional as dist_F
+from minigrad.distributed.comm.group import Group
 from minigrad.distributed.sequence_parallel.groups import position_in, sequence_group
-from minigrad.tensor import Tensor
 
 __all__ = [
     "check_sequence_length",

@@ -15,8 +15,8 @@ messages in the same order, with nothing hidden behind compute (the baseline of 
 from __future__ import annotations
 
 from minigrad.backend.device import as_device
-from minigrad.distributed import comm
-from minigrad.distributed.group import Group
+from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.comm.group import Group
 from minigrad.distributed.sequence_parallel.groups import position_in
 
 __all__ = ["RingExchange"]

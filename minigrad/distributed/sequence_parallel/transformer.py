@@ -25,12 +25,12 @@ import numpy as np
 
 import minigrad.functional as F
 import minigrad.module as M
-from minigrad.distributed.group import Group
+from minigrad.autodiff.tensor import Parameter, Tensor
+from minigrad.distributed.comm.group import Group
 from minigrad.distributed.sequence_parallel.groups import sequence_group
 from minigrad.distributed.sequence_parallel.ring_attention import RingAttention
 from minigrad.distributed.sequence_parallel.sharding import sequence_positions
 from minigrad.distributed.sequence_parallel.ulysses import UlyssesAttention
-from minigrad.tensor import Parameter, Tensor
 
 __all__ = ["ATTENTIONS", "DenseAttention", "SelfAttention", "SequenceParallelLM",
            "TransformerBlock", "make_attention"]

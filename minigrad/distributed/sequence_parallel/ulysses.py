@@ -17,13 +17,13 @@ import functools
 import numpy as np
 
 import minigrad.functional as F
-from minigrad.distributed import functional as dist_F
-from minigrad.distributed.group import Group
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.comm import functional as dist_F
+from minigrad.distributed.comm.group import Group
 from minigrad.distributed.sequence_parallel.checks import check_qkv, check_zigzag_shard
 from minigrad.distributed.sequence_parallel.groups import position_in, sequence_group
 from minigrad.distributed.sequence_parallel.sharding import shard_ranges
 from minigrad.module.module import Module
-from minigrad.tensor import Tensor
 
 __all__ = ["UlyssesAttention", "ulysses_attention"]
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import minigrad.functional as F
 import minigrad.module as M
-from minigrad.distributed.parallel_context import ParallelContext
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.mesh.parallel_context import ParallelContext
 from minigrad.distributed.tensor_parallel.layouts import Layout, advance_layout, current_layout
 from minigrad.distributed.tensor_parallel.regions import all_gather_region, all_reduce_region
 from minigrad.distributed.tensor_parallel.sharding import ParallelModule, ShardSpec
-from minigrad.tensor import Tensor
 
 __all__ = [
     "BlockedEmbedding",

@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from minigrad.autodiff import get_backwarding_grad_manager
-from minigrad.distributed.group import Group
-from minigrad.distributed.parallel_context import get_parallel_context
+from minigrad.distributed.comm.group import Group
+from minigrad.distributed.mesh.parallel_context import get_parallel_context
 
 __all__ = ["CollectiveLog", "CollectiveRecord", "bytes_sent", "log_collectives", "record"]
 

@@ -4,7 +4,7 @@ different masks where each rank holds a different block.
 Ranks that hold the same (replicated) activation must drop the same elements, or they would
 diverge; ranks that hold different blocks must draw independently, or every block would get the
 same pattern. The parallel context keeps one stream of each kind
-(:meth:`~minigrad.distributed.parallel_context.ParallelContext.rng`).
+(:meth:`~minigrad.distributed.mesh.parallel_context.ParallelContext.rng`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 import minigrad.functional as F
-from minigrad.distributed.parallel_context import get_parallel_context
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.mesh.parallel_context import get_parallel_context
 from minigrad.distributed.tensor_parallel.layouts import current_layout
 from minigrad.module import Module
-from minigrad.tensor import Tensor
 
 __all__ = ["Dropout"]
 

@@ -21,7 +21,7 @@ a pair keeps its intermediate activation split and needs no gather.
 from __future__ import annotations
 
 import minigrad.module as M
-from minigrad.distributed.parallel_context import ParallelContext, get_parallel_context
+from minigrad.distributed.mesh.parallel_context import ParallelContext, get_parallel_context
 from minigrad.distributed.tensor_parallel import (
     parallel_1d,
     parallel_2d,

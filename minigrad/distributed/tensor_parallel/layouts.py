@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minigrad.distributed.group import Group
-from minigrad.distributed.parallel_context import ParallelContext, get_parallel_context
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.comm.group import Group
+from minigrad.distributed.mesh.parallel_context import ParallelContext, get_parallel_context
 from minigrad.distributed.tensor_parallel.regions import gather_from_region, split_to_region
-from minigrad.tensor import Tensor
 
 __all__ = [
     "CUBE_3D_A",

@@ -17,8 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 import minigrad.functional as F
-from minigrad.distributed.group import Group
-from minigrad.distributed.parallel_context import ParallelContext
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.comm.group import Group
+from minigrad.distributed.mesh.parallel_context import ParallelContext
 from minigrad.distributed.tensor_parallel.layouts import (
     Layout,
     active_context,
@@ -32,7 +33,6 @@ from minigrad.distributed.tensor_parallel.regions import (
     max_from_region,
     reduce_from_region,
 )
-from minigrad.tensor import Tensor
 
 __all__ = ["cross_entropy", "vocab_parallel_cross_entropy"]
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import minigrad.functional as F
 import minigrad.module as M
-from minigrad.distributed.parallel_context import ParallelContext
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.mesh.parallel_context import ParallelContext
 from minigrad.distributed.tensor_parallel.layouts import REPLICATED, SPLIT_1D, advance_layout
 from minigrad.distributed.tensor_parallel.regions import (
     copy_to_region,
@@ -31,7 +32,6 @@ from minigrad.distributed.tensor_parallel.regions import (
     split_to_region,
 )
 from minigrad.distributed.tensor_parallel.sharding import ParallelModule, ShardSpec
-from minigrad.tensor import Tensor
 
 __all__ = [
     "LayerNorm1D",

@@ -22,8 +22,9 @@ from __future__ import annotations
 import minigrad.functional as F
 import minigrad.module as M
 from minigrad.autodiff import Function
-from minigrad.distributed.group import Group
-from minigrad.distributed.parallel_context import ParallelContext
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.comm.group import Group
+from minigrad.distributed.mesh.parallel_context import ParallelContext
 from minigrad.distributed.tensor_parallel.blocked import (
     BlockedEmbedding,
     BlockedLayerNorm,
@@ -37,7 +38,6 @@ from minigrad.distributed.tensor_parallel.regions import (
     reduce_step,
 )
 from minigrad.distributed.tensor_parallel.sharding import ParallelModule, ShardSpec
-from minigrad.tensor import Tensor
 
 __all__ = ["Classifier2D", "Embedding2D", "LayerNorm2D", "Linear2D", "SummaLinear"]
 

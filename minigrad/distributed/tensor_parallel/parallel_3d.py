@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import minigrad.functional as F
 import minigrad.module as M
-from minigrad.distributed.parallel_context import ParallelContext
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.mesh.parallel_context import ParallelContext
 from minigrad.distributed.tensor_parallel.blocked import (
     BlockedEmbedding,
     BlockedLayerNorm,
@@ -36,7 +37,6 @@ from minigrad.distributed.tensor_parallel.layouts import (
 )
 from minigrad.distributed.tensor_parallel.regions import all_gather_region, reduce_scatter_region
 from minigrad.distributed.tensor_parallel.sharding import ParallelModule, ShardSpec
-from minigrad.tensor import Tensor
 
 __all__ = ["Classifier3D", "Embedding3D", "LayerNorm3D", "Linear3D"]
 

@@ -2,7 +2,7 @@
 
 Megatron-LM writes tensor parallelism with a handful of functions whose forward and backward are
 *different* collectives; all parallel layers here are built from the same few, over the
-differentiable collectives of :mod:`minigrad.distributed.functional`:
+differentiable collectives of :mod:`minigrad.distributed.comm.functional`:
 
 =====================  ==============  ==============  =====================================
 function               forward         backward        used for
@@ -31,11 +31,11 @@ SUMMA (2D/2.5D) needs broadcasts and reduces inside one matrix-product Function:
 
 from __future__ import annotations
 
-import minigrad.distributed.functional as DF
+import minigrad.distributed.comm.functional as DF
 from minigrad.autodiff import Function, no_grad
-from minigrad.distributed.group import Group
+from minigrad.autodiff.tensor import Tensor
+from minigrad.distributed.comm.group import Group
 from minigrad.distributed.tensor_parallel.collective_log import record
-from minigrad.tensor import Tensor
 
 __all__ = [
     "all_gather_region",

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minigrad.distributed import comm
-from minigrad.distributed.parallel_context import ParallelContext, get_parallel_context
+from minigrad.autodiff.tensor import Parameter, Tensor
+from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.mesh.parallel_context import ParallelContext, get_parallel_context
 from minigrad.module import Module
-from minigrad.tensor import Parameter, Tensor
 
 __all__ = ["ParallelModule", "ShardSpec", "full_grads"]
 

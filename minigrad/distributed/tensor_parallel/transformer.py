@@ -15,6 +15,7 @@ import numpy as np
 
 import minigrad.functional as F
 import minigrad.module as M
+from minigrad.autodiff.tensor import Tensor
 from minigrad.distributed.tensor_parallel.dropout import Dropout
 from minigrad.distributed.tensor_parallel.layers import (
     Classifier,
@@ -24,7 +25,6 @@ from minigrad.distributed.tensor_parallel.layers import (
     tensor_parallel_context,
 )
 from minigrad.distributed.tensor_parallel.layouts import current_layout
-from minigrad.tensor import Tensor
 
 __all__ = ["MLP", "SelfAttention", "TransformerBlock", "TransformerLM"]
 

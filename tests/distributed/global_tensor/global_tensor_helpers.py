@@ -7,11 +7,11 @@ from __future__ import annotations
 import collections
 import itertools
 
+import minigrad.distributed.functional as dist_functional
 import numpy as np
 
 import minigrad as mg
-import minigrad.distributed.functional as dist_functional
-from minigrad.distributed import comm
+from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.global_tensor.sbp import local_slices
 
 SBP_NAMES = ("S0", "S1", "B", "P")

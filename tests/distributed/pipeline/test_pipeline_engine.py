@@ -23,6 +23,7 @@ import minigrad.module as M
 import minigrad.optimizer as optim
 from minigrad.data import DataLoader, SequentialSampler
 from minigrad.data.dataset import ArrayDataset
+from minigrad.distributed.mesh.topology import PipeDataParallelTopology
 from minigrad.distributed.pipeline import (
     LayerSpec,
     OneFOneB,
@@ -35,7 +36,6 @@ from minigrad.distributed.pipeline import (
     get_schedule,
     plot_timeline,
 )
-from minigrad.distributed.topology import PipeDataParallelTopology
 from minigrad.testing.distributed import run_workers
 
 V, D, C = 7, 4, 3           # vocabulary, width, classes

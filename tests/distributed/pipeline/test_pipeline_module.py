@@ -15,6 +15,7 @@ import minigrad as mg
 import minigrad.autodiff as ad
 import minigrad.functional as F
 import minigrad.module as M
+from minigrad.distributed.mesh.topology import PipeDataParallelTopology, ProcessTopology
 from minigrad.distributed.pipeline import LayerSpec, PipelineModule, TiedLayerSpec
 from minigrad.distributed.pipeline.module import (
     layer_state_path,
@@ -22,7 +23,6 @@ from minigrad.distributed.pipeline.module import (
     save_layer_states,
 )
 from minigrad.distributed.pipeline.partition import partition_balanced, partition_uniform
-from minigrad.distributed.topology import PipeDataParallelTopology, ProcessTopology
 from minigrad.testing.distributed import run_workers
 
 

@@ -15,7 +15,7 @@ import minigrad.functional as F
 import minigrad.optimizer as optim
 from minigrad.distributed import comm
 from minigrad.distributed import sequence_parallel as sp
-from minigrad.distributed.topology import ProcessTopology
+from minigrad.distributed.mesh.topology import ProcessTopology
 from minigrad.testing.distributed import run_workers
 
 VOCAB, DIM, LAYERS, MAX_LEN = 11, 12, 2, 16

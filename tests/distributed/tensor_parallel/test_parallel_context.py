@@ -9,7 +9,7 @@ import pytest
 
 import minigrad.distributed as dist
 from minigrad.distributed import comm
-from minigrad.distributed.parallel_context import ParallelConfig
+from minigrad.distributed.mesh.parallel_context import ParallelConfig
 from minigrad.testing.distributed import run_workers
 
 

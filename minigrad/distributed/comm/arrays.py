@@ -1,0 +1,374 @@
+"""Array-level collectives and point-to-point messages: the one implementation behind every API.
+
+The PyTorch/OneFlow functions on ``minigrad.distributed`` (:mod:`.collectives`), MegEngine's
+differentiable ``dist.functional`` and the data-parallel helpers all call these functions, so they
+share one set of conventions:
+
+* arrays are NumPy or CuPy (any dtype of :data:`DTYPES`, native byte order);
+* ``group=None`` is WORLD; ``root``/``src``/``dst`` are *global* ranks, and a missing root is the
+  group's first rank (its rank 0);
+* ``op`` is a :class:`ReduceOp` or its name (``"sum"``, ``"avg"``, ``"product"``, ``"min"``,
+  ``"max"``);
+* like PyTorch, ``all_reduce``, ``broadcast`` (given a buffer), ``reduce`` (on the root) and
+  ``recv(out=...)`` work in place and return the array they filled; the others return new arrays;
+* ``async_op=True`` returns a :class:`Work` whose ``wait()`` returns what the call would have;
+  the array must not be touched until then. Calls of a group run in the order they were issued;
+* errors name the op, the rank and the values, with dtypes spelled ``float32``.
+
+The backend comes from :func:`~minigrad.distributed.comm.providers.choose_backend` (the group's
+setting and the array's kind); CuPy arrays given to a host backend are staged through host memory
+here. Point-to-point: the sender's array kind picks the route, the receiver follows the header the
+sender sent on the host channel, so both ends always agree.
+
+Example::
+
+    x = np.ones(3, np.float32)
+    comm.all_reduce(x)                                        # x is now [n, n, n] on every rank
+    parts = comm.all_gather(np.arange(dist.get_rank() + 1))   # shapes may differ per rank
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from minigrad.backend.device import as_device, get_default_device_obj
+from minigrad.backend.xp import cupy_or_none, get_array_module, is_cupy_array, on_device_of
+from minigrad.distributed.comm.group import (
+    WORLD,
+    Group,
+    GroupContext,
+    get_rank,
+    get_world_size,
+    resolve_group,
+)
+from minigrad.distributed.comm.providers.base import ReduceOp, Work, dtype_name
+from minigrad.distributed.comm.providers.cpu.transport import contiguous
+
+DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
+
+__all__ = [
+    "DTYPES",
+    "ReduceOp",
+    "Work",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "barrier",
+    "broadcast",
+    "gather",
+    "group_barrier",
+    "irecv",
+    "isend",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "scatter",
+    "send",
+]
+
+
+def is_cupy(x: Any) -> bool:
+    """Whether ``x`` is a CuPy array (never imports CuPy)."""
+    return is_cupy_array(x)
+
+
+def check_array(where: str, x: Any) -> None:
+    """Raise a clear TypeError unless ``x`` is a NumPy/CuPy array of a supported dtype."""
+    if not isinstance(x, np.ndarray) and not is_cupy(x):
+        raise TypeError(f"{where}: expected a NumPy or CuPy array, got {type(x).__name__}")
+    name = dtype_name(x.dtype)
+    if name not in DTYPES:
+        raise TypeError(f"{where}: dtype {name} is not supported (supported: {', '.join(DTYPES)})")
+    if not x.dtype.isnative:
+        raise TypeError(
+            f"{where}: {name} array in non-native byte order; convert it with "
+            f"x.astype(x.dtype.newbyteorder('='))"
+        )
+
+
+def _default_is_gpu() -> bool:
+    return get_default_device_obj().is_gpu
+
+
+class _Call:
+    """One call: its group context, the backend chosen for the array kind, the sequence number, and
+    host staging of CuPy arrays for backends that cannot read device memory."""
+
+    def __init__(self, name: str, group: Group | None, arrays: list, root: int | None = None,
+                 on_gpu: bool | None = None, backend: str | None = None, async_op: bool = False):
+        self.name = name
+        self.group = resolve_group(group)
+        self.ctx: GroupContext = self.group.context()
+        for a in arrays:
+            check_array(name, a)
+        if root is not None and root not in self.ctx.ranks:
+            raise ValueError(f"{name}: root rank {root} is not in group {self.ctx.ranks}")
+        self.root = self.ctx.ranks[0] if root is None else int(root)
+        self.root_index = self.ctx.ranks.index(self.root)
+        self.is_root = self.ctx.rank == self.root_index
+        if on_gpu is None:
+            on_gpu = is_cupy(arrays[0]) if arrays else _default_is_gpu()
+        self.on_gpu = on_gpu
+        self.backend = self.ctx.backend(backend or self.ctx.route(on_gpu))
+        self.stage = on_gpu and not self.backend.accepts_gpu_arrays
+        # staged results go back to the inputs' GPU (CuPy would put them on the current one)
+        self.on_device = on_device_of(arrays[0]) if arrays else on_device_of(None)
+        self.ctx.flush(keep=self.backend if async_op else None)
+        self.seq = self.ctx.next_seq()
+
+    def buffer(self, x):
+        """A C-contiguous array the backend can read and write, standing for ``x``."""
+        return cupy_or_none().asnumpy(x) if self.stage else contiguous(x)
+
+    def write_back(self, x, buf) -> None:
+        """Make ``x`` hold ``buf``'s values when the backend worked on a copy."""
+        if buf is not x:
+            with self.on_device:
+                x[...] = get_array_module(x).asarray(buf)
+
+    def output(self, y):
+        """A result array, moved back to the GPU when it was staged."""
+        if not self.stage or y is None:
+            return y
+        with self.on_device:
+            return cupy_or_none().asarray(y)
+
+    def execute(self, body: Callable[[], Any], finish: Callable[[Any], Any], async_op: bool):
+        """Run ``body`` on the backend now or asynchronously; ``finish`` runs on this thread."""
+        if async_op:
+            return self.backend.submit(body).then(finish)
+        return finish(self.backend.run(body))
+
+
+def _avg_divide(x, n: int) -> None:
+    if x.dtype.kind == "f":
+        x /= n
+    else:
+        x //= n
+
+
+def _reduction_op(where: str, op, x) -> tuple[ReduceOp, ReduceOp]:
+    """``(op, what the backend runs)``: AVG runs as SUM, divided afterwards."""
+    op = ReduceOp.parse(op, where)
+    if op is ReduceOp.AVG:
+        if x is not None and x.dtype == np.bool_:
+            raise TypeError(f"{where}: ReduceOp.AVG is not defined for bool arrays")
+        return op, ReduceOp.SUM
+    return op, op
+
+
+def all_reduce(x, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False,
+               backend: str | None = None):
+    """Reduce ``x`` elementwise over the group's ranks, in place; returns ``x`` (or a Work).
+
+    ``backend`` overrides the group's routing for this call (``make_allreduce_cb(backend=...)``).
+    """
+    op, native = _reduction_op("all_reduce", op, x)
+    c = _Call("all_reduce", group, [x], backend=backend, async_op=async_op)
+    buf = c.buffer(x)
+
+    def finish(_):
+        c.write_back(x, buf)
+        if op is ReduceOp.AVG:
+            _avg_divide(x, c.ctx.size)
+        return x
+
+    return c.execute(lambda: c.backend.all_reduce(buf, native, c.seq), finish, async_op)
+
+
+def broadcast(x, root: int | None = None, group: Group | None = None, async_op: bool = False):
+    """Copy the root's array to every rank. Non-roots pass a buffer of the same shape and dtype
+    (filled in place and returned) or None (a new array is returned, on the default device)."""
+    c = _Call("broadcast", group, [] if x is None else [x], root=root, async_op=async_op)
+    if c.is_root and x is None:
+        raise ValueError(f"broadcast: the root rank {c.root} must pass an array, got None")
+    buf = None if x is None else c.buffer(x)
+
+    def finish(y):
+        if x is None:
+            return c.output(y)
+        c.write_back(x, y)
+        return x
+
+    return c.execute(lambda: c.backend.broadcast(buf, c.root_index, c.seq), finish, async_op)
+
+
+def reduce(x, op=ReduceOp.SUM, root: int | None = None, group: Group | None = None,
+           async_op: bool = False):
+    """Reduce ``x`` over the group into the root's ``x`` (in place); returns ``x`` on the root and
+    None on the other ranks (whose ``x`` is unchanged)."""
+    op, native = _reduction_op("reduce", op, x)
+    c = _Call("reduce", group, [x], root=root, async_op=async_op)
+    buf = c.buffer(x)
+
+    def finish(_):
+        if not c.is_root:
+            return None
+        c.write_back(x, buf)
+        if op is ReduceOp.AVG:
+            _avg_divide(x, c.ctx.size)
+        return x
+
+    body = lambda: c.backend.reduce(buf, native, c.root_index, c.seq)
+    return c.execute(body, finish, async_op)
+
+
+def all_gather(x, group: Group | None = None, async_op: bool = False):
+    """Every rank's array, in group order, on every rank (shapes may differ per rank)."""
+    c = _Call("all_gather", group, [x], async_op=async_op)
+    buf = c.buffer(x)
+    finish = lambda ys: [c.output(y) for y in ys]
+    return c.execute(lambda: c.backend.all_gather(buf, c.seq), finish, async_op)
+
+
+def gather(x, root: int | None = None, group: Group | None = None, async_op: bool = False):
+    """All ranks' arrays (group order) on ``root``; None on the other ranks."""
+    c = _Call("gather", group, [x], root=root, async_op=async_op)
+    buf = c.buffer(x)
+    finish = lambda ys: None if ys is None else [c.output(y) for y in ys]
+    return c.execute(lambda: c.backend.gather(buf, c.root_index, c.seq), finish, async_op)
+
+
+def scatter(chunks: list | None, root: int | None = None, group: Group | None = None,
+            async_op: bool = False):
+    """``root`` sends ``chunks[i]`` to the group's i-th rank; the others pass None (or anything:
+    only the root's chunks are read)."""
+    group_ranks = resolve_group(group).ranks
+    is_root = get_rank() == (group_ranks[0] if root is None else root)
+    arrays = list(chunks) if is_root and chunks is not None else []
+    c = _Call("scatter", group, arrays, root=root, async_op=async_op)
+    if c.is_root and (chunks is None or len(chunks) != c.ctx.size):
+        got = None if chunks is None else f"{len(chunks)} chunks"
+        raise ValueError(f"scatter: root rank {c.root} must pass {c.ctx.size} chunks, got {got}")
+    bufs = [c.buffer(a) for a in arrays] if c.is_root else None
+    body = lambda: c.backend.scatter(bufs, c.root_index, c.seq)
+    return c.execute(body, c.output, async_op)
+
+
+def _chunk_list(name: str, chunks, c: _Call) -> list:
+    if len(chunks) != c.ctx.size:
+        raise ValueError(
+            f"{name}: expected {c.ctx.size} chunks (one per group member), got {len(chunks)}"
+        )
+    kinds = {dtype_name(a.dtype) for a in chunks}
+    if len(kinds) > 1:
+        raise TypeError(f"{name}: chunks must share one dtype, got {sorted(kinds)}")
+    return [c.buffer(a) for a in chunks]
+
+
+def reduce_scatter(chunks: list, op=ReduceOp.SUM, group: Group | None = None,
+                   async_op: bool = False):
+    """``chunks[i]`` reduced over the ranks lands on the group's i-th rank (a new array)."""
+    op, native = _reduction_op("reduce_scatter", op, chunks[0] if chunks else None)
+    c = _Call("reduce_scatter", group, list(chunks), async_op=async_op)
+    bufs = _chunk_list("reduce_scatter", chunks, c)
+
+    def finish(y):
+        if op is ReduceOp.AVG:
+            _avg_divide(y, c.ctx.size)
+        return c.output(y)
+
+    return c.execute(lambda: c.backend.reduce_scatter(bufs, native, c.seq), finish, async_op)
+
+
+def all_to_all(chunks: list, group: Group | None = None, async_op: bool = False):
+    """``result[i]`` is the group's i-th rank's ``chunks[my index]`` (new arrays)."""
+    c = _Call("all_to_all", group, list(chunks), async_op=async_op)
+    bufs = _chunk_list("all_to_all", chunks, c)
+    finish = lambda ys: [c.output(y) for y in ys]
+    return c.execute(lambda: c.backend.all_to_all(bufs, c.seq), finish, async_op)
+
+
+def barrier(group: Group | None = None, async_op: bool = False):
+    """Block until every member of the group arrived (returns None, or a Work)."""
+    c = _Call("barrier", group, [], on_gpu=False, async_op=async_op)
+    return c.execute(lambda: c.backend.barrier(c.seq), lambda _: None, async_op)
+
+
+def group_barrier(group: Group | None = None) -> None:
+    """MegEngine's name for :func:`barrier`."""
+    barrier(group)
+
+
+# ------------------------------------------------------------------------------ point to point
+
+
+def _peer(where: str, peer: int, group: Group | None) -> GroupContext:
+    n, me = get_world_size(), get_rank()
+    if not 0 <= peer < n or (peer == me and n > 1):
+        raise ValueError(
+            f"{where}: peer rank must be another rank in [0, {n}), got {peer} on rank {me}"
+        )
+    if group is not None and peer not in group.ranks:
+        raise ValueError(f"{where}: rank {peer} is not in group {group.ranks}")
+    return WORLD.context()
+
+
+def _send_now(x, dst: int, world: GroupContext) -> Callable[[], None]:
+    """Prepare a send on this thread (route, staging); return the transfer to run."""
+    route = world.route(is_cupy(x))
+    be = world.backend(route)
+    if route == "nccl":
+        buf = contiguous(x)
+        return lambda: be.run(lambda: be.send(buf, dst, {}))
+    buf = cupy_or_none().asnumpy(x) if is_cupy(x) else contiguous(x)
+    return lambda: be.send(buf, dst, {})
+
+
+def send(x, dst: int, group: Group | None = None) -> None:
+    """Send ``x`` to global rank ``dst``; returns once the data is buffered (maybe not yet read)."""
+    check_array("send", x)
+    world = _peer("send", int(dst), group)
+    transfer = _send_now(x, int(dst), world)
+    world.peer_worker("send", int(dst)).flush()
+    transfer()
+
+
+def isend(x, dst: int, group: Group | None = None) -> Work:
+    """Start sending ``x`` to ``dst``; ``Work.wait()`` returns once it is buffered. Do not modify
+    ``x`` before that. Messages to one peer arrive in the order they were sent."""
+    check_array("isend", x)
+    world = _peer("isend", int(dst), group)
+    return world.peer_worker("send", int(dst)).submit(_send_now(x, int(dst), world))
+
+
+def _recv_now(src: int, out, device, world: GroupContext):
+    host = world.backend(world.host_route)
+    header, y = host.recv(src)
+    if header.get("via") == "nccl":
+        nccl = world.backend("nccl")
+        y = nccl.run(lambda: nccl.recv_payload(src, header))
+    if out is not None:
+        if tuple(out.shape) != tuple(y.shape) or out.dtype != y.dtype:
+            raise ValueError(
+                f"recv from rank {src}: the message is {list(y.shape)} {dtype_name(y.dtype)}, "
+                f"the buffer {list(out.shape)} {dtype_name(out.dtype)}"
+            )
+        out[...] = get_array_module(out).asarray(y)
+        return out
+    return y if device is None else as_device(device).put(y)
+
+
+def recv(src: int, out=None, device=None, group: Group | None = None):
+    """The next array sent by global rank ``src`` (shape and dtype travel with it).
+
+    With ``out`` the data is written into it (shape and dtype must match) and ``out`` returned;
+    with ``device`` the result is placed there; otherwise it is a NumPy array, or a CuPy array when
+    it came over NCCL.
+    """
+    if out is not None:
+        check_array("recv", out)
+    world = _peer("recv", int(src), group)
+    world.peer_worker("recv", int(src)).flush()
+    return _recv_now(int(src), out, device, world)
+
+
+def irecv(src: int, out=None, device=None, group: Group | None = None) -> Work:
+    """Start receiving from ``src``; ``Work.wait()`` returns what :func:`recv` would."""
+    if out is not None:
+        check_array("irecv", out)
+    world = _peer("irecv", int(src), group)
+    worker = world.peer_worker("recv", int(src))
+    return worker.submit(lambda: _recv_now(int(src), out, device, world))

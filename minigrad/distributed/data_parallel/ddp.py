@@ -1,0 +1,75 @@
+"""``DistributedDataParallel``: torch/OneFlow-style data parallelism as a module wrapper.
+
+The wrapper broadcasts the root's parameters and buffers once, re-broadcasts buffers before each
+forward (``broadcast_buffers``), and registers a gradient hook on every parameter that feeds the
+same bucketed, overlapped all-reduce as ``make_allreduce_cb("mean")``. Whatever GradManager
+the training loop uses, gradients come out averaged over the group. Inside ``no_sync()`` gradients
+accumulate locally; the next synchronised backward all-reduces the accumulated sum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from minigrad.autodiff.grad_manager import register_grad_hook
+from minigrad.distributed.comm.group import WORLD, resolve_group
+from minigrad.distributed.data_parallel.helper import (
+    DEFAULT_BUCKET_MB,
+    AllreduceCallback,
+    bcast_list_,
+)
+from minigrad.module.module import Module
+
+
+class DistributedDataParallel(Module):
+    """Wrap ``module`` so that its gradients are averaged over ``group`` during backward.
+
+    Example::
+
+        model = dist.DistributedDataParallel(Net())
+        gm = GradManager().attach(model.parameters())
+        with gm:
+            gm.backward(F.nn.cross_entropy(model(x), y))   # grads are now the group mean
+    """
+
+    def __init__(
+        self,
+        module: Module,
+        broadcast_buffers: bool = True,
+        bucket_cap_mb: float = DEFAULT_BUCKET_MB,
+        group=WORLD,
+    ):
+        super().__init__()
+        self.module = module
+        self.broadcast_buffers = broadcast_buffers
+        self._group = resolve_group(group)
+        self._reducer = AllreduceCallback("mean", self._group, bucket_size_mb=bucket_cap_mb)
+        self._sync = True
+        bcast_list_(list(module.tensors()), self._group)
+        self._hooks = [register_grad_hook(p, self._grad_hook) for p in module.parameters()]
+
+    def _grad_hook(self, param, grad):
+        if not self._sync:
+            return grad
+        if param.grad is not None:  # fold in gradients accumulated under no_sync()
+            grad = grad + param.grad
+            param.grad = None
+        return self._reducer(param, grad)
+
+    def forward(self, *args, **kwargs):
+        """The wrapped module's forward, after re-broadcasting its buffers from the root."""
+        if self.broadcast_buffers:
+            buffers = list(self.module.buffers())
+            if buffers:
+                bcast_list_(buffers, self._group)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Skip gradient synchronisation (gradient accumulation over several micro-steps)."""
+        prev = self._sync
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = prev
