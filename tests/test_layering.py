@@ -308,7 +308,7 @@ DISTRIBUTED_FOLDER_EXCEPTIONS = {
     ("minigrad.distributed.runtime.launch", "comm"): (
         "removes the job's shared-memory segments when the ranks are gone"),
     ("minigrad.distributed.global_tensor.graph", "pipeline"): (
-        "mg.Graph runs its pipeline stages on the pipeline package's schedules (schedules are data)"),
+        "mg.Graph runs its pipeline stages on the pipeline package's schedules (data)"),
 }
 
 

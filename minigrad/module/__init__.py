@@ -10,7 +10,7 @@ from minigrad.module.activation import (
     Softmax,
     Tanh,
 )
-from minigrad.module.attention import MultiHeadAttention
+from minigrad.module.attention import DotProductAttention, MultiHeadAttention
 from minigrad.module.conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d
 from minigrad.module.dropout import Dropout
 from minigrad.module.elementwise import Elemwise
@@ -30,9 +30,17 @@ from minigrad.module.normalization import (
 )
 from minigrad.module.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from minigrad.module.sequential import Sequential
+from minigrad.module.transformer import (
+    MLP,
+    SelfAttention,
+    TransformerBlock,
+    TransformerLayers,
+    TransformerLM,
+)
 
 __all__ = [
     "GELU",
+    "MLP",
     "AdaptiveAvgPool2d",
     "AvgPool2d",
     "BatchNorm1d",
@@ -43,6 +51,7 @@ __all__ = [
     "Conv3d",
     "ConvTranspose2d",
     "CrossEntropyLoss",
+    "DotProductAttention",
     "Dropout",
     "Elemwise",
     "Embedding",
@@ -59,12 +68,16 @@ __all__ = [
     "Module",
     "MultiHeadAttention",
     "ReLU",
+    "SelfAttention",
     "Sequential",
     "SiLU",
     "SyncBatchNorm",
     "Sigmoid",
     "Softmax",
     "Tanh",
+    "TransformerBlock",
+    "TransformerLM",
+    "TransformerLayers",
     "init",
 ]
 

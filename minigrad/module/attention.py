@@ -1,7 +1,9 @@
-"""``MultiHeadAttention``: scaled dot-product attention over ``num_heads`` learned projections.
+"""Attention modules: ``DotProductAttention``, the attention core on heads that are already
+projected, and ``MultiHeadAttention``, scaled dot-product attention over ``num_heads`` learned
+projections.
 
-Written as a composition of ``F.linear``, ``F.matmul`` and ``F.softmax``, so gradients (including
-second-order ones) come for free. Parameter names follow PyTorch: ``in_proj_weight`` packs the
+``MultiHeadAttention`` is written as a composition of ``F.linear``, ``F.matmul`` and
+``F.softmax``, so gradients (including second-order ones) come for free. Parameter names follow PyTorch: ``in_proj_weight`` packs the
 query, key and value projections as ``(3 * embed_dim, embed_dim)``; ``out_proj`` is a Linear.
 """
 
@@ -17,6 +19,48 @@ from minigrad.module import init
 from minigrad.module.dropout import Dropout
 from minigrad.module.linear import Linear
 from minigrad.module.module import Module
+
+
+class DotProductAttention(Module):
+    """The attention core: ``softmax(q @ k^T / sqrt(head_dim)) @ v`` on ``(batch, heads, tokens,
+    head_dim)`` queries, keys and values already projected and split into heads, with no
+    parameters. ``causal`` lets query i attend keys ``j <= i``; ``dropout`` (a module with a
+    ``drop_prob``, e.g. :class:`~minigrad.module.Dropout`) drops attention weights while training.
+
+    It is the local core of :class:`~minigrad.module.transformer.SelfAttention`, where parallel
+    models put ring or all-to-all attention instead, and it computes the weights of
+    :class:`MultiHeadAttention`.
+
+    Example::
+
+        core = M.DotProductAttention(causal=True, dropout=M.Dropout(0.1))
+        out = core(q, k, v)  # (B, H, L, D)
+    """
+
+    def __init__(self, causal: bool = False, dropout: Module | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.causal = bool(causal)
+        self.dropout = dropout
+
+    def weights(self, q: Tensor, k: Tensor, bias: Tensor | None = None) -> Tensor:
+        """The attention weights ``(..., L, S)``: softmax of the scaled scores plus ``bias`` (an
+        additive mask from ``F.nn.attention_bias``; the causal one when None and ``causal``),
+        after dropout."""
+        scores = F.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(q.shape[-1]))
+        if bias is None and self.causal:
+            bias = F.nn.attention_bias(q.shape[-2], k.shape[-2], is_causal=True, like=scores)
+        if bias is not None:
+            scores = scores + bias
+        weights = F.softmax(scores, axis=-1)
+        return weights if self.dropout is None else self.dropout(weights)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.training and self.dropout is not None and self.dropout.drop_prob > 0:
+            return F.matmul(self.weights(q, k), v)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}"
 
 
 class MultiHeadAttention(Module):
@@ -54,6 +98,7 @@ class MultiHeadAttention(Module):
         self.in_proj_bias = Parameter(np.zeros(3 * e, np.float32)) if bias else None
         self.out_proj = Linear(e, e, bias=bias)
         self.attn_dropout = Dropout(dropout)
+        self.core = DotProductAttention(dropout=self.attn_dropout)
         init.xavier_uniform_(self.in_proj_weight)
         if bias:
             init.zeros_(self.out_proj.bias)
@@ -96,11 +141,8 @@ class MultiHeadAttention(Module):
             query, key, value = (t.transpose(1, 0, 2) for t in (query, key, value))
         n, length, s = query.shape[0], query.shape[1], key.shape[1]
         q, k, v = self._project(query, 0), self._project(key, 1), self._project(value, 2)
-        scores = F.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(self.head_dim))
-        mask = self._bias(attn_mask, key_padding_mask, is_causal, n, length, s, scores)
-        if mask is not None:
-            scores = scores + mask
-        weights = self.attn_dropout(F.softmax(scores, axis=-1))
+        mask = self._bias(attn_mask, key_padding_mask, is_causal, n, length, s, q)
+        weights = self.core.weights(q, k, mask)
         out = F.matmul(weights, v).transpose(0, 2, 1, 3).reshape(n, length, self.embed_dim)
         out = self.out_proj(out)
         if not self.batch_first:

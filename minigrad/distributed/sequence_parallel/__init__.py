@@ -43,6 +43,7 @@ from minigrad.distributed.sequence_parallel.sharding import (
 from minigrad.distributed.sequence_parallel.transfer import RingExchange
 from minigrad.distributed.sequence_parallel.transformer import (
     DenseAttention,
+    SequenceParallelLayers,
     SequenceParallelLM,
 )
 from minigrad.distributed.sequence_parallel.ulysses import UlyssesAttention, ulysses_attention
@@ -54,6 +55,7 @@ __all__ = [
     "RingExchange",
     "ScoreBlock",
     "SequenceParallelLM",
+    "SequenceParallelLayers",
     "UlyssesAttention",
     "gather_sequence",
     "gradient_group",

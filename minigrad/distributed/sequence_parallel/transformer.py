@@ -1,5 +1,7 @@
 """A small transformer language model whose attention is sequence-parallel: ring or Ulysses with
-one argument, or dense attention for the single-device twin.
+one argument, or dense attention for the single-device twin. It is the transformer of
+:mod:`minigrad.module.transformer` with a sequence-parallel attention core
+(:class:`SequenceParallelLayers`) and global token positions.
 
 Every rank runs the model on its shard of each sequence, ``(B, L/N)`` token ids. Everything except
 attention is token-wise and runs locally: the token embedding, the position embedding (looked up
@@ -23,31 +25,22 @@ from __future__ import annotations
 
 import numpy as np
 
-import minigrad.functional as F
 import minigrad.module as M
-from minigrad.autodiff.tensor import Parameter, Tensor
+from minigrad.autodiff.tensor import Parameter
 from minigrad.distributed.comm.group import Group
 from minigrad.distributed.sequence_parallel.groups import sequence_group
 from minigrad.distributed.sequence_parallel.ring_attention import RingAttention
 from minigrad.distributed.sequence_parallel.sharding import sequence_positions
 from minigrad.distributed.sequence_parallel.ulysses import UlyssesAttention
 
-__all__ = ["ATTENTIONS", "DenseAttention", "SelfAttention", "SequenceParallelLM",
-           "TransformerBlock", "make_attention"]
+__all__ = ["ATTENTIONS", "DenseAttention", "SequenceParallelLM", "SequenceParallelLayers",
+           "make_attention"]
 
 ATTENTIONS = ("ring", "ulysses", "dense")
 
-
-class DenseAttention(M.Module):
-    """Attention over the tokens this process holds, with no communication: the single-device
-    twin of :class:`~.ring_attention.RingAttention` and :class:`~.ulysses.UlyssesAttention`."""
-
-    def __init__(self, causal: bool = False, **kwargs):
-        super().__init__(**kwargs)
-        self.causal = bool(causal)
-
-    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+# Attention over the tokens this process holds, with no communication: the single-device twin of
+# RingAttention and UlyssesAttention.
+DenseAttention = M.DotProductAttention
 
 
 def make_attention(attention: str, causal: bool, zigzag: bool, group: Group | None,
@@ -62,45 +55,21 @@ def make_attention(attention: str, causal: bool, zigzag: bool, group: Group | No
     raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
 
 
-class SelfAttention(M.Module):
-    """Multi-head self-attention on ``(B, T, dim)``: a fused q/k/v projection, the attention core
-    on ``(B, heads, T, head_dim)``, an output projection. Only the core communicates."""
+class SequenceParallelLayers(M.TransformerLayers):
+    """The single-device layers with a sequence-parallel attention core (:func:`make_attention`);
+    every other layer is token-wise and runs on this rank's tokens."""
 
-    def __init__(self, dim: int, num_heads: int, core: M.Module, **kwargs):
-        super().__init__(**kwargs)
-        if dim % num_heads:
-            raise ValueError(f"SelfAttention: dim={dim} is not divisible by num_heads={num_heads}")
-        self.num_heads, self.head_dim = int(num_heads), dim // num_heads
-        self.qkv = M.Linear(dim, 3 * dim)
-        self.core = core
-        self.proj = M.Linear(dim, dim)
+    def __init__(self, attention: str, zigzag: bool, group: Group | None, overlap: bool):
+        self.attention, self.zigzag, self.group, self.overlap = attention, zigzag, group, overlap
 
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, dim = x.shape
-        qkv = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim)
-        q, k, v = F.split(qkv.transpose(2, 0, 3, 1, 4), 3, axis=0)
-        out = self.core(q.reshape(q.shape[1:]), k.reshape(k.shape[1:]), v.reshape(v.shape[1:]))
-        return self.proj(out.transpose(0, 2, 1, 3).reshape(b, t, dim))
+    def attention_core(self, causal: bool, dropout: float) -> M.Module:
+        """The core named by ``attention``; it has no dropout."""
+        return make_attention(self.attention, causal, self.zigzag, self.group, self.overlap)
 
 
-class TransformerBlock(M.Module):
-    """Pre-norm block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))`` with a GELU MLP."""
-
-    def __init__(self, dim: int, num_heads: int, core: M.Module, mlp_ratio: int = 4, **kwargs):
-        super().__init__(**kwargs)
-        self.ln1 = M.LayerNorm(dim)
-        self.attn = SelfAttention(dim, num_heads, core)
-        self.ln2 = M.LayerNorm(dim)
-        self.mlp = M.Sequential(M.Linear(dim, mlp_ratio * dim), M.GELU(),
-                                M.Linear(mlp_ratio * dim, dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class SequenceParallelLM(M.Module):
-    """A small transformer LM on this rank's shard of each sequence (see the module docstring).
+class SequenceParallelLM(M.TransformerLM):
+    """A small transformer LM on this rank's shard of each sequence (see the module docstring):
+    :class:`minigrad.module.TransformerLM` with a sequence-parallel attention core.
 
     ``attention``: "ring" (:class:`RingAttention`), "ulysses" (:class:`UlyssesAttention`, needs
     ``num_heads`` divisible by the sequence group size) or "dense" (no sequence parallelism: the
@@ -115,49 +84,25 @@ class SequenceParallelLM(M.Module):
                  attention: str = "ring", causal: bool = True, zigzag: bool = False,
                  group: Group | None = None, mlp_ratio: int = 4, overlap: bool = True,
                  dtype="float32", **kwargs):
-        super().__init__(**kwargs)
         if attention not in ATTENTIONS:
             raise ValueError(
                 f"SequenceParallelLM: attention must be one of {ATTENTIONS}, got {attention!r}"
             )
+        super().__init__(
+            vocab_size, dim, num_heads, num_layers, max_len, mlp_ratio, causal=causal,
+            layers=SequenceParallelLayers(attention, zigzag, group, overlap), **kwargs)
         self.attention, self.zigzag, self.group = attention, bool(zigzag), group
-        self.max_len = int(max_len)
-        self.tok = M.Embedding(vocab_size, dim)
-        self.pos = M.Embedding(max_len, dim)
-        self.blocks = M.Sequential(*[
-            TransformerBlock(dim, num_heads, make_attention(attention, causal, zigzag, group,
-                                                            overlap), mlp_ratio)
-            for _ in range(num_layers)
-        ])
-        self.ln_f = M.LayerNorm(dim)
-        self.head = M.Linear(dim, vocab_size)
         if np.dtype(dtype) != np.float32:
             _cast_parameters(self, np.dtype(dtype))
 
     def positions(self, shard_len: int) -> np.ndarray:
         """The global positions of this rank's ``shard_len`` tokens."""
         if self.attention == "dense":
-            seq_len, pos = shard_len, np.arange(shard_len, dtype=np.int64)
-        else:
-            seq_len = shard_len * sequence_group(self.group).size
-            pos = sequence_positions(seq_len, self.zigzag, self.group)
-        if seq_len > self.max_len:
-            raise ValueError(
-                f"SequenceParallelLM: sequence length {seq_len} exceeds max_len {self.max_len}"
-            )
+            return super().positions(shard_len)
+        seq_len = shard_len * sequence_group(self.group).size
+        pos = sequence_positions(seq_len, self.zigzag, self.group)
+        self.check_length(seq_len)
         return pos
-
-    def embed(self, ids: Tensor) -> Tensor:
-        """Token plus position embeddings of this rank's ``(B, T)`` ids: ``(B, T, dim)``."""
-        pos = Tensor(self.positions(ids.shape[1]), device=self.pos.weight.device)
-        return self.tok(ids) + self.pos(pos)
-
-    def forward(self, ids) -> Tensor:
-        if not isinstance(ids, Tensor):
-            ids = Tensor(np.asarray(ids), device=self.tok.weight.device)
-        if ids.ndim != 2:
-            raise ValueError(f"SequenceParallelLM: ids must be (batch, tokens), got {ids.shape}")
-        return self.head(self.ln_f(self.blocks(self.embed(ids))))
 
 
 def _cast_parameters(module: M.Module, dtype: np.dtype) -> None:

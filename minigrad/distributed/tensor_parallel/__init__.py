@@ -89,6 +89,7 @@ from minigrad.distributed.tensor_parallel.sharding import ParallelModule, ShardS
 from minigrad.distributed.tensor_parallel.transformer import (
     MLP,
     SelfAttention,
+    TensorParallelLayers,
     TransformerBlock,
     TransformerLM,
 )
@@ -130,6 +131,7 @@ __all__ = [
     "SelfAttention",
     "ShardSpec",
     "SummaLinear",
+    "TensorParallelLayers",
     "TransformerBlock",
     "TransformerLM",
     "VocabParallelClassifier1D",
