@@ -3,8 +3,8 @@ projected, and ``MultiHeadAttention``, scaled dot-product attention over ``num_h
 projections.
 
 ``MultiHeadAttention`` is written as a composition of ``F.linear``, ``F.matmul`` and
-``F.softmax``, so gradients (including second-order ones) come for free. Parameter names follow PyTorch: ``in_proj_weight`` packs the
-query, key and value projections as ``(3 * embed_dim, embed_dim)``; ``out_proj`` is a Linear.
+``F.softmax``, so gradients (including second-order ones) come for free. Parameter names follow
+PyTorch: ``in_proj_weight`` packs the query, key and value projections as ``(3 * embed_dim, embed_dim)``; ``out_proj`` is a Linear.
 """
 
 from __future__ import annotations
