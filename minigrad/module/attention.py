@@ -37,6 +37,13 @@ class MultiHeadAttention(Module):
         out, _ = mha(x, x, x, is_causal=True)  # self-attention, x: (N, L, 64)
     """
 
+    @staticmethod
+    def count_parameters(embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                         batch_first: bool = True, **kwargs) -> int:
+        """The number of trainable parameters of this layer built with these arguments, computed
+        without building it (a pipeline stage partitions layers that it never builds)."""
+        return 4 * (embed_dim + bool(bias)) * embed_dim
+
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  batch_first: bool = True, **kwargs):
         super().__init__(**kwargs)
