@@ -58,7 +58,7 @@ def run_backward(roots, rec: Recording, on_leaf) -> None:
     ``roots``: ``((target, idx), grad)`` pairs (target a node or a leaf Tensor, grad a Tensor);
     ``on_leaf(tensor, grad)``: a leaf's gradient is final.
     """
-    _walk(roots, [], None, rec, on_leaf)
+    _Walk(rec, on_leaf=on_leaf).run(roots, [])
 
 
 class WeightPass:
@@ -100,8 +100,9 @@ def run_backward_input(roots, rec: Recording, inputs, keep_weight_pass: bool = T
     def follow(node):
         return [leads_to_input(e) for e in node._edges]
 
-    collected = _walk(first, [], follow, rec, None, keep if keep_weight_pass else None, stops,
-                      len(inputs))
+    walk = _Walk(rec, follow, keep=keep if keep_weight_pass else None, stops=stops,
+                 n_stops=len(inputs))
+    collected = walk.run(first, [])
     return collected, WeightPass(later, frontier, masks, rec)
 
 
@@ -115,122 +116,177 @@ def run_backward_weight(weight_pass: WeightPass, on_leaf) -> None:
 
     ready, weight_pass.frontier = weight_pass.frontier, []
     roots, weight_pass.roots = weight_pass.roots, []
-    _walk(roots, ready, follow, rec, on_leaf)
+    _Walk(rec, follow, on_leaf).run(roots, ready)
 
 
 # -------------------------------------------------------------------------------------------------
 # the walk
 
 
-def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
-    """Deliver ``roots``, then run nodes newest-first until the graph (as far as ``follow`` goes)
-    is done. ``ready`` holds ``(node, grads)`` pairs whose output gradients are already complete.
+class _Walk:
+    """One walk over a recorded graph, the textbook loop::
+
+        count the deliveries every node and leaf will receive     (discover)
+        deliver the roots' gradients                              (deliver)
+        while a node is ready, newest first:                      (the heap)
+            call its backward                                     (call_backward)
+            release it, unless a later pass keeps it              (release)
+            send each wanted input gradient along its edge        (send_input_grads)
+
     ``follow(node)`` gives the node's mask of wanted edges (None: ``_followed``, every edge to a
-    leaf or to a node of ``rec``). Gradients reaching an edge listed in ``stops`` are summed into
-    the returned list instead of going further. After each node's backward, ``keep(node, grads,
+    leaf or to a node of ``rec``). Gradients reaching an edge listed in ``stops`` (edge key ->
+    index) are summed into ``collected`` instead of going further. A leaf whose gradient is
+    complete goes to ``on_leaf(tensor, grad)``. After each node's backward, ``keep(node, grads,
     mask)`` may claim the node for a later pass; otherwise it is released.
     """
-    deps: dict[int, int] = {}
-    masks: dict[int, list] = {}
-    consumed = rec.consumed
-    stack = [node for node, _ in ready]
-    for (target, idx), _ in roots:
-        if not (stops and _key((target, idx)) in stops):
-            deps[id(target)] = deps.get(id(target), 0) + 1
-            if not isinstance(target, Tensor):
-                stack.append(target)
-    while stack:  # count the deliveries each node and leaf will receive
-        node = stack.pop()
-        if id(node) in masks:
-            continue
-        edges = node._edges
-        if edges is None or (consumed is not None and node in consumed):
-            raise RuntimeError(
-                f"backward through a {type(node).__name__} node that an earlier backward already "
-                "consumed (each recorded graph can be back-propagated once)"
-            )
-        if follow is None:  # an ordinary pass: ``_followed``, written out (the hot path)
-            mask = masks[id(node)] = []
-            for edge in edges:
-                if edge is None:
-                    mask.append(False)
-                    continue
-                target = edge[0]
-                if isinstance(target, Tensor):
-                    mask.append(True)
-                elif rec in target._tape:
-                    mask.append(True)
-                    stack.append(target)
-                else:
-                    mask.append(False)
-                    continue
-                deps[id(target)] = deps.get(id(target), 0) + 1
-            continue
-        mask = masks[id(node)] = follow(node)
-        for edge, wanted in zip(edges, mask):
-            if wanted and not (stops and _key(edge) in stops):
-                target = edge[0]
-                deps[id(target)] = deps.get(id(target), 0) + 1
+
+    __slots__ = ("rec", "follow", "stops", "keep", "on_leaf", "waiting", "masks", "heap",
+                 "collected")
+
+    def __init__(self, rec: Recording, follow=None, on_leaf=None, keep=None, stops=None,
+                 n_stops: int = 0):
+        self.rec, self.follow, self.on_leaf, self.keep = rec, follow, on_leaf, keep
+        self.stops = stops
+        # node or leaf id -> [deliveries still to come, its gradients summed so far (or None)]
+        self.waiting: dict[int, list] = {}
+        self.masks: dict[int, list] = {}     # node id -> its wanted edges
+        self.heap: list = []                 # ready nodes, (-creation number, id, node, grads)
+        self.collected = [None] * n_stops
+
+    def run(self, roots, ready) -> list:
+        """Deliver ``roots`` (``((target, idx), grad)`` pairs), then run nodes newest-first until
+        the graph (as far as ``follow`` goes) is done. ``ready`` holds ``(node, grads)`` pairs whose
+        output gradients are already complete. Returns the gradients collected at the stops."""
+        self.discover(roots, ready)
+        heap, deliver = self.heap, self.deliver
+        for node, grads in ready:
+            heapq.heappush(heap, (-node._seq, id(node), node, grads))
+        for (target, idx), g in roots:
+            deliver(target, idx, g)
+        call_backward, send_input_grads = self.call_backward, self.send_input_grads
+        keep, rec, masks = self.keep, self.rec, self.masks
+        while heap:
+            _, key, node, grads = heapq.heappop(heap)
+            mask = masks[key]
+            edges, in_meta = node._edges, node._in_meta  # read before release frees them
+            in_grads = call_backward(node, edges, grads, mask)
+            if keep is None or not keep(node, grads, mask):
+                _release(node, rec)
+            send_input_grads(node, edges, in_meta, in_grads, mask)
+        return self.collected
+
+    def discover(self, roots, ready) -> None:
+        """Count, for every node and leaf the walk reaches, the gradients it will receive, and
+        record each node's mask of wanted edges."""
+        waiting, masks, stops, follow = self.waiting, self.masks, self.stops, self.follow
+        rec = self.rec
+        consumed = rec.consumed
+        stack = [node for node, _ in ready]
+        for (target, idx), _ in roots:
+            if not (stops and _key((target, idx)) in stops):
+                _expect_one_more(waiting, id(target))
                 if not isinstance(target, Tensor):
                     stack.append(target)
+        while stack:
+            node = stack.pop()
+            if id(node) in masks:
+                continue
+            edges = node._edges
+            if edges is None or (consumed is not None and node in consumed):
+                raise RuntimeError(
+                    f"backward through a {type(node).__name__} node that an earlier backward "
+                    "already consumed (each recorded graph can be back-propagated once)"
+                )
+            if follow is None:  # an ordinary pass: ``_followed``, written out (the hot path)
+                mask = masks[id(node)] = []
+                for edge in edges:
+                    if edge is None:
+                        mask.append(False)
+                        continue
+                    target = edge[0]
+                    if isinstance(target, Tensor):
+                        mask.append(True)
+                    elif rec in target._tape:
+                        mask.append(True)
+                        stack.append(target)
+                    else:
+                        mask.append(False)
+                        continue
+                    entry = waiting.get(id(target))
+                    if entry is None:
+                        waiting[id(target)] = [1, None]
+                    else:
+                        entry[0] += 1
+                continue
+            mask = masks[id(node)] = follow(node)
+            for edge, wanted in zip(edges, mask):
+                if wanted and not (stops and _key(edge) in stops):
+                    target = edge[0]
+                    entry = waiting.get(id(target))
+                    if entry is None:
+                        waiting[id(target)] = [1, None]
+                    else:
+                        entry[0] += 1
+                    if not isinstance(target, Tensor):
+                        stack.append(target)
 
-    collected = [None] * n_stops
-    pending: dict[int, list] = {}
-    heap: list = []
-
-    def deliver(target, idx, grad):
-        """Add ``grad`` (or nothing, when None) to an edge target; schedule it once complete."""
+    def deliver(self, target, idx: int, grad) -> None:
+        """Add ``grad`` (or nothing, when None) to an edge target; once the target has all its
+        gradients, a leaf goes to ``on_leaf`` and a node onto the heap."""
+        stops = self.stops
         if stops:
             i = stops.get(_key((target, idx)))
             if i is not None:
                 if grad is not None:
+                    collected = self.collected
                     collected[i] = grad if collected[i] is None else collected[i] + grad
                 return
         key = id(target)
-        slot = pending.get(key)
+        entry = self.waiting[key]
+        slot = entry[1]
         if slot is None:
-            slot = pending[key] = [None] * (1 if isinstance(target, Tensor) else target._n_out)
+            slot = entry[1] = [None] * (1 if isinstance(target, Tensor) else target._n_out)
         if grad is not None:
             slot[idx] = grad if slot[idx] is None else slot[idx] + grad
-        deps[key] -= 1
-        if deps[key] > 0:
+        entry[0] -= 1
+        if entry[0] > 0:
             return
-        del pending[key]
+        del self.waiting[key]
         if isinstance(target, Tensor):
             if slot[0] is not None:
-                on_leaf(target, slot[0])
+                self.on_leaf(target, slot[0])
         else:
-            heapq.heappush(heap, (-target._seq, key, target, slot))
+            heapq.heappush(self.heap, (-target._seq, key, target, slot))
 
-    for node, grads in ready:
-        heapq.heappush(heap, (-node._seq, id(node), node, grads))
-    for (target, idx), g in roots:
-        deliver(target, idx, g)
-
-    while heap:
-        _, key, node, grads = heapq.heappop(heap)
-        edges, meta, mask = node._edges, node._in_meta, masks[key]
+    @staticmethod
+    def call_backward(node, edges, grads, mask) -> list:
+        """The gradients of ``node``'s inputs (one per edge of ``edges``) from its output
+        gradients ``grads`` (``mask``: the inputs this pass wants), computed on the op's device;
+        all None when nothing flowed in."""
         if grads[0] is None and _all_none(grads):  # nothing flowed in: nothing flows out
-            in_grads = [None] * len(edges)
+            return [None] * len(edges)
+        node._wanted = mask
+        g = grads[0]
+        device = g._device if g is not None else _device_of(grads)
+        if device.kind == "cpu":
+            in_grads = node.backward(*grads)
         else:
-            node._wanted = mask
-            g = grads[0]
-            device = g._device if g is not None else _device_of(grads)
-            if device.kind == "cpu":
+            with device.context():  # the op's GPU is current while its backward launches
                 in_grads = node.backward(*grads)
-            else:
-                with device.context():  # the op's GPU is current while its backward launches
-                    in_grads = node.backward(*grads)
-            if not isinstance(in_grads, (tuple, list)):
-                in_grads = (in_grads,)
-            if len(in_grads) != len(edges):
-                raise RuntimeError(
-                    f"{type(node).__name__}.backward returned {len(in_grads)} gradient(s) for "
-                    f"{len(edges)} input(s)"
-                )
-        if keep is None or not keep(node, grads, mask):
-            _release(node, rec)
-        for edge, m, g, wanted in zip(edges, meta, in_grads, mask):
+        if not isinstance(in_grads, (tuple, list)):
+            in_grads = (in_grads,)
+        if len(in_grads) != len(edges):
+            raise RuntimeError(
+                f"{type(node).__name__}.backward returned {len(in_grads)} gradient(s) for "
+                f"{len(edges)} input(s)"
+            )
+        return in_grads
+
+    def send_input_grads(self, node, edges, in_meta, in_grads, mask) -> None:
+        """Deliver each wanted input gradient along its edge, summed back to the input's shape
+        (broadcasting) and cast to its dtype (``in_meta``: each input's shape, dtype, device)."""
+        deliver = self.deliver
+        for edge, m, g, wanted in zip(edges, in_meta, in_grads, mask):
             if g is not None and not isinstance(g, Tensor):
                 g = _wrap_array(node, in_grads, g, m[2])  # a raw array from a fast backward path
             if not wanted:
@@ -241,11 +297,19 @@ def _walk(roots, ready, follow, rec, on_leaf, keep=None, stops=None, n_stops=0):
                 if g._data.dtype != m[1]:
                     g = g.astype(m[1])
             deliver(edge[0], edge[1], g)
-    return collected
 
 
 # -------------------------------------------------------------------------------------------------
 # helpers
+
+
+def _expect_one_more(waiting: dict, key: int) -> None:
+    """Count one more delivery to the node or leaf ``key`` (see ``_Walk.waiting``)."""
+    entry = waiting.get(key)
+    if entry is None:
+        waiting[key] = [1, None]
+    else:
+        entry[0] += 1
 
 
 def _followed(node, rec: Recording) -> list:

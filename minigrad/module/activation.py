@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import minigrad.functional as F
 from minigrad.autodiff.tensor import Tensor
-from minigrad.module.module import Module
+from minigrad.module.module import Module, no_parameters
 
 
 class _Activation(Module):
@@ -25,35 +25,42 @@ class ReLU(_Activation):
         net = M.Sequential(M.Linear(784, 256), M.ReLU(), M.Linear(256, 10))
     """
 
+    count_parameters = staticmethod(no_parameters)
     function = staticmethod(F.relu)
 
 
 class GELU(_Activation):
     """Exact (erf-based) GELU, ``x * Phi(x)``."""
 
+    count_parameters = staticmethod(no_parameters)
     function = staticmethod(F.gelu)
 
 
 class SiLU(_Activation):
     """``x * sigmoid(x)`` (a.k.a. swish)."""
 
+    count_parameters = staticmethod(no_parameters)
     function = staticmethod(F.silu)
 
 
 class Sigmoid(_Activation):
     """``1 / (1 + exp(-x))``."""
 
+    count_parameters = staticmethod(no_parameters)
     function = staticmethod(F.sigmoid)
 
 
 class Tanh(_Activation):
     """The hyperbolic tangent."""
 
+    count_parameters = staticmethod(no_parameters)
     function = staticmethod(F.tanh)
 
 
 class LeakyReLU(Module):
     """``max(x, 0) + negative_slope * min(x, 0)``."""
+
+    count_parameters = staticmethod(no_parameters)
 
     def __init__(self, negative_slope: float = 0.01, **kwargs):
         super().__init__(**kwargs)
@@ -68,6 +75,8 @@ class LeakyReLU(Module):
 
 class Softmax(Module):
     """Softmax along ``axis`` (default: the last axis)."""
+
+    count_parameters = staticmethod(no_parameters)
 
     def __init__(self, axis: int | None = None, **kwargs):
         super().__init__(**kwargs)

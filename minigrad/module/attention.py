@@ -4,7 +4,8 @@ projections.
 
 ``MultiHeadAttention`` is written as a composition of ``F.linear``, ``F.matmul`` and
 ``F.softmax``, so gradients (including second-order ones) come for free. Parameter names follow
-PyTorch: ``in_proj_weight`` packs the query, key and value projections as ``(3 * embed_dim, embed_dim)``; ``out_proj`` is a Linear.
+PyTorch: ``in_proj_weight`` packs the query, key and value projections as
+``(3 * embed_dim, embed_dim)``; ``out_proj`` is a Linear.
 """
 
 from __future__ import annotations
@@ -80,6 +81,13 @@ class MultiHeadAttention(Module):
         mha = M.MultiHeadAttention(64, 4)
         out, _ = mha(x, x, x, is_causal=True)  # self-attention, x: (N, L, 64)
     """
+
+    @staticmethod
+    def count_parameters(embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                         batch_first: bool = True, **kwargs) -> int:
+        """The number of trainable parameters of this layer built with these arguments, computed
+        without building it (a pipeline stage partitions layers that it never builds)."""
+        return 4 * (embed_dim + bool(bias)) * embed_dim
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  batch_first: bool = True, **kwargs):

@@ -28,6 +28,29 @@ def _tuple(value, n: int, name: str, layer: str) -> tuple:
     return (int(value),) * n
 
 
+def _conv_parameter_counter(nd: int, transposed: bool) -> staticmethod:
+    """The ``count_parameters`` of an ``nd``-d convolution layer: the number of trainable
+    parameters of the layer built with these arguments, computed without building it (a pipeline
+    stage partitions layers that it never builds). Its signature is the layer's constructor's."""
+
+    def count(in_channels, out_channels, kernel_size, groups, bias) -> int:
+        kernel = math.prod(_tuple(kernel_size, nd, "kernel_size", "count_parameters"))
+        return in_channels * out_channels // groups * kernel + (out_channels if bias else 0)
+
+    def count_parameters(in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                         dilation=1, groups: int = 1, bias: bool = True, **kwargs) -> int:
+        return count(in_channels, out_channels, kernel_size, groups, bias)
+
+    def count_transposed_parameters(in_channels: int, out_channels: int, kernel_size, stride=1,
+                                    padding=0, output_padding=0, dilation=1, groups: int = 1,
+                                    bias: bool = True, **kwargs) -> int:
+        return count(in_channels, out_channels, kernel_size, groups, bias)
+
+    counter = count_transposed_parameters if transposed else count_parameters
+    counter.__doc__ = _conv_parameter_counter.__doc__
+    return staticmethod(counter)
+
+
 class _ConvNd(Module):
     """What the convolution layers share: argument checks, parameters, init and repr."""
 
@@ -98,6 +121,7 @@ class Conv1d(_ConvNd):
     """1-d convolution over ``(N, C, L)`` inputs."""
 
     _nd = 1
+    count_parameters = _conv_parameter_counter(1, transposed=False)
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x)
@@ -113,6 +137,8 @@ class Conv2d(_ConvNd):
         conv = M.Conv2d(3, 16, 3, padding=1)
         conv(x).shape  # (N, 16, H, W)
     """
+
+    count_parameters = _conv_parameter_counter(2, transposed=False)
 
     def forward(self, x: Tensor) -> Tensor:
         self._check_input(x)
@@ -145,6 +171,7 @@ class ConvTranspose2d(_ConvNd):
     """
 
     _transposed = True
+    count_parameters = _conv_parameter_counter(2, transposed=True)
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
                  output_padding=0, dilation=1, groups: int = 1, bias: bool = True, **kwargs):

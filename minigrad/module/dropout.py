@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import minigrad.functional as F
 from minigrad.autodiff.tensor import Tensor
-from minigrad.module.module import Module
+from minigrad.module.module import Module, no_parameters
 
 
 class Dropout(Module):
     """Zero each element with probability ``drop_prob`` and scale the rest by
     ``1 / (1 - drop_prob)`` while training, so evaluation needs no rescaling."""
+
+    count_parameters = staticmethod(no_parameters)
 
     def __init__(self, drop_prob: float = 0.0, **kwargs):
         super().__init__(**kwargs)

@@ -18,6 +18,13 @@ class Embedding(Module):
     random initialisation, as in MegEngine; ``Embedding.from_pretrained`` does the same.
     """
 
+    @staticmethod
+    def count_parameters(num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
+                         initial_weight=None, **kwargs) -> int:
+        """The number of trainable parameters of this layer built with these arguments, computed
+        without building it (a pipeline stage partitions layers that it never builds)."""
+        return num_embeddings * embedding_dim
+
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  initial_weight=None, **kwargs):
         super().__init__(**kwargs)

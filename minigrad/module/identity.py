@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import minigrad.functional as F
 from minigrad.autodiff.tensor import Tensor
-from minigrad.module.module import Module
+from minigrad.module.module import Module, no_parameters
 
 
 class Identity(Module):
     """Returns its input (a placeholder where an architecture has an optional layer)."""
+
+    count_parameters = staticmethod(no_parameters)
 
     def forward(self, x: Tensor) -> Tensor:
         return x
@@ -16,6 +18,8 @@ class Identity(Module):
 
 class Flatten(Module):
     """Flatten axes ``start_axis..end_axis`` (default: everything but the batch axis)."""
+
+    count_parameters = staticmethod(no_parameters)
 
     def __init__(self, start_axis: int = 1, end_axis: int = -1, **kwargs):
         super().__init__(**kwargs)

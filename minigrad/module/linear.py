@@ -30,6 +30,12 @@ class Linear(Module):
         self.bias = Parameter(np.zeros(self.out_features, np.float32)) if bias else None
         self.reset_parameters()
 
+    @staticmethod
+    def count_parameters(in_features: int, out_features: int, bias: bool = True, **kwargs) -> int:
+        """The number of trainable parameters ``Linear(...)`` with these arguments has, computed
+        without building it (a pipeline stage partitions layers that it never builds)."""
+        return (in_features + bool(bias)) * out_features
+
     def reset_parameters(self) -> None:
         """Draw fresh initial weights (PyTorch's default scheme, see the class docstring)."""
         init.msra_uniform_(self.weight, a=init.DEFAULT_LAYER_A)

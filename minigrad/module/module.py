@@ -36,6 +36,12 @@ _INTERNAL = frozenset({"training", "name", "_forward_pre_hooks", "_forward_hooks
 _hook_ids = itertools.count()
 
 
+def no_parameters(*args, **kwargs) -> int:
+    """The ``count_parameters`` of a layer without trainable parameters (activations, pooling,
+    dropout...): 0 whatever the constructor arguments."""
+    return 0
+
+
 class HookHandler:
     """Returned by ``register_forward_*hook``; ``remove()`` unregisters the hook."""
 

@@ -20,6 +20,8 @@ importing the distributed runtime: dependency inversion instead of an upward imp
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 import minigrad.functional as F
@@ -50,6 +52,14 @@ class BatchNormBase(Module):
 
     input_ndims: tuple[int, ...] = (4,)
     input_layout = "(N, C, H, W)"
+
+    @staticmethod
+    def count_parameters(num_features: int, eps: float = 1e-5, momentum: float = 0.9,
+                         affine: bool = True, track_running_stats: bool = True,
+                         freeze: bool = False, **kwargs) -> int:
+        """The number of trainable parameters of this layer built with these arguments, computed
+        without building it (a pipeline stage partitions layers that it never builds)."""
+        return 2 * num_features if affine else 0
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.9,
                  affine: bool = True, track_running_stats: bool = True, freeze: bool = False,
@@ -134,6 +144,7 @@ class BatchNorm1d(BatchNormBase):
 
     input_ndims = (2, 3)
     input_layout = "(N, C) or (N, C, L)"
+    count_parameters = staticmethod(BatchNormBase.count_parameters)
 
 
 class BatchNorm2d(BatchNormBase):
@@ -144,6 +155,8 @@ class BatchNorm2d(BatchNormBase):
         bn = M.BatchNorm2d(16)
         y = bn(x)   # x (N, 16, H, W)
     """
+
+    count_parameters = staticmethod(BatchNormBase.count_parameters)
 
 
 class StatsReducer:
@@ -232,6 +245,14 @@ class SyncBatchNorm(BatchNormBase):
 class LayerNorm(Module):
     """Normalise over the trailing ``normalized_shape`` axes, then scale and shift."""
 
+    @staticmethod
+    def count_parameters(normalized_shape, eps: float = 1e-5, affine: bool = True,
+                         **kwargs) -> int:
+        """The number of trainable parameters of this layer built with these arguments, computed
+        without building it (a pipeline stage partitions layers that it never builds)."""
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+        return 2 * math.prod(shape) if affine else 0
+
     def __init__(self, normalized_shape, eps: float = 1e-5, affine: bool = True, **kwargs):
         super().__init__(**kwargs)
         if isinstance(normalized_shape, int):
@@ -255,6 +276,13 @@ class LayerNorm(Module):
 
 class GroupNorm(Module):
     """Normalise each group of ``num_channels // num_groups`` channels per sample."""
+
+    @staticmethod
+    def count_parameters(num_groups: int, num_channels: int, eps: float = 1e-5,
+                         affine: bool = True, **kwargs) -> int:
+        """The number of trainable parameters of this layer built with these arguments, computed
+        without building it (a pipeline stage partitions layers that it never builds)."""
+        return 2 * num_channels if affine else 0
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
                  **kwargs):

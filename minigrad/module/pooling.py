@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import minigrad.functional as F
 from minigrad.autodiff.tensor import Tensor
-from minigrad.module.module import Module
+from minigrad.module.module import Module, no_parameters
 
 
 def _check_4d(layer: Module, x: Tensor) -> None:
@@ -16,6 +16,8 @@ def _check_4d(layer: Module, x: Tensor) -> None:
 
 class MaxPool2d(Module):
     """Max over ``kernel_size`` windows; ``stride`` defaults to ``kernel_size``."""
+
+    count_parameters = staticmethod(no_parameters)
 
     def __init__(self, kernel_size, stride=None, padding=0, **kwargs):
         super().__init__(**kwargs)
@@ -34,6 +36,8 @@ class MaxPool2d(Module):
 class AvgPool2d(Module):
     """Mean over windows. ``mode`` is MegEngine's: ``"average_count_exclude_padding"`` (default)
     divides by the number of real pixels, ``"average"`` by the full window size."""
+
+    count_parameters = staticmethod(no_parameters)
 
     def __init__(self, kernel_size, stride=None, padding=0,
                  mode: str = "average_count_exclude_padding", **kwargs):
@@ -54,6 +58,8 @@ class AvgPool2d(Module):
 
 class AdaptiveAvgPool2d(Module):
     """Average-pool to a fixed output size ``oshp`` (int or ``(oh, ow)``) whatever the input."""
+
+    count_parameters = staticmethod(no_parameters)
 
     def __init__(self, oshp, **kwargs):
         super().__init__(**kwargs)

@@ -306,37 +306,51 @@ def _peer(where: str, peer: int, group: Group | None) -> GroupContext:
     return WORLD.context()
 
 
-def _send_now(x, dst: int, world: GroupContext) -> Callable[[], None]:
-    """Prepare a send on this thread (route, staging); return the transfer to run."""
+def _send_now(x, dst: int, world: GroupContext, tag) -> Callable[[], None]:
+    """Prepare a send on this thread (route, staging); return the transfer to run. ``tag`` (or
+    nothing, when None) travels in the message's header."""
     route = world.route(is_cupy(x))
     be = world.backend(route)
+    header = {} if tag is None else {"tag": tag}
     if route == "nccl":
         buf = contiguous(x)
-        return lambda: be.run(lambda: be.send(buf, dst, {}))
+        return lambda: be.run(lambda: be.send(buf, dst, header))
     buf = cupy_or_none().asnumpy(x) if is_cupy(x) else contiguous(x)
-    return lambda: be.send(buf, dst, {})
+    return lambda: be.send(buf, dst, header)
 
 
-def send(x, dst: int, group: Group | None = None) -> None:
-    """Send ``x`` to global rank ``dst``; returns once the data is buffered (maybe not yet read)."""
+def send(x, dst: int, group: Group | None = None, *, tag=None) -> None:
+    """Send ``x`` to global rank ``dst``; returns once the data is buffered (maybe not yet read).
+
+    ``tag``: small JSON-serialisable metadata (a dict of numbers, say) carried in the header the
+    message sends anyway, so a caller's own fields cost no extra message; ``recv(src,
+    with_tag=True)`` returns it."""
     check_array("send", x)
     world = _peer("send", int(dst), group)
-    transfer = _send_now(x, int(dst), world)
+    transfer = _send_now(x, int(dst), world, tag)
     world.peer_worker("send", int(dst)).flush()
     transfer()
 
 
-def isend(x, dst: int, group: Group | None = None) -> Work:
-    """Start sending ``x`` to ``dst``; ``Work.wait()`` returns once it is buffered. Do not modify
-    ``x`` before that. Messages to one peer arrive in the order they were sent."""
+def isend(x, dst: int, group: Group | None = None, *, tag=None) -> Work:
+    """Start sending ``x`` (and ``tag``, see :func:`send`) to ``dst``; ``Work.wait()`` returns
+    once it is buffered. Do not modify ``x`` before that. Messages to one peer arrive in the order
+    they were sent."""
     check_array("isend", x)
     world = _peer("isend", int(dst), group)
-    return world.peer_worker("send", int(dst)).submit(_send_now(x, int(dst), world))
+    return world.peer_worker("send", int(dst)).submit(_send_now(x, int(dst), world, tag))
 
 
-def _recv_now(src: int, out, device, world: GroupContext):
+def _recv_now(src: int, out, device, world: GroupContext, with_tag: bool = False):
     host = world.backend(world.host_route)
     header, y = host.recv(src)
+    y = _received_array(src, out, device, world, header, y)
+    return (y, header.get("tag")) if with_tag else y
+
+
+def _received_array(src: int, out, device, world: GroupContext, header: dict, y):
+    """The received array of a message whose ``header`` came over the host channel: its NCCL
+    payload fetched, written into ``out`` or placed on ``device``."""
     if header.get("via") == "nccl":
         nccl = world.backend("nccl")
         y = nccl.run(lambda: nccl.recv_payload(src, header))
@@ -351,24 +365,27 @@ def _recv_now(src: int, out, device, world: GroupContext):
     return y if device is None else as_device(device).put(y)
 
 
-def recv(src: int, out=None, device=None, group: Group | None = None):
+def recv(src: int, out=None, device=None, group: Group | None = None, *,
+         with_tag: bool = False):
     """The next array sent by global rank ``src`` (shape and dtype travel with it).
 
     With ``out`` the data is written into it (shape and dtype must match) and ``out`` returned;
     with ``device`` the result is placed there; otherwise it is a NumPy array, or a CuPy array when
-    it came over NCCL.
+    it came over NCCL. With ``with_tag``, ``(array, tag)``: the sender's ``tag`` (None if it gave
+    none).
     """
     if out is not None:
         check_array("recv", out)
     world = _peer("recv", int(src), group)
     world.peer_worker("recv", int(src)).flush()
-    return _recv_now(int(src), out, device, world)
+    return _recv_now(int(src), out, device, world, with_tag)
 
 
-def irecv(src: int, out=None, device=None, group: Group | None = None) -> Work:
+def irecv(src: int, out=None, device=None, group: Group | None = None, *,
+          with_tag: bool = False) -> Work:
     """Start receiving from ``src``; ``Work.wait()`` returns what :func:`recv` would."""
     if out is not None:
         check_array("irecv", out)
     world = _peer("irecv", int(src), group)
     worker = world.peer_worker("recv", int(src))
-    return worker.submit(lambda: _recv_now(int(src), out, device, world))
+    return worker.submit(lambda: _recv_now(int(src), out, device, world, with_tag))

@@ -42,12 +42,11 @@ tutorial program)::
 
 from __future__ import annotations
 
-import numpy as np
-
 from minigrad.autodiff import GradManager, no_grad
 from minigrad.autodiff.tensor import Tensor
 from minigrad.distributed.comm.group import get_rank
 from minigrad.distributed.global_tensor.tensor import local_row_chunks
+from minigrad.distributed.pipeline.accumulation import mean_loss_seed
 from minigrad.distributed.pipeline.actions import Forward
 from minigrad.distributed.pipeline.schedule import get_schedule
 
@@ -194,7 +193,7 @@ class Graph:
                     self._check_backward_calls(pending[m], training)
                     continue
                 for y, dy in pending[m]:
-                    gm.backward(y, _scaled_seed(y, dy, n), release=False)
+                    gm.backward(y, mean_loss_seed(y, n, dy), release=False)
                 pending[m] = None
         for opt, lr_sch in self._optimizers:
             opt.step()
@@ -218,15 +217,6 @@ class Graph:
     def __repr__(self) -> str:
         stages = {s: str(pl) for s, (_, pl) in sorted(self._stages.items())}
         return f"{type(self).__name__}(stages={stages}, config={self.config})"
-
-
-def _scaled_seed(y: Tensor, dy, n: int) -> Tensor:
-    """``dy`` (ones by default) divided by the number of micro-batches: the gradient of the mean
-    micro-batch loss. A local tensor of ``y``'s logical shape (``backward_seed`` takes this rank's
-    share of it)."""
-    if dy is None:
-        return Tensor(np.full(y.shape, 1.0 / n, dtype=y.dtype), device=y.device)
-    return dy * (1.0 / n)
 
 
 def _mean(outputs: list):

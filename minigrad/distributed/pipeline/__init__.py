@@ -2,9 +2,15 @@
 
 * :mod:`.engine` — :class:`PipelineEngine`: runs a schedule on every stage (``train_batch``,
   ``eval_batch``), with tied and data-parallel gradient reduction and a measured timeline.
-* :mod:`.module` — :class:`PipelineModule`, :class:`LayerSpec`, :class:`TiedLayerSpec`: the
-  model, its partition into stages, tied layers and checkpoints keyed by global layer index.
-* :mod:`.partition` — the partition arithmetic (uniform, balanced).
+* :mod:`.transport` — :class:`~.transport.Transport`: the engine's messages between stages.
+* :mod:`.accumulation` — the ``1 / M`` loss seed of each micro-batch's backward (shared with the
+  global-tensor ``Graph``).
+* :mod:`.module` — :class:`PipelineModule`: the model's part on this stage, tied layers.
+* :mod:`.specs` — :class:`LayerSpec`, :class:`TiedLayerSpec`: layers described by class and
+  arguments, with parameter counts known before building.
+* :mod:`.partition` — the partition of the layers into stages (uniform, balanced, by type).
+* :mod:`.checkpoint` — checkpoints keyed by global layer index, one file per layer.
+* :mod:`.errors` — :class:`PipelineError`.
 * :mod:`.actions`, :mod:`.schedule` — schedules as data (GPipe, 1F1B, interleaved 1F1B,
   zero-bubble H1, inference, custom), validated and rendered as a stage x step grid. The
   action classes (``Forward``, ``BackwardInput``, ``SendActivation``...) live in
@@ -28,16 +34,11 @@ Example::
 """
 
 from minigrad.distributed.pipeline.actions import ScheduleError, parse_actions
+from minigrad.distributed.pipeline.checkpoint import load_layer_states, save_layer_states
 from minigrad.distributed.pipeline.engine import PipelineEngine
+from minigrad.distributed.pipeline.errors import PipelineError
 from minigrad.distributed.pipeline.loader import RepeatingLoader
-from minigrad.distributed.pipeline.module import (
-    LayerSpec,
-    PipelineError,
-    PipelineModule,
-    TiedLayerSpec,
-    load_layer_states,
-    save_layer_states,
-)
+from minigrad.distributed.pipeline.module import PipelineModule
 from minigrad.distributed.pipeline.schedule import (
     SCHEDULES,
     CustomSchedule,
@@ -50,6 +51,7 @@ from minigrad.distributed.pipeline.schedule import (
     get_schedule,
 )
 from minigrad.distributed.pipeline.simulator import simulate
+from minigrad.distributed.pipeline.specs import LayerSpec, TiedLayerSpec
 from minigrad.distributed.pipeline.timeline import (
     Timeline,
     TimelineEvent,

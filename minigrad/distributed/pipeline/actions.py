@@ -44,12 +44,14 @@ __all__ = [
     "BackwardWeight",
     "Communication",
     "Forward",
+    "MICRO_BATCH_ACTIONS",
     "MicroBatchAction",
     "OptimizerStep",
     "RecvActivation",
     "RecvGrad",
     "ReduceGrads",
     "ReduceTiedGrads",
+    "STEP_ACTIONS",
     "ScheduleError",
     "SendActivation",
     "SendGrad",
@@ -201,12 +203,14 @@ class OptimizerStep(Action):
     """Step the optimizer on the stage's own parameters."""
 
 
-_MICRO_BATCH_ACTIONS = {
+# Every action class by its label ("F", "BI", "SA"...) and every step action by its class name:
+# the vocabulary of ``parse_actions`` and of the engine's gathered timeline.
+MICRO_BATCH_ACTIONS = {
     cls.label: cls
     for cls in (Forward, Backward, BackwardInput, BackwardWeight, SendActivation,
                 RecvActivation, SendGrad, RecvGrad)
 }
-_STEP_ACTIONS = {cls.__name__: cls for cls in (ReduceTiedGrads, ReduceGrads, OptimizerStep)}
+STEP_ACTIONS = {cls.__name__: cls for cls in (ReduceTiedGrads, ReduceGrads, OptimizerStep)}
 _LABEL = re.compile(r"(BI|BW|SA|RA|SG|RG|F|B)(\d+)(?:c(\d+))?")
 
 
@@ -216,16 +220,16 @@ def parse_action(text: str) -> Action:
     Example: ``parse_action("BI2c1") == BackwardInput(2, chunk=1)``.
     """
     text = text.strip()
-    if text in _STEP_ACTIONS:
-        return _STEP_ACTIONS[text]()
+    if text in STEP_ACTIONS:
+        return STEP_ACTIONS[text]()
     match = _LABEL.fullmatch(text)
     if match is None:
         raise ValueError(
             f"parse_action: {text!r} is not an action label; expected e.g. 'F3', 'B0', 'BI2', "
-            f"'BW2c1', 'SA0', 'RG1' or one of {sorted(_STEP_ACTIONS)}"
+            f"'BW2c1', 'SA0', 'RG1' or one of {sorted(STEP_ACTIONS)}"
         )
     kind, micro_batch, chunk = match.groups()
-    return _MICRO_BATCH_ACTIONS[kind](int(micro_batch), int(chunk or 0))
+    return MICRO_BATCH_ACTIONS[kind](int(micro_batch), int(chunk or 0))
 
 
 def parse_actions(text: str) -> list[Action]:

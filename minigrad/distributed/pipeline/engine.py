@@ -37,13 +37,14 @@ being micro-batch m (DeepSpeed's rule). Middle stages never touch the iterator a
 seed): nothing can check that the labels belong to the inputs.
 
 Messages. Sends are buffered (a send returns once the data is on its way), so a validated
-schedule cannot deadlock at any stage count. Each message is a small header (kind, number of
-tensors, tuple or not) followed by the arrays, which carry their own shape and dtype; only float
-tensors get gradients back. Shapes may change from one micro-batch to the next (a last, shorter
+schedule cannot deadlock at any stage count. A message is its arrays, each one ``comm.send``
+carrying its own shape and dtype; the message's fields (kind, number of tensors, tuple or not)
+ride in the first send's header, so a one-tensor activation is one send. Only float tensors get
+gradients back. Shapes may change from one micro-batch to the next (a last, shorter
 batch), but the number of tensors and their dtypes must stay those of the step's first micro-batch:
 the receiving stage raises naming the stage, the micro-batch and both signatures. Everything the
-engine sends or receives goes through :class:`Transport`, the one seam over ``comm.send`` /
-``comm.recv``.
+engine sends or receives goes through :class:`~.transport.Transport`, the one seam over
+``comm.send`` / ``comm.recv``.
 
 Failures. An exception on one rank during a step (a layer returning a list, a changed dtype, a
 bad data item) is raised there with its own traceback, and the rank sends an *abort* message to
@@ -63,7 +64,6 @@ Example::
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -81,85 +81,22 @@ from minigrad.distributed.comm.group import (
     new_group,
 )
 from minigrad.distributed.data_parallel.helper import bcast_list_
-from minigrad.distributed.pipeline.module import PipelineError, PipelineModule
+from minigrad.distributed.pipeline.accumulation import mean_loss_seed
+from minigrad.distributed.pipeline.errors import PipelineError
+from minigrad.distributed.pipeline.module import PipelineModule
 from minigrad.distributed.pipeline.schedule import (
     InferenceSchedule,
     Schedule,
-    _positive_int,
+    check_positive_int,
     get_schedule,
 )
 from minigrad.distributed.pipeline.timeline import Timeline, TimelineEvent
+from minigrad.distributed.pipeline.transport import Aborted, Transport
 
 __all__ = ["PipelineEngine", "Transport"]
 
-_DATA, _ABORT = 0, 1
 # Timeline labels as numbers, to gather every rank's events in one float array.
-_LABELS = (*A._MICRO_BATCH_ACTIONS, *A._STEP_ACTIONS)
-
-
-# ------------------------------------------------------------------------------------------------
-# The transfer seam
-# ------------------------------------------------------------------------------------------------
-class _Aborted(PipelineError):
-    """An abort message arrived: another rank's step failed (``reason`` says where and why)."""
-
-    def __init__(self, reason: str, origin: int):
-        super().__init__(reason)
-        self.reason, self.origin = reason, origin
-
-
-class Transport:
-    """How the stages of a pipeline exchange messages: the engine's only point-to-point code.
-
-    A message is a list of arrays plus a flag saying whether the stage output was a tuple. On
-    the wire it is a header ``[kind, number of arrays, tuple flag]`` (int64) followed by the
-    arrays, each sent with ``comm.send`` (which returns once the data is buffered and carries
-    shape and dtype) and read with ``comm.recv`` in the same order; channels are FIFO per pair of
-    ranks. A message to the own rank (one stage holding consecutive chunks) is handed over in a
-    local queue. An *abort* message carries a failure's description instead of data; receiving
-    one raises :class:`PipelineError`.
-
-    Retargeting the engine to another point-to-point API means changing :meth:`_send_array` and
-    :meth:`_recv_array` only.
-    """
-
-    def __init__(self, rank: int):
-        self.rank = rank
-        self._local: deque = deque()
-
-    @staticmethod
-    def _send_array(array, dst: int) -> None:
-        comm.send(array, dst)
-
-    @staticmethod
-    def _recv_array(src: int):
-        return comm.recv(src)
-
-    def send(self, arrays: list, dst: int, as_tuple: bool = False, kind: int = _DATA) -> None:
-        """Send ``arrays`` (one message) to global rank ``dst``."""
-        header = np.array([kind, len(arrays), int(as_tuple)], np.int64)
-        if dst == self.rank:
-            self._local.append((header, list(arrays)))
-            return
-        self._send_array(header, dst)
-        for array in arrays:
-            self._send_array(array, dst)
-
-    def recv(self, src: int) -> tuple[list, bool]:
-        """The next message from global rank ``src``: ``(arrays, as_tuple)``."""
-        if src == self.rank:
-            header, arrays = self._local.popleft()
-        else:
-            header = self._recv_array(src)
-            arrays = [self._recv_array(src) for _ in range(int(header[1]))]
-        kind, _, as_tuple = (int(v) for v in header.tolist())
-        if kind == _ABORT:
-            raise _Aborted(bytes(arrays[0].tolist()).decode(), src)
-        return arrays, bool(as_tuple)
-
-    def abort(self, reason: str, dst: int) -> None:
-        """Tell ``dst`` that this rank's step failed because of ``reason``."""
-        self.send([np.frombuffer(reason.encode(), np.uint8)], dst, kind=_ABORT)
+_LABELS = (*A.MICRO_BATCH_ACTIONS, *A.STEP_ACTIONS)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -260,7 +197,7 @@ class PipelineEngine:
         if not isinstance(module, PipelineModule):
             raise TypeError(
                 f"PipelineEngine: module must be a PipelineModule, got {type(module).__name__}")
-        _positive_int("micro_batches", micro_batches, "PipelineEngine")
+        check_positive_int("micro_batches", micro_batches, "PipelineEngine")
         self.schedule = get_schedule(schedule, module.num_stages, micro_batches, module.chunks)
         if not self.schedule.training:
             raise ValueError(
@@ -307,7 +244,7 @@ class PipelineEngine:
         if self._data_group is not None:
             bcast_list_(list(module.tensors()), self._data_group)
         self._broadcast_tied_weights()
-        module._engine_bound = True
+        module.bind_engine()
 
     # -- set-up ----------------------------------------------------------------------------------
     def _axis_group(self, axis: str) -> Group | None:
@@ -464,14 +401,14 @@ class PipelineEngine:
     def _run(self, schedule: Schedule, step: _Step) -> float:
         """Run ``schedule``'s program of this stage, then reduce and share the mean loss."""
         self._step, self._events = step, []
-        self.module._engine_running = True
         action = None
         try:
-            for action in schedule.actions(self.stage_id):
-                start = time.time()
-                self._run_action[type(action)](action)
-                self._record(action, start, time.time())
-        except _Aborted as e:
+            with self.module.engine_step():
+                for action in schedule.actions(self.stage_id):
+                    start = time.time()
+                    self._run_action[type(action)](action)
+                    self._record(action, start, time.time())
+        except Aborted as e:
             self._fail(e.reason, skip=e.origin)
             raise PipelineError(
                 f"PipelineEngine: rank {self.rank} (stage {self.stage_id}) stopped at {action!r}: "
@@ -481,7 +418,6 @@ class PipelineEngine:
                        f"{self.global_steps}: {type(e).__name__}: {e}")
             raise
         finally:
-            self.module._engine_running = False
             self._step = None
         return self._mean_loss(step)
 
@@ -621,8 +557,7 @@ class PipelineEngine:
         outputs = self._step.outputs[key]
         if position == self._last_position:
             loss = outputs[0]
-            scale = loss.xp.full(loss.shape, 1.0 / self._step.micro_batches, loss.dtype)
-            return [loss], [Tensor(scale, device=loss.device)]
+            return [loss], [mean_loss_seed(loss, self._step.micro_batches)]
         grads = self._step.output_grads.pop(key)
         return _floats(outputs), [Tensor(g) for g in grads]
 

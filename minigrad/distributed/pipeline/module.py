@@ -27,14 +27,8 @@ Example::
     net.parts          # [0, 4, 9]: stage 0 runs layers 0-3, stage 1 layers 4-8
     y = net(x)         # this stage's layers (chunk 0), one after the other
 
-Parameter counts without building. ``partition_method="parameters"`` balances trainable
-parameters, so it must know each layer's count — but a LayerSpec's constructor is never called
-on a stage that does not own the layer (DeepSpeed builds every spec once to count it; minigrad
-does not). A spec's count therefore comes from its arguments: the class may define a classmethod
-``parameter_count(*args, **kwargs)``, and minigrad's own layers (Linear, Embedding, LayerNorm,
-Conv, attention, parameter-free layers...) are known. For another class the constructor
-raises a clear error naming the layer and the ways out (add ``parameter_count``, or pick
-``"uniform"``, ``"type:REGEX"`` or explicit bounds).
+Layer specs and their parameter counts live in :mod:`.specs`, the partition arithmetic in
+:mod:`.partition`, the checkpoint files in :mod:`.checkpoint`.
 
 Checkpoints are keyed by **global layer index**: the state of layer ``i`` is named ``"i.weight"``,
 ``"i.bias"``..., exactly like an ``M.Sequential`` of the same layers, and a tied layer's state
@@ -49,14 +43,12 @@ group, e.g. to check a partition or write and read checkpoints for several stage
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import logging
-import math
 import os
-import re
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import minigrad.module as M
 from minigrad import serialization
@@ -64,10 +56,18 @@ from minigrad.autodiff import checkpoint
 from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.distributed.comm.group import get_rank, get_world_size, is_distributed
 from minigrad.distributed.mesh.topology import PipeDataParallelTopology, ProcessTopology
-from minigrad.distributed.pipeline.partition import (
-    check_bounds,
-    partition_balanced,
-    partition_uniform,
+from minigrad.distributed.pipeline.checkpoint import (
+    layer_state_path,
+    load_layer_states,
+    save_layer_states,
+)
+from minigrad.distributed.pipeline.errors import PipelineError
+from minigrad.distributed.pipeline.partition import partition_layers
+from minigrad.distributed.pipeline.specs import (
+    LayerSpec,
+    TiedLayerSpec,
+    layer_name,
+    layer_parameter_count,
 )
 from minigrad.module import Module
 
@@ -82,143 +82,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("minigrad.distributed.pipeline")
-
-
-class PipelineError(RuntimeError):
-    """A pipeline is used the wrong way (a stage run outside its engine's steps, ``train_batch``
-    under ``no_grad``), or a pipelined step failed on some rank (the message names it)."""
-
-
-# ------------------------------------------------------------------------------------------------
-# Layer specifications
-# ------------------------------------------------------------------------------------------------
-class LayerSpec:
-    """A layer described by its class and constructor arguments, built only where it is needed.
-
-    ``LayerSpec(M.Linear, 64, 64, bias=False).build()`` is ``M.Linear(64, 64, bias=False)``; a
-    :class:`PipelineModule` calls :meth:`build` only on the stage that owns the layer.
-    """
-
-    def __init__(self, typename: type, *module_args: Any, **module_kwargs: Any):
-        if not (isinstance(typename, type) and issubclass(typename, Module)):
-            raise TypeError(
-                f"LayerSpec: expected a Module subclass, got {typename!r}; pass a built layer "
-                f"or a plain callable to PipelineModule directly"
-            )
-        self.typename = typename
-        self.module_args = module_args
-        self.module_kwargs = module_kwargs
-
-    def build(self) -> Module:
-        """Construct the layer."""
-        return self.typename(*self.module_args, **self.module_kwargs)
-
-    def num_parameters(self) -> int | None:
-        """The number of trainable parameters of the built layer, computed from the arguments
-        without building it; None when unknown (see the module docstring)."""
-        counter = getattr(self.typename, "parameter_count", None)
-        if counter is not None:
-            return int(counter(*self.module_args, **self.module_kwargs))
-        cls = self.typename          # exact classes only: a subclass may take other arguments
-        if cls in _PARAMETER_FREE:
-            return 0
-        if cls not in _KNOWN_COUNTS:
-            return None
-        try:
-            bound = inspect.signature(cls).bind(*self.module_args, **self.module_kwargs)
-        except TypeError:
-            return None
-        bound.apply_defaults()
-        return _KNOWN_COUNTS[cls](bound.arguments)
-
-    def __repr__(self) -> str:
-        args = [repr(a) for a in self.module_args]
-        args += [f"{k}={v!r}" for k, v in self.module_kwargs.items()]
-        return f"{type(self).__name__}({', '.join([self.typename.__name__, *args])})"
-
-
-class TiedLayerSpec(LayerSpec):
-    """A layer whose weights are shared by every position that uses the same ``key``.
-
-    Each stage owning a position of ``key`` builds one copy (once, however many positions it
-    owns); the engine broadcasts it from the lowest owning stage at start and sums its gradients
-    over the owning stages, so the copies stay identical. ``forward_fn(layer, x)``, if given,
-    replaces ``layer(x)`` at this position (e.g. an embedding used as the output projection).
-    ``tied_weight_attr`` names the shared attribute(s) (a string or a list of strings).
-    """
-
-    def __init__(
-        self,
-        key: str,
-        typename: type,
-        *module_args: Any,
-        forward_fn: Callable | None = None,
-        tied_weight_attr: str | Sequence[str] = "weight",
-        **module_kwargs: Any,
-    ):
-        super().__init__(typename, *module_args, **module_kwargs)
-        self.key = key
-        self.forward_fn = forward_fn
-        attrs = [tied_weight_attr] if isinstance(tied_weight_attr, str) else list(tied_weight_attr)
-        if not attrs or not all(isinstance(a, str) for a in attrs):
-            raise TypeError(
-                f"TiedLayerSpec({key!r}): tied_weight_attr must be a name or a list of names, "
-                f"got {tied_weight_attr!r}"
-            )
-        self.tied_weight_attr = tuple(attrs)
-
-    def __repr__(self) -> str:
-        return f"{super().__repr__()[:-1]}, key={self.key!r})"
-
-
-def _size(shape) -> int:
-    return math.prod((shape,) if isinstance(shape, int) else shape)
-
-
-def _conv_count(nd: int, transposed: bool) -> Callable[[dict], int]:
-    def count(a: dict) -> int:
-        kernel = a["kernel_size"]
-        kernel = _size((kernel,) * nd if isinstance(kernel, int) else kernel)
-        return (a["in_channels"] * a["out_channels"] // a["groups"] * kernel
-                + (a["out_channels"] if a["bias"] else 0))
-    return count
-
-
-# Parameter counts of minigrad's layers from their constructor arguments (keep in step with
-# minigrad.module; tests compare each against a built layer).
-_KNOWN_COUNTS: dict[type, Callable[[dict], int]] = {
-    M.Linear: lambda a: (a["in_features"] + bool(a["bias"])) * a["out_features"],
-    M.Embedding: lambda a: a["num_embeddings"] * a["embedding_dim"],
-    M.LayerNorm: lambda a: 2 * _size(a["normalized_shape"]) if a["affine"] else 0,
-    M.GroupNorm: lambda a: 2 * a["num_channels"] if a["affine"] else 0,
-    M.BatchNorm1d: lambda a: 2 * a["num_features"] if a["affine"] else 0,
-    M.BatchNorm2d: lambda a: 2 * a["num_features"] if a["affine"] else 0,
-    M.Conv1d: _conv_count(1, False),
-    M.Conv2d: _conv_count(2, False),
-    M.ConvTranspose2d: _conv_count(2, True),
-    M.MultiHeadAttention: lambda a: 4 * (a["embed_dim"] + bool(a["bias"])) * a["embed_dim"],
-}
-_PARAMETER_FREE = frozenset({
-    M.GELU, M.LeakyReLU, M.ReLU, M.Sigmoid, M.SiLU, M.Softmax, M.Tanh, M.Dropout, M.Identity,
-    M.Flatten, M.AdaptiveAvgPool2d, M.AvgPool2d, M.MaxPool2d,
-})
-
-
-def _layer_name(layer) -> str:
-    """The class name a ``type:REGEX`` partition matches and the partition table shows."""
-    if isinstance(layer, LayerSpec):
-        return layer.typename.__name__
-    if isinstance(layer, Module):
-        return type(layer).__name__
-    return getattr(layer, "__name__", type(layer).__name__)
-
-
-def _num_parameters(layer) -> int | None:
-    if isinstance(layer, LayerSpec):
-        return layer.num_parameters()
-    if isinstance(layer, Module):
-        return sum(p.size for p in layer.parameters())
-    return 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -283,11 +146,11 @@ class PipelineModule(Module):
             )
         self.loss_fn = loss_fn
         self.partition_method = partition_method
-        self.parts = _partition(specs, self.num_stages * self.chunks, partition_method)
+        self.parts = partition_layers(specs, self.num_stages * self.chunks, partition_method)
         self._layers = _Layers(tuple(specs))
         self._tie_groups = self._find_tie_groups()
         self._chunks = tuple(self._build_chunk(c) for c in range(self.chunks))
-        self._engine_bound = False     # set by PipelineEngine: forward only inside its steps
+        self._engine_bound = False     # see bind_engine: forward only inside engine_step
         self._engine_running = False
         if not is_distributed() or get_rank() == 0:
             logger.info("%s", self.partition_table())
@@ -365,7 +228,7 @@ class PipelineModule(Module):
         rows = [("stage", "chunk", "layers", "names", "parameters")]
         for part in range(len(self.parts) - 1):
             start, stop = self.parts[part], self.parts[part + 1]
-            counts = [_num_parameters(self._layers.items[i]) for i in range(start, stop)]
+            counts = [layer_parameter_count(self._layers.items[i]) for i in range(start, stop)]
             total = "?" if None in counts else f"{sum(counts):,}"
             names = _summarise_names(self._layers.items[start:stop])
             rows.append((str(part % self.num_stages), str(part // self.num_stages),
@@ -413,6 +276,22 @@ class PipelineModule(Module):
         return [[pipe[s] for s in stages] for pipe in self.topology.get_axis_comm_lists("pipe")]
 
     # -- running ---------------------------------------------------------------------------------
+    def bind_engine(self) -> None:
+        """Mark this stage as driven by a :class:`~minigrad.distributed.pipeline.PipelineEngine`
+        (its constructor calls this): from now on the stage runs only inside
+        :meth:`engine_step`, i.e. inside the engine's ``train_batch`` and ``eval_batch``."""
+        self._engine_bound = True
+
+    @contextlib.contextmanager
+    def engine_step(self) -> Iterator[None]:
+        """The scope of one engine step (``train_batch``/``eval_batch``): the only place where a
+        stage bound to an engine may run its layers."""
+        self._engine_running = True
+        try:
+            yield
+        finally:
+            self._engine_running = False
+
     def _chunk(self, chunk: int) -> _Chunk:
         if not 0 <= chunk < self.chunks:
             raise ValueError(f"PipelineModule: chunk {chunk} is outside [0, {self.chunks})")
@@ -516,7 +395,7 @@ def _check_value(value, what: str, index: int, layer) -> None:
         kind = type(value).__name__
         if isinstance(value, tuple):
             kind = "tuple of (" + ", ".join(type(v).__name__ for v in value) + ")"
-        who = f"layer {index}" + (f" ({_layer_name(layer)})" if layer is not None else "")
+        who = f"layer {index}" + (f" ({layer_name(layer)})" if layer is not None else "")
         raise TypeError(
             f"PipelineModule: {what} {who} is a {kind}; pipeline layers take and return a "
             f"Tensor or a tuple of Tensors"
@@ -527,7 +406,7 @@ def _summarise_names(specs: Sequence) -> str:
     """``"Embedding, Block x3"``: consecutive equal names folded."""
     names: list[list] = []
     for spec in specs:
-        name = _layer_name(spec)
+        name = layer_name(spec)
         if isinstance(spec, TiedLayerSpec):
             name += f"[{spec.key}]"
         if names and names[-1][0] == name:
@@ -607,87 +486,3 @@ def _resolve_stage(topology: ProcessTopology, num_stages: int, stage_id: int | N
     if stage_id >= num_stages:
         raise ValueError(f"PipelineModule: stage_id {stage_id} is outside [0, {num_stages})")
     return stage_id
-
-
-def _partition(specs: Sequence, num_parts: int, method) -> list[int]:
-    """The bounds of ``num_parts`` parts of ``specs`` by ``method`` (see the module docstring)."""
-    if len(specs) < num_parts:
-        raise ValueError(
-            f"PipelineModule: {len(specs)} layers cannot fill {num_parts} pipeline parts "
-            f"(stages x chunks); every part needs at least one layer"
-        )
-    if not isinstance(method, str):
-        return check_bounds(method, len(specs), num_parts)
-    if method == "uniform":
-        return partition_uniform(len(specs), num_parts)
-    if method == "parameters":
-        counts = [_num_parameters(s) for s in specs]
-        unknown = [i for i, c in enumerate(counts) if c is None]
-        if unknown:
-            i = unknown[0]
-            raise ValueError(
-                f"PipelineModule: partition_method='parameters' needs the parameter count of "
-                f"layer {i} ({specs[i]!r}) without building it (a LayerSpec is built only on the "
-                f"stage that owns it): give {specs[i].typename.__name__} a classmethod "
-                f"parameter_count(*args, **kwargs), or use partition_method='uniform', "
-                f"'type:REGEX' or explicit bounds"
-            )
-        return partition_balanced(counts, num_parts)
-    if method.lower().startswith("type:"):
-        pattern = method[len("type:"):]
-        regex = re.compile(pattern, re.IGNORECASE)
-        weights = [1 if regex.search(_layer_name(s)) else 0 for s in specs]
-        if not any(weights):
-            names = sorted({_layer_name(s) for s in specs})
-            raise ValueError(
-                f"PipelineModule: partition_method {method!r}: the regex {pattern!r} matches no "
-                f"layer class (the layers are {names})"
-            )
-        return partition_balanced(weights, num_parts)
-    raise ValueError(
-        f"PipelineModule: unknown partition_method {method!r}; expected 'parameters', "
-        f"'uniform', 'type:REGEX' or a list of bounds"
-    )
-
-
-# ------------------------------------------------------------------------------------------------
-# Checkpoint files, one per global layer index
-# ------------------------------------------------------------------------------------------------
-def layer_state_path(directory: str, index: int) -> str:
-    """The file that holds the state of global layer ``index`` in a pipeline checkpoint."""
-    return os.path.join(directory, f"layer_{index:02d}-model_states.mgc")
-
-
-def save_layer_states(state_dict: dict, save_dir: str) -> list[str]:
-    """Split a state dict keyed by global layer index (``"5.weight"`` — a pipeline stage's or an
-    ``M.Sequential``'s) into one file per layer under ``save_dir``; returns the paths written."""
-    by_layer: dict[int, OrderedDict] = {}
-    for name, value in state_dict.items():
-        head = name.split(".", 1)[0]
-        if not head.isdigit():
-            raise ValueError(
-                f"save_layer_states: {name!r} does not start with a layer index (expected names "
-                f"like '5.weight')"
-            )
-        by_layer.setdefault(int(head), OrderedDict())[name] = value
-    os.makedirs(save_dir, exist_ok=True)
-    paths = []
-    for index in sorted(by_layer):
-        paths.append(layer_state_path(save_dir, index))
-        serialization.save(by_layer[index], paths[-1])
-    return paths
-
-
-def load_layer_states(load_dir: str) -> "OrderedDict[str, Any]":
-    """Every layer file of a pipeline checkpoint merged into one state dict keyed by global
-    layer index, ready for a single-process model: ``seq.load_state_dict(load_layer_states(d))``.
-    """
-    pattern = re.compile(r"layer_(\d+)-model_states\.mgc")
-    files = sorted((int(m.group(1)), name) for name in os.listdir(load_dir)
-                   if (m := pattern.fullmatch(name)))
-    if not files:
-        raise FileNotFoundError(f"load_layer_states: no layer_*-model_states.mgc in {load_dir}")
-    state: OrderedDict = OrderedDict()
-    for _, name in files:
-        state.update(serialization.load(os.path.join(load_dir, name)))
-    return state

@@ -12,13 +12,19 @@ least one layer.
   tells whether parts of weight at most ``B`` suffice), then the greedy fill at the optimal ``B``
   fixes the bounds — each part takes as many layers as fit, leaving one for every later part.
   Among optimal partitions this is the one that fills early parts first.
+* :func:`partition_layers` — a pipeline model's layers by a ``partition_method``: ``"uniform"``,
+  ``"parameters"`` (weights: each layer's parameter count, see :mod:`.specs`), ``"type:REGEX"``
+  (weights: 1 for layers whose class name matches) or explicit bounds.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
-__all__ = ["check_bounds", "partition_balanced", "partition_uniform"]
+from minigrad.distributed.pipeline.specs import layer_name, layer_parameter_count
+
+__all__ = ["check_bounds", "partition_balanced", "partition_layers", "partition_uniform"]
 
 
 def _check_counts(op: str, num_items: int, num_parts: int) -> None:
@@ -98,3 +104,45 @@ def check_bounds(bounds: Sequence[int], num_items: int, num_parts: int) -> list[
             f"integers from 0 to {num_items} (one non-empty part per stage and chunk)"
         )
     return bounds
+
+
+def partition_layers(specs: Sequence, num_parts: int, method) -> list[int]:
+    """The bounds of ``num_parts`` parts of a pipeline model's layers ``specs`` by ``method``
+    (see the module docstring); errors name the ``PipelineModule`` argument at fault."""
+    if len(specs) < num_parts:
+        raise ValueError(
+            f"PipelineModule: {len(specs)} layers cannot fill {num_parts} pipeline parts "
+            f"(stages x chunks); every part needs at least one layer"
+        )
+    if not isinstance(method, str):
+        return check_bounds(method, len(specs), num_parts)
+    if method == "uniform":
+        return partition_uniform(len(specs), num_parts)
+    if method == "parameters":
+        counts = [layer_parameter_count(s) for s in specs]
+        unknown = [i for i, c in enumerate(counts) if c is None]
+        if unknown:
+            i = unknown[0]
+            raise ValueError(
+                f"PipelineModule: partition_method='parameters' needs the parameter count of "
+                f"layer {i} ({specs[i]!r}) without building it (a LayerSpec is built only on the "
+                f"stage that owns it): give {specs[i].typename.__name__} a classmethod "
+                f"parameter_count(*args, **kwargs), or use partition_method='uniform', "
+                f"'type:REGEX' or explicit bounds"
+            )
+        return partition_balanced(counts, num_parts)
+    if method.lower().startswith("type:"):
+        pattern = method[len("type:"):]
+        regex = re.compile(pattern, re.IGNORECASE)
+        weights = [1 if regex.search(layer_name(s)) else 0 for s in specs]
+        if not any(weights):
+            names = sorted({layer_name(s) for s in specs})
+            raise ValueError(
+                f"PipelineModule: partition_method {method!r}: the regex {pattern!r} matches no "
+                f"layer class (the layers are {names})"
+            )
+        return partition_balanced(weights, num_parts)
+    raise ValueError(
+        f"PipelineModule: unknown partition_method {method!r}; expected 'parameters', "
+        f"'uniform', 'type:REGEX' or a list of bounds"
+    )

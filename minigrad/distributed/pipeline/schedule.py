@@ -99,6 +99,7 @@ __all__ = [
     "Schedule",
     "ZeroBubbleH1",
     "add_communication",
+    "check_positive_int",
     "get_schedule",
     "peak_activations",
     "validate_programs",
@@ -108,7 +109,9 @@ STEP_END = (ReduceTiedGrads(), ReduceGrads(), OptimizerStep())
 _BACKWARDS = (Backward, BackwardInput, BackwardWeight)
 
 
-def _positive_int(name: str, value, owner: str) -> int:
+def check_positive_int(name: str, value, owner: str) -> int:
+    """``value`` if it is an int >= 1 (not a bool); else a ValueError naming ``owner`` and
+    ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
     return value
@@ -128,9 +131,9 @@ class Schedule:
 
     def __init__(self, stages: int, micro_batches: int, chunks: int = 1):
         owner = type(self).__name__
-        self.stages = _positive_int("stages", stages, owner)
-        self.micro_batches = _positive_int("micro_batches", micro_batches, owner)
-        self.chunks = _positive_int("chunks", chunks, owner)
+        self.stages = check_positive_int("stages", stages, owner)
+        self.micro_batches = check_positive_int("micro_batches", micro_batches, owner)
+        self.chunks = check_positive_int("chunks", chunks, owner)
         self._check_shape()
         self._programs = [self._program(s) for s in range(self.stages)]
         self.validate()

@@ -148,6 +148,23 @@ def test_known_parameter_counts_match_the_built_layer(spec):
     assert spec.num_parameters() == sum(p.size for p in spec.build().parameters())
 
 
+@pytest.mark.parametrize("cls, args, kwargs", [
+    (M.Linear, (3, 4), {}), (M.Linear, (3, 4, False), {}), (M.Embedding, (5, 3), {}),
+    (M.LayerNorm, ((2, 3),), {}), (M.LayerNorm, (4, 1e-5, False), {}),
+    (M.GroupNorm, (2, 4), {"affine": False}), (M.BatchNorm1d, (3, 1e-5, 0.9, False), {}),
+    (M.BatchNorm2d, (5,), {}), (M.Conv1d, (2, 4, 3), {"bias": False}),
+    (M.Conv2d, (2, 4, (3, 2), 1, 0, 1, 2, False), {}),
+    (M.ConvTranspose2d, (4, 2, 3, 2, 1, 1, 1, 2), {}),
+    (M.MultiHeadAttention, (8, 2, 0.0, False), {}), (M.LeakyReLU, (0.2,), {}),
+    (M.AvgPool2d, (2,), {}), (M.Identity, (), {}), (M.GELU, (), {}),
+])
+def test_layers_count_their_parameters_from_constructor_arguments(cls, args, kwargs):
+    # positional arguments bind as the constructor binds them (ConvTranspose2d's groups is 8th)
+    expected = sum(p.size for p in cls(*args, **kwargs).parameters())
+    assert cls.count_parameters(*args, **kwargs) == expected
+    assert LayerSpec(cls, *args, **kwargs).num_parameters() == expected
+
+
 def test_unknown_parameter_counts():
     class Block(M.Module):
         def __init__(self, width):

@@ -1,0 +1,125 @@
+"""Layer specifications: pipeline layers described by class and arguments, built where needed.
+
+A :class:`LayerSpec` names a layer class and its constructor arguments; a pipeline stage builds
+only the specs it owns, so a 100-layer model never materialises on every rank. A
+:class:`TiedLayerSpec` is a layer whose weights several positions share (an embedding reused as the
+output head).
+
+Parameter counts without building. ``partition_method="parameters"`` balances trainable
+parameters, so it must know each layer's count, but a spec is never built on a stage that does not
+own it (DeepSpeed builds every spec once to count it; minigrad does not). A spec's count therefore
+comes from its arguments, asked of the class:
+
+* a classmethod ``parameter_count(*args, **kwargs)`` (a user's layer; subclasses inherit it);
+* else the layer's own ``count_parameters(*args, **kwargs)``, which minigrad's layers define
+  (``M.Linear.count_parameters(64, 32) == 2080``). It is asked only of the class that defines it:
+  a subclass may take other arguments, so its count is not guessed;
+* else the count is unknown (None), and the ``"parameters"`` partition raises, naming the ways out.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+from minigrad.module import Module
+
+__all__ = ["LayerSpec", "TiedLayerSpec", "layer_name", "layer_parameter_count"]
+
+
+class LayerSpec:
+    """A layer described by its class and constructor arguments, built only where it is needed.
+
+    ``LayerSpec(M.Linear, 64, 64, bias=False).build()`` is ``M.Linear(64, 64, bias=False)``; a
+    :class:`~minigrad.distributed.pipeline.PipelineModule` calls :meth:`build` only on the stage
+    that owns the layer.
+    """
+
+    def __init__(self, typename: type, *module_args: Any, **module_kwargs: Any):
+        if not (isinstance(typename, type) and issubclass(typename, Module)):
+            raise TypeError(
+                f"LayerSpec: expected a Module subclass, got {typename!r}; pass a built layer "
+                f"or a plain callable to PipelineModule directly"
+            )
+        self.typename = typename
+        self.module_args = module_args
+        self.module_kwargs = module_kwargs
+
+    def build(self) -> Module:
+        """Construct the layer."""
+        return self.typename(*self.module_args, **self.module_kwargs)
+
+    def num_parameters(self) -> int | None:
+        """The number of trainable parameters of the built layer, computed from the arguments
+        without building it; None when unknown (see the module docstring)."""
+        counter = getattr(self.typename, "parameter_count", None)
+        if counter is not None:
+            return int(counter(*self.module_args, **self.module_kwargs))
+        counter = vars(self.typename).get("count_parameters")
+        if counter is None:
+            return None
+        counter = self.typename.count_parameters
+        try:
+            inspect.signature(counter).bind(*self.module_args, **self.module_kwargs)
+        except TypeError:
+            return None  # arguments the constructor would reject: no count
+        return int(counter(*self.module_args, **self.module_kwargs))
+
+    def __repr__(self) -> str:
+        args = [repr(a) for a in self.module_args]
+        args += [f"{k}={v!r}" for k, v in self.module_kwargs.items()]
+        return f"{type(self).__name__}({', '.join([self.typename.__name__, *args])})"
+
+
+class TiedLayerSpec(LayerSpec):
+    """A layer whose weights are shared by every position that uses the same ``key``.
+
+    Each stage owning a position of ``key`` builds one copy (once, however many positions it
+    owns); the engine broadcasts it from the lowest owning stage at start and sums its gradients
+    over the owning stages, so the copies stay identical. ``forward_fn(layer, x)``, if given,
+    replaces ``layer(x)`` at this position (e.g. an embedding used as the output projection).
+    ``tied_weight_attr`` names the shared attribute(s) (a string or a list of strings).
+    """
+
+    def __init__(
+        self,
+        key: str,
+        typename: type,
+        *module_args: Any,
+        forward_fn: Callable | None = None,
+        tied_weight_attr: str | Sequence[str] = "weight",
+        **module_kwargs: Any,
+    ):
+        super().__init__(typename, *module_args, **module_kwargs)
+        self.key = key
+        self.forward_fn = forward_fn
+        attrs = [tied_weight_attr] if isinstance(tied_weight_attr, str) else list(tied_weight_attr)
+        if not attrs or not all(isinstance(a, str) for a in attrs):
+            raise TypeError(
+                f"TiedLayerSpec({key!r}): tied_weight_attr must be a name or a list of names, "
+                f"got {tied_weight_attr!r}"
+            )
+        self.tied_weight_attr = tuple(attrs)
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, key={self.key!r})"
+
+
+def layer_name(layer) -> str:
+    """The class name of a pipeline layer (a spec, a module or a callable): what a ``type:REGEX``
+    partition matches and the partition table shows."""
+    if isinstance(layer, LayerSpec):
+        return layer.typename.__name__
+    if isinstance(layer, Module):
+        return type(layer).__name__
+    return getattr(layer, "__name__", type(layer).__name__)
+
+
+def layer_parameter_count(layer) -> int | None:
+    """The trainable parameters of a pipeline layer: a spec's count from its arguments (None when
+    unknown), a built module's actual count, 0 for a plain callable."""
+    if isinstance(layer, LayerSpec):
+        return layer.num_parameters()
+    if isinstance(layer, Module):
+        return sum(p.size for p in layer.parameters())
+    return 0
