@@ -13,42 +13,7 @@ as it was before these folders existed::
     comm.all_reduce(np.ones(3))
 """
 
-from minigrad.distributed.comm.arrays import (
-    DTYPES,
-    ReduceOp,
-    Work,
-    all_gather,
-    all_reduce,
-    all_to_all,
-    barrier,
-    broadcast,
-    gather,
-    group_barrier,
-    irecv,
-    isend,
-    recv,
-    reduce,
-    reduce_scatter,
-    scatter,
-    send,
-)
+from minigrad.distributed.comm import arrays
+from minigrad.distributed.comm.arrays import *  # noqa: F403  (the array-level API)
 
-__all__ = [
-    "DTYPES",
-    "ReduceOp",
-    "Work",
-    "all_gather",
-    "all_reduce",
-    "all_to_all",
-    "barrier",
-    "broadcast",
-    "gather",
-    "group_barrier",
-    "irecv",
-    "isend",
-    "recv",
-    "reduce",
-    "reduce_scatter",
-    "scatter",
-    "send",
-]
+__all__ = list(arrays.__all__)
