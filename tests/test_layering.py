@@ -32,7 +32,7 @@ LAYERS = [
     ("minigrad.functional",),
     ("minigrad.module",),
     ("minigrad.optimizer", "minigrad.data", "minigrad.serialization",
-     "minigrad.megengine_checkpoint"),
+     "minigrad.megengine_checkpoint", "minigrad.utils"),
     ("minigrad.distributed",),
     ("minigrad.testing",),
 ]
