@@ -79,7 +79,8 @@ class LeNet(M.Module):
 
 def test_lenet_totals_by_hand(capsys):
     total, details = module_stats(LeNet(), input_shapes=[(1, 1, 28, 28)])
-    params = (6 * 25 + 6) + (16 * 6 * 25 + 16) + (400 * 120 + 120) + (120 * 84 + 84) + (84 * 10 + 10)
+    params = ((6 * 25 + 6) + (16 * 6 * 25 + 16) + (400 * 120 + 120) + (120 * 84 + 84)
+              + (84 * 10 + 10))
     flops = (6 * 28 * 28 * 26 + 6 * 14 * 14 * 4 + 16 * 10 * 10 * 151 + 16 * 5 * 5 * 4
              + (120 * 400 + 120) + (84 * 120 + 84) + (10 * 84 + 10))
     assert (total.param_dims, total.flops) == (params, flops) == (61706, 429342)
