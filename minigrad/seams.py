@@ -1,7 +1,7 @@
-"""The five places where a lower layer calls a higher one at run time, named in one module.
+"""The places where a lower layer calls a higher one at run time, named in one module.
 
 minigrad's layers import one way (backend -> autodiff/tensor -> functional -> module ->
-optimizer/data -> distributed), checked by ``tests/test_layering.py``. Five behaviours still need
+optimizer/data -> distributed), checked by ``tests/test_layering.py``. Six behaviours still need
 a lower layer to call code that lives above it. Each is a :class:`Seam` here: the lower layer
 reads it, the higher layer fills it when it is imported, and nobody imports upward.
 
@@ -14,6 +14,10 @@ seam              read by                       filled by                     wh
 ``GPU_ARRAYS``    ``backend`` modules caching   ``backend.xp.use_cupy``       tests swap CuPy for
                   GPU objects (``watch``)       (tests)                       a stand-in
 ``DISPATCH_HOOK`` ``autodiff.function``         ``distributed.global_tensor`` ops on global tensors
+``TRACER``        ``autodiff``, ``module``,     ``utils.profiler``            the profiler's events
+                  ``data.dataloader``,
+                  ``distributed.pipeline`` (and
+                  ``comm``)
 ================= ============================= ============================= ====================
 
 ``DISPATCH_HOOK`` is the one seam that is an attribute rather than a slot, because it is read on
@@ -89,4 +93,12 @@ GPU_ARRAYS = Seam(
 )
 DISPATCH_HOOK = "__minigrad_dispatch__"
 
-SEAMS = (FUNCTIONAL, WORLD, GLOBAL_IO, GPU_ARRAYS)
+TRACER = Seam(
+    "tracer", None,  # None, or the running profiler: see minigrad.utils.profiler.Tracer
+    reader="minigrad.autodiff.function/engine, minigrad.module.module (they swap in traced "
+           "versions of Function.__call__, the backward call and Module.__call__ while it is set, "
+           "so tracing costs nothing when off); data.dataloader, distributed.pipeline",
+    filler="minigrad.utils.profiler",
+)
+
+SEAMS = (FUNCTIONAL, WORLD, GLOBAL_IO, GPU_ARRAYS, TRACER)

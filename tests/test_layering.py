@@ -224,6 +224,8 @@ SEAM_USERS = {  # seam -> (modules that install into it, modules that watch it)
     "GPU_ARRAYS": ({"minigrad.backend.xp"}, {
         "minigrad.backend.device", "minigrad.backend.device_checks", "minigrad.backend.rng",
         "minigrad.backend.transfer"}),
+    "TRACER": ({"minigrad.utils.profiler"}, {
+        "minigrad.autodiff.function", "minigrad.autodiff.engine", "minigrad.module.module"}),
 }
 # the dispatch hook is a class attribute (read on every op): who may name it, and why
 DISPATCH_USERS = {
@@ -271,7 +273,7 @@ def test_a_seam_is_filled_by_the_layer_above_its_reader():
     """Each installing module sits in a higher layer than the module that reads the seam (the
     GPU swap is the one same-layer seam: xp announces it to its neighbours)."""
     readers = {"FUNCTIONAL": "minigrad.autodiff.tensor", "WORLD": "minigrad.data.sampler",
-               "GLOBAL_IO": "minigrad.serialization"}
+               "GLOBAL_IO": "minigrad.serialization", "TRACER": "minigrad.module.module"}
     for seam, reader in readers.items():
         for filler in SEAM_USERS[seam][0]:
             assert layer_of(filler) > layer_of(reader), (seam, filler, reader)

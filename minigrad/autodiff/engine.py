@@ -47,6 +47,7 @@ import heapq
 
 import numpy as np
 
+from minigrad import seams
 from minigrad.autodiff.recording import Recording
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.xp import get_array_module
@@ -301,6 +302,21 @@ class _Walk:
 
 # -------------------------------------------------------------------------------------------------
 # helpers
+
+
+_untraced_backward = _Walk.call_backward
+
+
+def _traced_backward(node, edges, grads, mask) -> list:
+    return seams.TRACER.value.backward(node, lambda: _untraced_backward(node, edges, grads, mask))
+
+
+def _use_tracer(tracer) -> None:
+    """While the profiler runs, each node's backward is timed (swapped in, so free otherwise)."""
+    _Walk.call_backward = staticmethod(_untraced_backward if tracer is None else _traced_backward)
+
+
+seams.TRACER.watch(_use_tracer)
 
 
 def _expect_one_more(waiting: dict, key: int) -> None:

@@ -28,6 +28,7 @@ The hot path pays one attribute check per tensor input; this layer never imports
 
 from __future__ import annotations
 
+from minigrad import seams
 from minigrad.autodiff.recording import STATE, shares_recording
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.device import get_default_device_obj
@@ -203,3 +204,19 @@ def dispatches(operands) -> bool:
         if isinstance(x, Tensor) and x.__minigrad_dispatch__ is not None:
             return True
     return False
+
+
+# -- tracing (the profiler): a traced ``__call__`` is swapped in only while a tracer is set, so an
+# untraced op pays nothing for it
+_untraced_call = Function.__call__
+
+
+def _traced_call(self, *inputs):
+    return seams.TRACER.value.op(self, inputs, _untraced_call)
+
+
+def _use_tracer(tracer) -> None:
+    Function.__call__ = _untraced_call if tracer is None else _traced_call
+
+
+seams.TRACER.watch(_use_tracer)

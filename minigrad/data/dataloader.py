@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import pickle
@@ -39,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from minigrad import seams
 from minigrad.backend.device import is_cuda_available, probe_gpus
 from minigrad.backend.transfer import pin_memory
 from minigrad.data.collator import Collator
@@ -178,7 +180,21 @@ class DataLoader:
             batches = (_build(self.dataset, self.transform, self.collator, t) for t in tasks)
         else:
             batches = _WorkerPool(self, tasks)
-        return map(pin_memory, batches) if self.pin_memory else batches
+        batches = map(pin_memory, batches) if self.pin_memory else batches
+        tracer = seams.TRACER.value  # the profiler, when one runs
+        return batches if tracer is None else _traced(batches, tracer)
+
+
+def _traced(batches: Iterator[Any], tracer) -> Iterator[Any]:
+    """The batches, each fetch timed on the running profiler's timeline."""
+    batches = iter(batches)
+    for index in itertools.count():
+        try:
+            with tracer.span("DataLoader batch", "data", index=index):
+                batch = next(batches)
+        except StopIteration:
+            return
+        yield batch
 
 
 def _read_stream(batches: Iterator[Any], out: queue.Queue, stop: threading.Event) -> None:

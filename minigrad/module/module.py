@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 import minigrad.functional as F
+from minigrad import seams
 from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.xp import to_numpy
 
@@ -363,3 +364,18 @@ def _walk_value(value, name: str, recursive: bool, seen: set):
     elif isinstance(value, dict):
         for key, item in value.items():
             yield from _walk_value(item, f"{name}.{key}", recursive, seen)
+
+
+# -- tracing (the profiler): swapped in only while a tracer is set
+_untraced_module_call = Module.__call__
+
+
+def _traced_module_call(self, *args, **kwargs):
+    return seams.TRACER.value.module(self, lambda: _untraced_module_call(self, *args, **kwargs))
+
+
+def _use_tracer(tracer) -> None:
+    Module.__call__ = _untraced_module_call if tracer is None else _traced_module_call
+
+
+seams.TRACER.watch(_use_tracer)

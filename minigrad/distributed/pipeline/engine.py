@@ -70,6 +70,7 @@ import numpy as np
 
 import minigrad.distributed.pipeline.actions as A
 import minigrad.functional as F
+from minigrad import seams
 from minigrad.autodiff import GradManager, is_recording, no_grad
 from minigrad.autodiff.tensor import Tensor
 from minigrad.distributed.comm import arrays as comm
@@ -432,7 +433,13 @@ class PipelineEngine:
                     pass
 
     def _record(self, action: A.Action, start: float, end: float) -> None:
-        self._events.append(TimelineEvent.of(self.rank, action, start, end))
+        event = TimelineEvent.of(self.rank, action, start, end)
+        self._events.append(event)
+        tracer = seams.TRACER.value  # the profiler, when one runs: the same events
+        if tracer is not None:
+            name = event.action if event.micro_batch is None else (
+                f"{event.action} mb{event.micro_batch}")
+            tracer.event(name, "pipeline", start, end, stage=self.stage_id)
         for hook in self._action_hooks:
             hook(self, action)
 
