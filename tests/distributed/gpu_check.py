@@ -168,7 +168,8 @@ class SyncWatch:
         self.cycles = int(10_000_000 / (time.perf_counter() - t) * spin_s)
 
     def _launch(self, cycles) -> None:
-        self.kernel((1,), (1,), (self.np.int64(cycles),), stream=self.cp.cuda.Stream.null)
+        with self.cp.cuda.Stream.null:  # (a RawKernel launches on the current stream)
+            self.kernel((1,), (1,), (self.np.int64(cycles),))
 
     def count(self, fn) -> list[str]:
         import threading  # noqa: PLC0415

@@ -62,7 +62,7 @@ class _SimulatedGpu:
         self.busy_until = 0.0
         gpu = self
 
-        def kernel(grid, block, args, stream=None):
+        def kernel(grid, block, args):
             start = max(gpu.busy_until, time.perf_counter())
             gpu.busy_until = start + int(args[0]) / 1e9
 
@@ -78,7 +78,7 @@ class _SimulatedGpu:
 
         self.RawKernel = lambda source, name: kernel
         self.cuda = types.SimpleNamespace(Device=Device,
-                                          Stream=types.SimpleNamespace(null=None))
+                                          Stream=types.SimpleNamespace(null=Device()))
 
     def wait(self):
         time.sleep(max(0.0, self.busy_until - time.perf_counter()))
