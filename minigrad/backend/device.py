@@ -21,7 +21,13 @@ import numpy as np
 
 from minigrad.backend.device_checks import raise_deferred_errors
 from minigrad.backend.transfer import host_to_device
-from minigrad.backend.xp import cupy_import_error, cupy_or_none, is_cupy_array, on_cupy_change
+from minigrad.backend.xp import (
+    cupy_import_error,
+    cupy_is_stand_in,
+    cupy_or_none,
+    is_cupy_array,
+    on_cupy_change,
+)
 
 _NAME = re.compile(r"^(cpu|gpu|xpu|cuda)(\d+|x)?(?::\d+)?$")
 
@@ -357,11 +363,18 @@ CUDA_ERROR_NOT_INITIALIZED = 3
 def cuda_initialized() -> bool:
     """Whether this process has initialised the CUDA driver (after which a forked child cannot use
     the GPU). Answered without initialising it: True once minigrad made a GPU current here
-    (:func:`note_cuda_use`); otherwise the driver is asked, when its library is loaded at all
-    (CuPy or PyTorch may have initialised it directly): ``cuCtxGetCurrent`` says "not
-    initialised" until ``cuInit`` ran."""
+    (:func:`note_cuda_use`); otherwise the driver is asked (CuPy or PyTorch may have initialised
+    it directly), unless the GPU array module is a test's stand-in, which the driver's state does
+    not concern."""
     if _cuda_used:
         return True
+    return not cupy_is_stand_in() and cuda_driver_initialized()
+
+
+def cuda_driver_initialized() -> bool:
+    """Whether the CUDA driver was initialised in this process, asked without initialising it:
+    its library must already be loaded, and then ``cuCtxGetCurrent`` says "not initialised"
+    until ``cuInit`` ran."""
     try:
         with open("/proc/self/maps") as maps:
             if "libcuda.so" not in maps.read():

@@ -70,12 +70,15 @@ def test_the_fork_guard_applies_whatever_the_launch_device_type(monkeypatch):
             run_workers(_gpu_sum, 1)
 
 
-def test_making_a_gpu_current_marks_cuda_initialised():
-    with fake_cupy.installed(1):
+def test_making_a_gpu_current_marks_cuda_initialised(monkeypatch):
+    monkeypatch.setattr(device_mod, "cuda_driver_initialized", lambda: True)  # (a GPU machine)
+    assert device_mod.cuda_initialized()
+    with fake_cupy.installed(1):  # the real driver's state is nothing to the fake's GPUs
         dev = device_mod.as_device("gpu0")
         assert not device_mod.cuda_initialized()  # resolving a GPU's name touches no GPU
         mg.tensor([1.0], device=dev)
         assert device_mod.cuda_initialized()
+    monkeypatch.setattr(device_mod, "cuda_driver_initialized", lambda: False)
     assert not device_mod.cuda_initialized()  # a new array module (the fake removed): forgotten
 
 
