@@ -18,6 +18,10 @@ time). The bus bandwidth of nccl-tests (algorithm bandwidth times 2(n-1)/n) is 0
 not shown; at world size 1 NCCL copies the buffer in place, so the numbers measure per-call cost and
 memory bandwidth, not a network.
 
+TF32 is off on both sides, so that both frameworks do the same float32 arithmetic: PyTorch's
+``allow_tf32`` flags (matmul and cuDNN) are set to False, and ``CUPY_TF32`` is removed from the
+environment before CuPy is imported (CuPy uses TF32 only when it is set to 1). The output says so.
+
 Without a CUDA GPU (or without CuPy or a CUDA build of PyTorch) it says so and exits with status 2.
 """
 
@@ -54,6 +58,25 @@ def _parse_args(argv=None) -> argparse.Namespace:
                    help="subset of: mlp lenet transformer allreduce")
     p.add_argument("--out", default=RESULTS)
     return p.parse_args(argv)
+
+
+def _tf32_off_before_cupy() -> str | None:
+    """Remove ``CUPY_TF32`` from the environment (CuPy reads it when imported); returns the value
+    it had, to report it. Fails when CuPy was already imported with TF32 enabled."""
+    value = os.environ.pop("CUPY_TF32", None)
+    if value not in (None, "0") and "cupy" in sys.modules:
+        raise RuntimeError("bench_gpu: CuPy was imported with CUPY_TF32 set; unset it and rerun")
+    return value
+
+
+def _tf32_off_in_torch(torch) -> str:
+    """Full float32 matmuls and convolutions in PyTorch (no TF32); returns the line to print."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    return ("TF32: off on both sides (PyTorch: backends.cuda.matmul.allow_tf32="
+            f"{torch.backends.cuda.matmul.allow_tf32}, backends.cudnn.allow_tf32="
+            f"{torch.backends.cudnn.allow_tf32}; CuPy: CUPY_TF32 unset)")
 
 
 def _gpu_or_exit():
@@ -290,13 +313,16 @@ def bench_allreduce(torch, cp, rounds: int) -> dict:
 
 def main(argv=None) -> None:
     args = _parse_args(argv)
+    cupy_tf32 = _tf32_off_before_cupy()
     cp, torch = _gpu_or_exit()
+    tf32_line = _tf32_off_in_torch(torch)
     which = args.only or ["mlp", "lenet", "transformer", "allreduce"]
     props = torch.cuda.get_device_properties(0)
     print(f"GPU: {props.name}; CuPy {cp.__version__}, PyTorch {torch.__version__}, CPU: "
           f"{cpu_name()}")
+    print(tf32_line + (f" (it was {cupy_tf32!r})" if cupy_tf32 is not None else ""))
     results = {"gpu": props.name, "cupy": cp.__version__, "torch": torch.__version__,
-               "rounds": args.rounds, "steps_per_round": args.steps}
+               "tf32": False, "rounds": args.rounds, "steps_per_round": args.steps}
     results["training"] = bench_models(which, torch, cp, args.rounds, args.steps)
     if "allreduce" in which:
         results["allreduce_world_size_1"] = bench_allreduce(torch, cp, args.rounds)

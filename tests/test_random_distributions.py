@@ -66,3 +66,47 @@ def test_seed_reproduces_new_distributions():
 def test_invalid_parameters(call, msg):
     with pytest.raises(ValueError, match=msg):
         call()
+
+
+class _DoubleReadingGenerator:
+    """A test double of CuPy's ``Generator``: its kernels read array parameters as double without
+    casting them, so any other dtype (or a strided view) reaching it is an error here."""
+
+    def __init__(self, seed):
+        self.rng, self.seen = np.random.default_rng(seed), []
+
+    def _params(self, name, *arrays):
+        for a in arrays:
+            assert a.dtype == np.float64, f"{name} got a {a.dtype} parameter, expected float64"
+            assert a.flags.c_contiguous, f"{name} got a strided parameter"
+        self.seen.append(name)
+        return arrays
+
+    def beta(self, a, b):
+        return self.rng.beta(*self._params("beta", a, b))
+
+    def gamma(self, k, theta):
+        return self.rng.gamma(*self._params("gamma", k, theta))
+
+    def poisson(self, lam):
+        return self.rng.poisson(*self._params("poisson", lam))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_distribution_parameters_reach_the_generator_as_float64(monkeypatch, dtype):
+    """CuPy's generator reads parameters as double (float32 ones gave garbage on the GPU): every
+    distribution with tensor parameters hands it float64 arrays of the output shape, and the
+    samples come back in the parameters' dtype, equal to NumPy's from the same parameters."""
+    double = _DoubleReadingGenerator(7)
+    monkeypatch.setattr(mg.random, "get_rng", lambda device=None: double)
+    a = mg.tensor([[0.5], [2.0]], dtype=dtype)
+    b = mg.tensor([3.0, 0.25, 1.0], dtype=dtype)
+    got = [mg.random.beta(a, b, size=4), mg.random.gamma(a, b), mg.random.poisson(b, size=(2,))]
+    assert double.seen == ["beta", "gamma", "poisson"]
+    ref = np.random.default_rng(7)
+    a64, b64 = a.numpy().astype(np.float64), b.numpy().astype(np.float64)
+    want = [ref.beta(np.broadcast_to(a64, (4, 2, 3)), b64), ref.gamma(a64, b64),
+            ref.poisson(np.broadcast_to(b64, (2, 3)))]
+    for g, w in zip(got, want):
+        assert g.dtype == np.dtype(dtype) and g.shape == w.shape
+        np.testing.assert_array_equal(g.numpy(), w.astype(dtype))

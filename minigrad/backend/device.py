@@ -22,7 +22,12 @@ import numpy as np
 from minigrad import seams
 from minigrad.backend.device_checks import raise_deferred_errors
 from minigrad.backend.transfer import host_to_device
-from minigrad.backend.xp import cupy_import_error, cupy_or_none, is_cupy_array
+from minigrad.backend.xp import (
+    cupy_import_error,
+    cupy_is_stand_in,
+    cupy_or_none,
+    is_cupy_array,
+)
 
 _NAME = re.compile(r"^(cpu|gpu|xpu|cuda)(\d+|x)?(?::\d+)?$")
 
@@ -173,7 +178,7 @@ class Device:
                     f"device gpu{index} requested but only {n} CUDA device(s) are visible"
                 )
             # CuPy keeps the devices saved by ``with`` per thread: one object serves every thread
-            self._context = self._xp.cuda.Device(index)
+            self._context = _FirstEntry(self, self._xp.cuda.Device(index))
 
     @property
     def xp(self):
@@ -205,8 +210,8 @@ class Device:
 
     def context(self):
         """A context manager that makes this device CUDA's current device inside its block (a
-        no-op on the CPU). The same object is returned every time; it may be entered from any
-        thread, and nested."""
+        no-op on the CPU). It may be entered from any thread, and nested; the first entry notes
+        that this process uses CUDA (see :func:`cuda_initialized`)."""
         return self._context
 
     def synchronize(self) -> None:
@@ -237,7 +242,53 @@ class Device:
 _NULL_CONTEXT = contextlib.nullcontext()  # the CPU's "current device" (one, always current)
 
 
+class _FirstEntry:
+    """A GPU device's context until it is first entered: then it notes that this process uses
+    CUDA (:func:`note_cuda_use`; CuPy initialises CUDA on the first device it makes current) and
+    hands the device the plain CuPy device object, so later entries cost nothing extra."""
+
+    __slots__ = ("device", "cuda_device")
+
+    def __init__(self, device: Device, cuda_device):
+        self.device, self.cuda_device = device, cuda_device
+
+    def __enter__(self):
+        note_cuda_use()
+        self.device._context = self.cuda_device
+        return self.cuda_device.__enter__()
+
+    def __exit__(self, *exc):
+        return self.cuda_device.__exit__(*exc)
+
+    def synchronize(self) -> None:
+        """Wait for the device (the CuPy device object's ``synchronize``)."""
+        note_cuda_use()
+        self.cuda_device.synchronize()
+
+
+_cuda_used = False  # a GPU device was made current here (through minigrad) since CuPy was set
+_cuda_unusable: str | None = None  # why this process must not touch CUDA (see forbid_cuda)
+
+
+def note_cuda_use() -> None:
+    """Record that this process made a GPU current, which initialises CUDA: read by
+    :func:`cuda_initialized` (cheaper than asking the driver, and seen on a stand-in CuPy too)."""
+    global _cuda_used
+    _cuda_used = True
+
+
+def forbid_cuda(reason: str) -> None:
+    """Make every later GPU device request of this process raise ``RuntimeError(reason)``: for a
+    process forked after its parent initialised CUDA, where CUDA itself would only fail with an
+    "initialization error" that does not say why."""
+    global _cuda_unusable
+    _cuda_unusable = reason
+    _CACHE.clear()  # devices resolved before the fork are resolved (and refused) again
+
+
 def _require_cupy(what: str):
+    if _cuda_unusable is not None:
+        raise RuntimeError(f"{what}: {_cuda_unusable}")
     cp = cupy_or_none()
     if cp is None:
         raise RuntimeError(
@@ -255,10 +306,12 @@ _default_name: str | None = None
 
 
 def _forget_devices() -> None:
-    """The GPU array module changed (``use_cupy``): count the GPUs again, rebuild the Devices."""
-    global _probe
+    """The GPU array module changed (``use_cupy``): count the GPUs again, rebuild the Devices,
+    and forget that the old module touched CUDA."""
+    global _probe, _cuda_used
     _CACHE.clear()
     _probe = None
+    _cuda_used = False
 
 
 seams.GPU_ARRAYS.watch(lambda _arrays: _forget_devices())  # CuPy swapped (tests)
@@ -309,8 +362,19 @@ CUDA_ERROR_NOT_INITIALIZED = 3
 
 def cuda_initialized() -> bool:
     """Whether this process has initialised the CUDA driver (after which a forked child cannot use
-    the GPU). Answered without initialising it: the driver library must already be loaded, and
-    then ``cuCtxGetCurrent`` says "not initialised" until ``cuInit`` ran."""
+    the GPU). Answered without initialising it: True once minigrad made a GPU current here
+    (:func:`note_cuda_use`); otherwise the driver is asked (CuPy or PyTorch may have initialised
+    it directly), unless the GPU array module is a test's stand-in, which the driver's state does
+    not concern."""
+    if _cuda_used:
+        return True
+    return not cupy_is_stand_in() and cuda_driver_initialized()
+
+
+def cuda_driver_initialized() -> bool:
+    """Whether the CUDA driver was initialised in this process, asked without initialising it:
+    its library must already be loaded, and then ``cuCtxGetCurrent`` says "not initialised"
+    until ``cuInit`` ran."""
     try:
         with open("/proc/self/maps") as maps:
             if "libcuda.so" not in maps.read():

@@ -21,6 +21,7 @@ _cupy = None
 _cupyx = None
 _cupy_error: str | None = None
 _cupy_checked = False
+_stand_in = False  # the GPU array module was swapped in by use_cupy (a test's stand-in)
 
 
 def cupy_or_none():
@@ -58,15 +59,21 @@ def use_cupy(cupy, cupyx):
         with use_cupy(fake, fake.cupyx):
             mg.tensor([1.0], device="gpu0")   # a fake-CuPy array
     """
-    global _cupy, _cupyx, _cupy_error, _cupy_checked
-    saved = (_cupy, _cupyx, _cupy_error, _cupy_checked)
-    _cupy, _cupyx, _cupy_error, _cupy_checked = cupy, cupyx, None, True
+    global _cupy, _cupyx, _cupy_error, _cupy_checked, _stand_in
+    saved = (_cupy, _cupyx, _cupy_error, _cupy_checked, _stand_in)
+    _cupy, _cupyx, _cupy_error, _cupy_checked, _stand_in = cupy, cupyx, None, True, True
     previous = seams.GPU_ARRAYS.install((cupy, cupyx))  # modules caching GPU objects forget them
     try:
         yield cupy
     finally:
-        _cupy, _cupyx, _cupy_error, _cupy_checked = saved
+        _cupy, _cupyx, _cupy_error, _cupy_checked, _stand_in = saved
         seams.GPU_ARRAYS.install(previous)
+
+
+def cupy_is_stand_in() -> bool:
+    """Whether the GPU array module is one swapped in by :func:`use_cupy` (a test's stand-in):
+    the state of the real CUDA driver in this process means nothing to its "GPUs"."""
+    return _stand_in
 
 
 def is_cupy_array(x) -> bool:

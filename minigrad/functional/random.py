@@ -54,10 +54,18 @@ def permutation(n: int, dtype="int32", device=None) -> Tensor:
 # -- distributions with tensor parameters (MegEngine's gamma, beta, poisson) --------------------
 
 
+#: The dtype the generators read distribution parameters in. CuPy's ``Generator.beta`` (and its
+#: other distributions) pass array parameters to kernels that read them as double without casting
+#: them: float32 or float16 parameters would be read as garbage. NumPy casts to it anyway.
+PARAM_DTYPE = np.float64
+
+
 def _param_arrays(op: str, params: dict, size):
     """Broadcast the parameters (numbers or Tensors) against each other, then put ``size`` in
     front (MegEngine's rule: output shape ``size + broadcast(params)``); all must be positive.
-    Returns the device, the float dtype and the broadcast NumPy/CuPy arrays."""
+    Returns the device, the float dtype of the result and the parameters as C-contiguous float64
+    NumPy/CuPy arrays of the output shape (what the generators' kernels read, see
+    :data:`PARAM_DTYPE`)."""
     dev = next((p.device for p in params.values() if isinstance(p, Tensor)), None)
     dev = as_device(dev)
     dtype = np.dtype(np.float32)
@@ -77,7 +85,10 @@ def _param_arrays(op: str, params: dict, size):
     shape = np.broadcast_shapes(*(a.shape for a in arrays.values()))
     lead = () if size is None else ((int(size),) if np.isscalar(size) else tuple(size))
     target = lead + shape
-    return dev, dtype, [dev.xp.broadcast_to(a, target) for a in arrays.values()]
+    xp = dev.xp
+    with dev.context():
+        return dev, dtype, [xp.ascontiguousarray(xp.broadcast_to(a, target), dtype=PARAM_DTYPE)
+                            for a in arrays.values()]
 
 
 def _draw(dev, dtype, sample) -> Tensor:

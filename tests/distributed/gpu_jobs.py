@@ -6,6 +6,10 @@ whose ranks are forked before anything initialises CUDA (the pytest process may 
 its single-process GPU tests, and forked children cannot use CUDA after that).
 
     python tests/distributed/gpu_jobs.py nccl_world_size_one cupy_collectives data_parallel pipeline
+
+The parent process never touches a GPU: in a fresh interpreter its default device is gpu0, so
+references are computed in a forked rank on cpu0 (``_reference_on_cpu``); had the parent made a
+GPU current, the launcher would make every rank's first GPU request fail.
 """
 
 import os
@@ -25,6 +29,9 @@ from minigrad.distributed import comm  # noqa: E402
 from minigrad.testing.distributed import run_workers  # noqa: E402
 
 SHAPES = [(), (3,), (5, 4)]
+#: Seconds each launched job may run: the first CUDA kernels of a rank compile or load from a
+#: cold cache, which alone can take a minute.
+JOB_TIMEOUT = 300
 
 
 def _cupy():
@@ -62,7 +69,7 @@ def _nccl_rank() -> int:
 
 def nccl_world_size_one() -> None:
     """One rank: NCCL is used, results equal the input (world size 1) with shape and dtype."""
-    (checked,) = run_workers(_nccl_rank, 1, backend="auto")
+    (checked,) = run_workers(_nccl_rank, 1, backend="auto", timeout=JOB_TIMEOUT)
     per_shape = sum(14 if dtype.startswith("float") else 13 for dtype in comm.DTYPES)  # avg
     assert checked == per_shape * len(SHAPES), checked
 
@@ -75,12 +82,26 @@ def _on_gpu0(fn, *args):
     return fn(*args)
 
 
+def _on_cpu0(fn, *args):
+    mg.set_default_device("cpu0")
+    return fn(*args)
+
+
+def _reference_on_cpu(fn, *args):
+    """``fn(*args)`` computed in a forked process on cpu0: never on the parent's default device
+    (gpu0 in a fresh interpreter), where it would initialise CUDA before the ranks are forked."""
+    (result,) = run_workers(_on_cpu0, 1, fn, *args, timeout=JOB_TIMEOUT)
+    return result
+
+
 def data_parallel() -> None:
     """Data parallelism with CuPy tensors (staged through host memory): equal to one process on
     the CPU in float64, whether the gradients go in one bucket or one all-reduce each."""
-    ref_params, ref_losses = test_data_parallel._reference(2)
+    ref_params, ref_losses = _reference_on_cpu(test_data_parallel._reference, 2)
     for bucket_mb in (10.0, 0.0):
-        for params, losses in run_workers(_on_gpu0, 2, test_data_parallel._dp_worker, bucket_mb):
+        out = run_workers(_on_gpu0, 2, test_data_parallel._dp_worker, bucket_mb,
+                          timeout=JOB_TIMEOUT)
+        for params, losses in out:
             for p, q in zip(params, ref_params):
                 np.testing.assert_allclose(p, q, rtol=1e-10, atol=1e-12)
             np.testing.assert_allclose(losses, ref_losses, rtol=1e-10)
@@ -101,15 +122,15 @@ def _staged_copies(bucket_mb: float) -> int:
 
 def staging_per_bucket() -> None:
     """GPU gradients over the cpu backend: one staged copy per bucket, not one per gradient."""
-    assert run_workers(_on_gpu0, 2, _staged_copies, 10.0) == [1, 1]
-    assert run_workers(_on_gpu0, 2, _staged_copies, 0.0) == [4, 4]
+    assert run_workers(_on_gpu0, 2, _staged_copies, 10.0, timeout=JOB_TIMEOUT) == [1, 1]
+    assert run_workers(_on_gpu0, 2, _staged_copies, 0.0, timeout=JOB_TIMEOUT) == [4, 4]
 
 
 def pipeline() -> None:
     """A two-stage pipeline (remote_send/remote_recv, five micro-batches) with CuPy tensors:
     gradients equal one process on the CPU."""
-    ref = test_pipeline.single_process_two_stages()
-    out = run_workers(_on_gpu0, 2, test_pipeline._microbatch_worker, 5)
+    ref = _reference_on_cpu(test_pipeline.single_process_two_stages)
+    out = run_workers(_on_gpu0, 2, test_pipeline._microbatch_worker, 5, timeout=JOB_TIMEOUT)
     for got, want in zip(out, ref):
         np.testing.assert_allclose(got, want, rtol=1e-10)
 
@@ -117,8 +138,8 @@ def pipeline() -> None:
 def cupy_collectives() -> None:
     """all_reduce, broadcast and an async all_reduce of CuPy arrays: one rank over NCCL, two ranks
     sharing GPU 0 over the cpu backend."""
-    test_comm.check_cupy_arrays(1, "auto")
-    test_comm.check_cupy_arrays(2, "cpu")
+    test_comm.check_cupy_arrays(1, "auto", timeout=JOB_TIMEOUT)
+    test_comm.check_cupy_arrays(2, "cpu", timeout=JOB_TIMEOUT)
 
 
 JOBS = {f.__name__: f for f in (nccl_world_size_one, cupy_collectives, data_parallel,

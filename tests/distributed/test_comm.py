@@ -276,10 +276,10 @@ def cupy_arrays_body():
                                     comm.all_reduce(x.copy(), "max", async_op=True).wait())]
 
 
-def check_cupy_arrays(n: int, backend: str) -> None:
+def check_cupy_arrays(n: int, backend: str, timeout: float = 60) -> None:
     """``cupy_arrays_body`` on ``n`` ranks: world size 1 exercises NCCL itself, 2 ranks on one GPU
-    go through host staging (cpu backend)."""
-    res = run_workers(cupy_arrays_body, n, backend=backend)
+    go through host staging (cpu backend); ``timeout`` bounds the job."""
+    res = run_workers(cupy_arrays_body, n, backend=backend, timeout=timeout)
     xs = [make(r, 3, (99, 77), "float32") for r in range(n)]
     for ar, bc, mx in res:
         assert_same(ar, reference(xs, "sum"), "float32")

@@ -4,6 +4,7 @@ launcher's rank-to-GPU binding."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -12,9 +13,11 @@ import pytest
 
 import minigrad as mg
 import minigrad.distributed as dist
+from minigrad.backend import device as device_mod
 from minigrad.testing import fake_cupy
 from minigrad.testing.distributed import run_workers
 
+launcher_mod = importlib.import_module("minigrad.distributed.runtime.launcher")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -25,6 +28,57 @@ import gpu_jobs  # noqa: E402
 def test_job_on_the_fake_cupy(job):
     with fake_cupy.installed(1):
         gpu_jobs.JOBS[job]()
+
+
+@pytest.mark.parametrize("job", ["data_parallel", "pipeline"])
+def test_jobs_leave_cuda_untouched_in_the_parent_whose_default_is_gpu0(job):
+    """In a fresh interpreter the default device is gpu0: a reference computed there initialises
+    CUDA before the ranks are forked, and each rank then fails at its first GPU request."""
+    with fake_cupy.installed(1):
+        mg.set_default_device("xpux")  # what a fresh interpreter resolves (gpu0 here)
+        try:
+            assert mg.get_default_device() == "gpu0" and not device_mod.cuda_initialized()
+            gpu_jobs.JOBS[job]()
+            assert not device_mod.cuda_initialized(), f"{job} made a GPU current in the parent"
+        finally:
+            mg.set_default_device("cpu0")
+
+
+def _gpu_sum():
+    import cupy  # noqa: PLC0415  (the fake)
+
+    return float(cupy.asnumpy((mg.tensor([1.0, 2.0], device="gpu0") * 2).sum().data))
+
+
+def _cpu_sum():
+    return float((mg.tensor([1.0, 2.0]) * 2).sum().item())
+
+
+def test_the_fork_guard_applies_whatever_the_launch_device_type(monkeypatch):
+    """CUDA initialised in the parent (the flag is monkeypatched: the fake has no driver): GPU
+    launches are refused, ranks launched on the CPU still run, but their first GPU request
+    raises the reason instead of CUDA's bare initialization error."""
+    with fake_cupy.installed(1):
+        assert run_workers(_gpu_sum, 1) == [6.0]  # CUDA untouched in the parent: ranks use GPU 0
+        monkeypatch.setattr(launcher_mod, "cuda_initialized", lambda: True)
+        with pytest.raises(RuntimeError, match="CUDA was already initialised in the parent"):
+            dist.launcher(_cpu_sum, n_gpus=1, backend="cpu")()
+        assert run_workers(_cpu_sum, 1) == [6.0]
+        with pytest.raises(dist.LaunchError, match=r"gpu0: CUDA was already initialised in the "
+                                                    r"parent process of dist.launcher"):
+            run_workers(_gpu_sum, 1)
+
+
+def test_making_a_gpu_current_marks_cuda_initialised(monkeypatch):
+    monkeypatch.setattr(device_mod, "cuda_driver_initialized", lambda: True)  # (a GPU machine)
+    assert device_mod.cuda_initialized()
+    with fake_cupy.installed(1):  # the real driver's state is nothing to the fake's GPUs
+        dev = device_mod.as_device("gpu0")
+        assert not device_mod.cuda_initialized()  # resolving a GPU's name touches no GPU
+        mg.tensor([1.0], device=dev)
+        assert device_mod.cuda_initialized()
+    monkeypatch.setattr(device_mod, "cuda_driver_initialized", lambda: False)
+    assert not device_mod.cuda_initialized()  # a new array module (the fake removed): forgotten
 
 
 @pytest.mark.gpu

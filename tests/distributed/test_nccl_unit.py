@@ -5,7 +5,11 @@ stub NCCL communicator check communicator creation for CuPy 13 and 14, the order
 from __future__ import annotations
 
 import contextlib
+import gc
+import itertools
+import threading
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -32,6 +36,7 @@ class FakeCupy:
     def __init__(self, log: list):
         self.log = log
         fake = self
+        streams = itertools.count()
         self.default = self._stream("compute")
         self.current = [self.default]
 
@@ -48,7 +53,7 @@ class FakeCupy:
 
         self.cuda = types.SimpleNamespace(
             Event=Event,
-            Stream=lambda non_blocking: fake._stream("nccl"),
+            Stream=lambda non_blocking: fake._stream(f"nccl{next(streams) or ''}"),
             get_current_stream=lambda: fake.current[-1],
             Device=lambda index: contextlib.nullcontext(),
             runtime=types.SimpleNamespace(getDevice=lambda: 0),
@@ -81,14 +86,16 @@ class FakeCupy:
 
     def concatenate(self, arrays):
         self.log.append(f"launch concatenate on {self.current[-1].name}")
-        return np.concatenate(arrays).view(DevArray)
+        out = np.concatenate(arrays).view(DevArray)
+        self.packed = weakref.ref(out)  # tests see when the packed buffer is freed
+        return out
 
 
 class StubNccl:
     """``cupy.cuda.nccl`` with a communicator that logs calls (and copies for world size 1)."""
 
     def __init__(self, log: list, uid):
-        self.log, self.uid, self.comms = log, uid, []
+        self.log, self.uid, self.comms, self.streams = log, uid, [], []
         for i, name in enumerate(["FLOAT16", "FLOAT32", "FLOAT64", "INT8", "UINT8", "INT32",
                                   "INT64", "SUM", "PROD", "MIN", "MAX"]):
             setattr(self, f"NCCL_{name}", i)
@@ -107,6 +114,7 @@ class StubNccl:
             def __getattr__(self, op):
                 def call(*args):
                     stub.log.append(f"nccl {op} n={self.n}")
+                    stub.streams.append((op, args[-1]))  # every NCCL call ends with its stream
 
                 return call
 
@@ -130,6 +138,9 @@ class FakeHost:
 
     def __init__(self, log):
         self.log = log
+
+    def send(self, x, dst, header):
+        self.log.append(f"header to {dst}")
 
     def exchange_headers(self, fp, on_headers=None):
         self.log.append(f"headers {fp['op']}")
@@ -208,10 +219,54 @@ def test_point_to_point_uses_a_communicator_of_the_two_peers_only():
     store = {}
     sender, cp, nccl0, log0 = make(ranks=(0, 1, 2), me=0, store=store)
     receiver, _, nccl2, log2 = make(ranks=(0, 1, 2), me=2, store=store)
-    comm0, peer0 = sender._pair(2)  # rank 1 takes no part: a 3-rank init would hang
-    comm2, peer2 = receiver._pair(0)
+    comm0, peer0 = sender._pair(2, sending=True)  # rank 1 takes no part: a 3-rank init would hang
+    comm2, peer2 = receiver._pair(0, sending=False)
     assert (comm0.n, comm0.rank, peer0) == (2, 0, 1) and (comm2.n, comm2.rank, peer2) == (2, 1, 0)
     assert sender._comm is None and receiver._comm is None  # no WORLD communicator created
     assert list(store) == ["s1/g0/nccl-pair/0-2"]
     out = receiver.recv_payload(0, {"meta": [[], "float32"]})
     assert out.shape == () and "nccl recv n=2" in log2
+
+
+def test_async_reduce_scatter_keeps_its_packed_buffer_until_wait():
+    be, cp, _, log = make()
+    work = be.submit(lambda: be.reduce_scatter([cp.empty((2, 3), "float32")], ReduceOp.SUM, 1))
+    gc.collect()
+    # NCCL still reads the packed copy: back in CuPy's pool now, the next allocation could reuse it
+    assert cp.packed() is not None, "the packed buffer was freed before Work.wait()"
+    work.wait()
+    gc.collect()
+    assert cp.packed() is None  # after wait() the caller's stream follows NCCL: free to reuse
+
+
+def test_each_call_waits_on_its_own_end_event_when_another_thread_calls_meanwhile():
+    be, cp, _, log = make()
+    x = cp.empty((4,), "float32")
+
+    def all_reduce_then_another_thread_calls():
+        be.all_reduce(x, ReduceOp.SUM, 1)  # its end event is recorded now ...
+        other = threading.Thread(target=lambda: be.run(lambda: be.all_reduce(x, ReduceOp.MAX, 2)))
+        other.start()  # ... and a background call (an isend, say) ends before this call returns
+        other.join()
+
+    be.run(all_reduce_then_another_thread_calls)
+    ends = [e.split()[1] for e in log if e.startswith("record") and e.endswith("@nccl")]
+    assert len(ends) == 2 and log[-1] == f"compute waits {ends[0]}", log
+
+
+def test_collectives_and_each_message_direction_run_on_their_own_stream():
+    store = {}
+    a, cp, nccl, log = make(ranks=(0, 1), me=0, store=store)
+    b = make(ranks=(0, 1), me=1, store=store)[0]
+    b._pair(0, sending=True)  # rank 1 creates the communicator of its messages to rank 0
+    x = cp.empty((3,), "float32")
+    a.run(lambda: a.all_reduce(x, ReduceOp.SUM, 1))
+    a.run(lambda: a.send(x, 1, {}))
+    a.run(lambda: a.recv_payload(1, {"meta": [[3], "float32"]}))
+    a.run(lambda: a.all_reduce(x, ReduceOp.SUM, 2))
+    ops = [op for op, _ in nccl.streams]
+    assert ops == ["allReduce", "send", "recv", "allReduce"]
+    streams = [s for _, s in nccl.streams]
+    # a collective never queues behind a message, nor a send behind a receive (or the reverse)
+    assert len(set(streams[:3])) == 3 and streams[3] == streams[0]
+    assert sorted(store) == ["s1/g0/nccl-id", "s1/g0/nccl-pair/0-1", "s1/g0/nccl-pair/1-0"]

@@ -34,7 +34,7 @@ import traceback
 import warnings
 from typing import Any, Callable
 
-from minigrad.backend.device import cuda_initialized, probe_gpus
+from minigrad.backend.device import cuda_initialized, forbid_cuda, probe_gpus
 from minigrad.backend.threads import set_num_threads
 from minigrad.distributed.comm import group as _group
 from minigrad.distributed.comm.providers.cpu import remove_job_segments
@@ -50,6 +50,13 @@ from minigrad.distributed.runtime.settings import (
 )
 
 DEFAULT_NPROC = 2  # ranks per machine on CPU-only hosts (MINIGRAD_NPROC overrides)
+#: Why a rank forked after its parent initialised CUDA cannot use a GPU (CUDA would only say
+#: "initialization error").
+CUDA_IN_PARENT = (
+    "CUDA was already initialised in the parent process of dist.launcher, and forked ranks "
+    "cannot use the GPU then. Create no GPU tensors and call no CuPy function before launching "
+    "(compute references on cpu0 or in a rank), or set the default device to cpu0."
+)
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -169,6 +176,8 @@ def _child_main(spec: dict, func: Callable, args: tuple, kwargs: dict, conn) -> 
     for fd in spec["close_fds"]:
         os.close(fd)  # the other ranks' pipe ends belong to the parent
     _redirect_output(*spec["output_fds"])
+    if spec["cuda_in_parent"]:
+        forbid_cuda(CUDA_IN_PARENT)  # a clear error at the rank's first GPU request
     if spec["server_fd"] is not None:
         try:
             os.close(spec["server_fd"])  # the store's listening socket belongs to the parent
@@ -299,15 +308,15 @@ class launcher:
             # Already one rank of a launched job (launch CLI, mpiexec, srun): join and run.
             _group.init_process_group(backend=self.backend, timeout=self.timeout)
             return [self.func(*args, **kwargs)]
-        if self.on_gpu and cuda_initialized():
-            raise RuntimeError(
-                "dist.launcher: CUDA was already initialised in the parent process; forked ranks "
-                "could not use the GPU. Create no GPU tensors and call no CuPy function before "
-                "launching (or set the default device to cpu0)."
-            )
-        return self._run(args, kwargs)
+        # The fork guard, whatever the device type: GPU ranks are refused here; ranks launched on
+        # the CPU start (they may never touch a GPU), but each raises CUDA_IN_PARENT at its first
+        # GPU request instead of failing inside CUDA.
+        cuda_in_parent = cuda_initialized()
+        if self.on_gpu and cuda_in_parent:
+            raise RuntimeError(f"dist.launcher: {CUDA_IN_PARENT}")
+        return self._run(args, kwargs, cuda_in_parent)
 
-    def _run(self, args: tuple, kwargs: dict) -> list:
+    def _run(self, args: tuple, kwargs: dict, cuda_in_parent: bool = False) -> list:
         if self.rank_start > 0 and self.port == 0:
             raise ValueError("dist.launcher: rank_start > 0 needs the master's store port")
         server, port, secret, job = start_job_store(self.rank_start == 0, self.port)
@@ -349,6 +358,7 @@ class launcher:
                     "backend": self.backend,
                     "timeout": timeout,
                     "secret": secret,
+                    "cuda_in_parent": cuda_in_parent,
                 }
                 recv_end, send_end = ctx.Pipe(duplex=False)
                 p = ctx.Process(

@@ -4,21 +4,37 @@ Calls are agreed on first: fingerprints and shapes travel over the group's host 
 header-only exchange of the cpu backend, tens of microseconds), so mismatches raise on every rank,
 receivers learn shapes, and NCCL only ever sees matching calls.
 
-Streams: NCCL runs on this backend's own stream. Inputs are prepared (packed, made contiguous) on
-the caller's current stream *before* the backend records an event there that the NCCL stream waits
-on, so NCCL never reads a buffer before it is filled. After the NCCL kernels the backend records an
-"end" event; a synchronous call (:meth:`run`) makes the caller's stream wait on it, an asynchronous
-one (:meth:`submit`) returns a :class:`Work` whose ``wait()`` does - so gradient all-reduce overlaps
-the rest of backward. Neither blocks the host.
+Streams: each NCCL communicator runs on a stream of its own (as PyTorch does). Inputs are prepared
+(packed, made contiguous) on the caller's current stream *before* the backend records an event there
+that the NCCL stream waits on, so NCCL never reads a buffer before it is filled. After the NCCL
+kernels the backend records an "end" event of that call (one per call, never shared between threads:
+a background ``isend`` must not replace the event a collective's caller waits on); a synchronous
+call (:meth:`run`) makes the caller's stream wait on it, an asynchronous one (:meth:`submit`)
+returns a :class:`Work` whose ``wait()`` does - so gradient all-reduce overlaps the rest of
+backward. Neither blocks the host. Until then the Work also keeps alive every array NCCL reads or
+writes (the inputs, contiguous copies of them, the packed buffer of ``reduce_scatter``): freed
+earlier, CuPy's pool would hand their memory to the caller's next allocation while NCCL still
+reads it.
 
 Communicators: a group's communicator is created at its first collective, which all members make
 together (the first member creates the unique id and shares it through the store). Point-to-point
-messages use one two-rank communicator per pair, created by the two peers at their first message, so
-a send never needs ranks that do not take part in it. CuPy is imported only here, on first use.
+messages use one two-rank communicator per *direction* of a pair (``src -> dst``), created by the
+two peers at the first message that way, so a send never needs ranks that do not take part in it.
+
+Order rule (why one stream per communicator, and one communicator per direction): NCCL runs the
+kernels of one stream in the order they were enqueued, and a collective or a send/recv completes
+only when every member enqueued its part. Collectives are enqueued by the calling thread in the
+order the header exchange agreed on; messages ``src -> dst`` by the sender's send thread and the
+receiver's receive thread, both in message order. So every communicator receives its calls in the
+same order on all its members, and calls on different communicators (a collective, a send, a
+receive issued from different threads) never queue behind one another: with one shared stream,
+rank 0 could enqueue a collective before a send while rank 1 enqueues the receive first, and both
+would wait forever. CuPy is imported only here, on first use.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -99,6 +115,20 @@ _OP_CODES = {
     ReduceOp.MIN: "NCCL_MIN",
     ReduceOp.MAX: "NCCL_MAX",
 }
+
+
+class _PendingCall:
+    """What one call left on NCCL streams: the event recorded after its kernels (None when it
+    enqueued none) and the arrays those kernels read or write, kept alive until the caller's stream
+    waited on the event."""
+
+    __slots__ = ("event", "arrays")
+
+    def __init__(self):
+        self.event = None
+        self.arrays: list = []
+
+
 class NcclBackend(Backend):
     """NCCL collectives for one group (``cp``/``nccl`` may be replaced by fakes in unit tests)."""
 
@@ -121,9 +151,9 @@ class NcclBackend(Backend):
         self._device = self.cp.cuda.Device(index)
         self.host = ctx.backend("cpu")  # fingerprints, shapes and barriers
         self._comm = None
-        self._pairs: dict[int, Any] = {}
-        self._stream = None
-        self._end_event = None
+        self._pairs: dict[tuple[int, bool], Any] = {}  # (peer, sending) -> communicator
+        self._streams: dict[int, Any] = {}  # id(communicator) -> the stream NCCL runs it on
+        self._calls = threading.local()  # .current: the _PendingCall this thread is making
 
     # --- setup
     def _new_communicator(self, n: int, key: str, creator: bool, rank: int):
@@ -131,9 +161,9 @@ class NcclBackend(Backend):
         if creator:
             ctx.client.set(key, unique_id_to_wire(self.nccl.get_unique_id()))
         uid = unique_id_from_wire(ctx.client.get(key, timeout=ctx.timeout))
-        if self._stream is None:
-            self._stream = self.cp.cuda.Stream(non_blocking=True)
-        return self.nccl.NcclCommunicator(n, uid, rank)
+        comm = self.nccl.NcclCommunicator(n, uid, rank)
+        self._streams[id(comm)] = self.cp.cuda.Stream(non_blocking=True)
+        return comm
 
     def _communicator(self):
         if self._comm is None:
@@ -143,62 +173,83 @@ class NcclBackend(Backend):
             )
         return self._comm
 
-    def _pair(self, peer: int):
-        """The two-rank communicator shared with global rank ``peer`` and the peer's index in it."""
+    def _pair(self, peer: int, sending: bool):
+        """The two-rank communicator of the messages from this rank to global rank ``peer``
+        (``sending``) or from ``peer`` to this rank, and the peer's index in it (the sender is 0,
+        the receiver 1; the sender creates it)."""
         me = self.ctx.global_rank
-        lo, hi = min(me, peer), max(me, peer)
-        comm = self._pairs.get(peer)
+        src, dst = (me, peer) if sending else (peer, me)
+        comm = self._pairs.get((peer, sending))
         if comm is None:
-            key = f"{self.ctx.prefix}/nccl-pair/{lo}-{hi}"
-            comm = self._pairs[peer] = self._new_communicator(2, key, me == lo, int(me == hi))
-        return comm, int(peer == hi)
+            key = f"{self.ctx.prefix}/nccl-pair/{src}-{dst}"
+            comm = self._new_communicator(2, key, sending, int(not sending))
+            self._pairs[(peer, sending)] = comm
+        return comm, int(sending)
+
+    def _stream(self, comm):
+        """The stream NCCL runs ``comm``'s calls on (one per communicator)."""
+        return self._streams[id(comm)]
 
     def close(self) -> None:
         super().close()
         for comm in [self._comm, *self._pairs.values()]:
             if comm is not None:
                 comm.destroy()
-        self._comm, self._pairs = None, {}
+        self._comm, self._pairs, self._streams = None, {}, {}
 
     # --- stream ordering
-    def _after_caller(self) -> None:
-        """Make the NCCL stream wait for everything queued on the caller's stream so far."""
+    def _after_caller(self, comm) -> None:
+        """Make ``comm``'s stream wait for everything queued on the caller's stream so far."""
         ev = self.cp.cuda.Event(disable_timing=True)
         ev.record(self.cp.cuda.get_current_stream())
-        self._stream.wait_event(ev)
+        self._stream(comm).wait_event(ev)
 
     def _begin(self, fp: dict, on_headers=None):
         self.host.exchange_headers(dict(fp, backend=self.name), on_headers)
         comm = self._communicator()
-        self._after_caller()
+        self._after_caller(comm)
         return comm
 
-    def _end(self) -> None:
+    def _end(self, comm, *used) -> None:
+        """Record the end event of this thread's call after its kernels on ``comm``'s stream, and
+        keep the arrays ``used`` by those kernels alive until the caller's stream waited on it."""
         ev = self.cp.cuda.Event(disable_timing=True)
-        ev.record(self._stream)
-        self._end_event = ev
+        ev.record(self._stream(comm))
+        call = getattr(self._calls, "current", None)
+        if call is not None:
+            call.event = ev
+            call.arrays.extend(a for a in used if a is not None)
+
+    def _enqueue(self, fn) -> tuple[Any, _PendingCall]:
+        """Run ``fn`` on this rank's GPU, collecting its end event and the arrays it uses."""
+        call, outer = _PendingCall(), getattr(self._calls, "current", None)
+        self._calls.current = call
+        try:
+            with self._device:
+                return fn(), call
+        finally:
+            self._calls.current = outer
 
     def run(self, fn):
         """Run ``fn`` now; the caller's stream then waits for its NCCL kernels (not the host)."""
-        with self._device:
-            self._end_event = None
-            out = fn()
-            if self._end_event is not None:
-                self.cp.cuda.get_current_stream().wait_event(self._end_event)
-            return out
+        out, call = self._enqueue(fn)
+        if call.event is not None:
+            with self._device:
+                self.cp.cuda.get_current_stream().wait_event(call.event)
+        return out
 
     def submit(self, fn) -> Work:
-        """Enqueue ``fn``'s NCCL kernels; ``Work.wait()`` makes the caller's stream wait."""
-        with self._device:
-            self._end_event = None
-            out = fn()
-            ev = self._end_event
-        if ev is None:
+        """Enqueue ``fn``'s NCCL kernels; ``Work.wait()`` makes the caller's stream wait (the
+        arrays NCCL uses stay alive until then)."""
+        out, call = self._enqueue(fn)
+        if call.event is None:
             return Work.ready(out)
+        ev = call.event
 
         def wait():
             with self._device:
                 self.cp.cuda.get_current_stream().wait_event(ev)
+            call.arrays.clear()  # the caller's stream now follows NCCL: reusing them is safe
             return out
 
         return Work(wait, lambda: bool(ev.done))
@@ -220,8 +271,8 @@ class NcclBackend(Backend):
         comm = self._begin(fingerprint("all_reduce", seq, None, sig))
         if x.size:
             dt, code = self._codes(x.dtype, op)
-            comm.allReduce(x.data.ptr, x.data.ptr, x.size, dt, code, self._stream.ptr)
-        self._end()
+            comm.allReduce(x.data.ptr, x.data.ptr, x.size, dt, code, self._stream(comm).ptr)
+        self._end(comm, x)
 
     def broadcast(self, x, root: int, seq: int):
         ranks = self.ctx.ranks
@@ -238,8 +289,9 @@ class NcclBackend(Backend):
         out = box["out"]
         if out.size:
             ptr = out.data.ptr
-            comm.broadcast(ptr, ptr, out.size, self._codes(out.dtype), root, self._stream.ptr)
-        self._end()
+            s = self._stream(comm).ptr
+            comm.broadcast(ptr, ptr, out.size, self._codes(out.dtype), root, s)
+        self._end(comm, out)
         return out
 
     def reduce(self, x, op: ReduceOp, root: int, seq: int) -> None:
@@ -247,12 +299,12 @@ class NcclBackend(Backend):
         comm = self._begin(fingerprint("reduce", seq, self.ctx.ranks[root], sig))
         if x.size:
             dt, code = self._codes(x.dtype, op)
-            comm.reduce(x.data.ptr, x.data.ptr, x.size, dt, code, root, self._stream.ptr)
-        self._end()
+            comm.reduce(x.data.ptr, x.data.ptr, x.size, dt, code, root, self._stream(comm).ptr)
+        self._end(comm, x)
 
     def _grouped(self, comm, sends: dict, recvs: dict) -> None:
         """Grouped NCCL sends/recvs: ``sends``/``recvs`` map peer index -> array."""
-        nccl, s = self.nccl, self._stream.ptr
+        nccl, s = self.nccl, self._stream(comm).ptr
         nccl.groupStart()
         try:
             for j, a in sends.items():
@@ -278,18 +330,15 @@ class NcclBackend(Backend):
         fp = dict(fingerprint(op, seq, root, sig), meta=[array_meta(a) for a in sends])
         comm = self._begin(fp, on_headers)
         if sends[me] is not None:
-            self._copy_on_stream(outs[me], sends[me])
+            with self._stream(comm):  # the copy to itself, ordered like the NCCL kernels
+                outs[me][...] = sends[me]
         self._grouped(
             comm,
             {j: a for j, a in enumerate(sends) if a is not None and j != me},
             {j: a for j, a in enumerate(outs) if a is not None and j != me},
         )
-        self._end()
+        self._end(comm, *sends, *outs)
         return outs
-
-    def _copy_on_stream(self, dst, src) -> None:
-        with self._stream:
-            dst[...] = src
 
     def all_gather(self, x, seq: int) -> list:
         sends = [x] * len(self.ctx.ranks)
@@ -316,19 +365,20 @@ class NcclBackend(Backend):
             comm = self._begin(fingerprint("reduce_scatter", seq, None, sig))
             if out.size:
                 comm.reduceScatter(flat.data.ptr, out.data.ptr, out.size, dt, code,
-                                   self._stream.ptr)
-            self._end()
+                                   self._stream(comm).ptr)
+            self._end(comm, flat, out)  # the packed copy too: NCCL reads it after we return
             return out
         comm = self._begin(fingerprint("reduce_scatter", seq, None, sig))
+        s = self._stream(comm).ptr
         self.nccl.groupStart()  # ragged chunks: one reduce per destination, grouped
         try:
             for j, c in enumerate(chunks):
                 if c.size:
                     dst = out if j == me else c
-                    comm.reduce(c.data.ptr, dst.data.ptr, c.size, dt, code, j, self._stream.ptr)
+                    comm.reduce(c.data.ptr, dst.data.ptr, c.size, dt, code, j, s)
         finally:
             self.nccl.groupEnd()
-        self._end()
+        self._end(comm, *chunks, out)
         return out
 
     def all_to_all(self, chunks: list, seq: int) -> list:
@@ -341,11 +391,11 @@ class NcclBackend(Backend):
     def send(self, x, dst: int, header: dict) -> None:
         channel = self.ctx.backend(self.ctx.host_route)
         channel.send(None, dst, dict(header, via="nccl", meta=array_meta(x)))
-        comm, peer = self._pair(dst)
-        self._after_caller()
+        comm, peer = self._pair(dst, sending=True)
+        self._after_caller(comm)
         if x.size:
-            comm.send(x.data.ptr, x.size, self._codes(x.dtype), peer, self._stream.ptr)
-        self._end()
+            comm.send(x.data.ptr, x.size, self._codes(x.dtype), peer, self._stream(comm).ptr)
+        self._end(comm, x)
 
     def recv(self, src: int):
         header, y = self.ctx.backend(self.ctx.host_route).recv(src)
@@ -357,9 +407,10 @@ class NcclBackend(Backend):
         """The CuPy payload announced by ``header`` (received on the host channel)."""
         shape, dtype = header["meta"]
         out = self.cp.empty(shape, dtype=np.dtype(dtype))
-        comm, peer = self._pair(src)
-        self._after_caller()
+        comm, peer = self._pair(src, sending=False)
+        self._after_caller(comm)
         if out.size:
-            comm.recv(out.data.ptr, out.size, self._codes(out.dtype), peer, self._stream.ptr)
-        self._end()
+            comm.recv(out.data.ptr, out.size, self._codes(out.dtype), peer,
+                      self._stream(comm).ptr)
+        self._end(comm, out)
         return out

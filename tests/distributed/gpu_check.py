@@ -1,0 +1,403 @@
+"""One script for a session that is lent a GPU: every check of minigrad's GPU path that CI (no GPU,
+a fake CuPy) cannot make, each in a fresh interpreter with its own timeout, all within a total
+budget (about 8 minutes), continuing after failures, then a summary.
+
+    PYTHONPATH=$PWD python tests/distributed/gpu_check.py [--out DIR] [--budget 470] [--only a b]
+
+Steps (in this order; ``--list`` prints them):
+
+* ``import_no_cuda``: ``import minigrad`` (and its GPU count, default device name) leaves CUDA
+  uninitialised, asked of the driver directly; then making gpu0 current is seen as initialised.
+* ``nccl_comm``: a world-size-1 NCCL communicator (the unique id through minigrad's wire form),
+  an all-reduce on a stream.
+* ``random_beta``: ``mg.random.beta`` with float32 and float64 tensor parameters (and gamma and
+  poisson with float32): per-element mean and variance against the formulas.
+* ``job_<name>``: the four jobs of ``gpu_jobs.py`` (nccl_world_size_one, cupy_collectives,
+  data_parallel, pipeline), each in a fresh interpreter.
+* ``sync_count``: host synchronisations inside one training step (forward, backward, Adam),
+  counted by a watchdog that keeps a spin kernel queued and records where the main thread blocks;
+  checked first on a control with three known synchronisations.
+* ``pytest_gpu``: ``pytest -q -m gpu tests --ignore=tests/distributed --ignore=tests/examples``.
+* ``train_mnist``: ``examples/train_mnist.py`` on the GPU (one rank, one epoch).
+* ``bench_gpu``: ``benchmarks/bench_gpu.py --rounds 5 --steps 10`` (results written under DIR).
+
+Output and logs go to ``--out`` (default ``$OUT``, else ``/tmp/minigrad_gpu_check``), never into
+the repository. Exit status: 0 all passed, 1 a step failed or timed out, 2 no GPU here (nothing
+run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOBS = ["nccl_world_size_one", "cupy_collectives", "data_parallel", "pipeline"]
+CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+# ------------------------------------------------------------- steps run in a fresh interpreter
+
+
+def step_import_no_cuda() -> str:
+    import ctypes  # noqa: PLC0415
+
+    import minigrad as mg  # noqa: PLC0415
+    import minigrad.distributed  # noqa: F401, PLC0415
+    from minigrad.backend.device import cuda_initialized  # noqa: PLC0415
+
+    n = mg.get_device_count("gpu")
+    default = mg.get_default_device()
+
+    def driver_initialised() -> bool:  # independent of minigrad's own answer
+        with open("/proc/self/maps") as maps:
+            if "libcuda.so" not in maps.read():
+                return False
+        ctx = ctypes.c_void_p()
+        rc = ctypes.CDLL("libcuda.so.1").cuCtxGetCurrent(ctypes.byref(ctx))
+        return rc != CUDA_ERROR_NOT_INITIALIZED
+
+    assert n >= 1 and default == "gpu0", (n, default)
+    assert not driver_initialised(), "import minigrad (or counting GPUs) initialised CUDA"
+    assert not cuda_initialized(), "minigrad says CUDA is initialised, the driver says not"
+    mg.tensor([1.0], device="gpu0")
+    assert driver_initialised() and cuda_initialized(), "a gpu0 tensor left CUDA uninitialised?"
+    return f"{n} GPU(s), default {default}; CUDA untouched until the first GPU tensor"
+
+
+def step_nccl_comm() -> str:
+    import cupy as cp  # noqa: PLC0415
+    from cupy.cuda import nccl  # noqa: PLC0415
+
+    from minigrad.distributed.comm.providers.nccl import (  # noqa: PLC0415
+        unique_id_from_wire,
+        unique_id_to_wire,
+    )
+
+    uid = nccl.get_unique_id()
+    comm = nccl.NcclCommunicator(1, unique_id_from_wire(unique_id_to_wire(uid)), 0)
+    try:
+        x = cp.arange(1000, dtype=cp.float32)
+        y = cp.empty_like(x)
+        stream = cp.cuda.Stream(non_blocking=True)
+        comm.allReduce(x.data.ptr, y.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                       stream.ptr)
+        stream.synchronize()
+        assert bool((y == x).all()), "world-size-1 all-reduce changed the values"
+    finally:
+        comm.destroy()
+    return f"NCCL {nccl.get_version()}, unique id {type(uid).__name__}, CuPy {cp.__version__}"
+
+
+def _moments_ok(name, samples, mean, var, n) -> str:
+    """Per-column mean and variance within 6 standard errors of the formulas."""
+    import numpy as np  # noqa: PLC0415
+
+    s = samples.astype(np.float64)
+    got_m, got_v = s.mean(axis=0), s.var(axis=0)
+    se_m = np.sqrt(var / n)
+    se_v = var * np.sqrt(2.0 / (n - 1)) * 2  # (heavier tails: twice the normal-theory error)
+    bad_m = np.abs(got_m - mean) > 6 * se_m + 1e-3 * np.abs(mean)
+    bad_v = np.abs(got_v - var) > 6 * se_v + 1e-3 * var
+    assert not bad_m.any() and not bad_v.any(), (
+        f"{name}: mean {got_m} (expected {mean}), var {got_v} (expected {var})")
+    return f"{name} ok"
+
+
+def step_random_beta() -> str:
+    import numpy as np  # noqa: PLC0415
+
+    import minigrad as mg  # noqa: PLC0415
+
+    n, out = 200_000, []
+    a_host, b_host = np.array([0.5, 2.0, 8.0]), np.array([3.0, 5.0, 1.5])
+    for dtype in ("float32", "float64"):
+        mg.random.seed(0)
+        a = mg.tensor(a_host, dtype=dtype, device="gpu0")
+        b = mg.tensor(b_host, dtype=dtype, device="gpu0")
+        x = mg.random.beta(a, b, size=n)
+        assert x.dtype == np.dtype(dtype) and x.shape == (n, 3) and str(x.device) == "gpu0"
+        s = x.numpy()
+        assert 0 <= s.min() and s.max() <= 1, f"beta {dtype}: values outside [0, 1]"
+        ab = a_host + b_host
+        out.append(_moments_ok(f"beta {dtype}", s, a_host / ab,
+                               a_host * b_host / (ab ** 2 * (ab + 1)), n))
+    k = mg.tensor(a_host, dtype="float32", device="gpu0")
+    theta = mg.tensor(b_host, dtype="float32", device="gpu0")
+    out.append(_moments_ok("gamma float32", mg.random.gamma(k, theta, size=n).numpy(),
+                           a_host * b_host, a_host * b_host ** 2, n))
+    out.append(_moments_ok("poisson float32", mg.random.poisson(theta, size=n).numpy(),
+                           b_host, b_host, n))
+    return "; ".join(out)
+
+
+SPIN_SOURCE = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+"""
+
+
+class SyncWatch:
+    """Counts the host synchronisations of code run on the main thread. A watchdog thread keeps
+    spin kernels (``spin_s`` each) queued on the null stream, so that any wait for the GPU lasts,
+    and samples the main thread's stack every ``sample_s``: the main thread standing on one line
+    for ``stall_s`` or more is waiting for the GPU - one synchronisation, recorded with its
+    location (a sampling gap that long, the GIL held while blocked, counts too). On each one the
+    next spin is queued at once, while the main thread still waits, so a synchronisation right
+    after it is seen too."""
+
+    def __init__(self, cp, spin_s=0.15, stall_s=0.03, sample_s=0.001):
+        import numpy as np  # noqa: PLC0415
+
+        self.cp, self.np = cp, np
+        self.kernel = cp.RawKernel(SPIN_SOURCE, "spin")
+        self.spin_s, self.stall_s, self.sample_s = spin_s, stall_s, sample_s
+        self._launch(10_000)
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        self._launch(10_000_000)
+        cp.cuda.Device().synchronize()
+        self.cycles = int(10_000_000 / (time.perf_counter() - t) * spin_s)
+
+    def _launch(self, cycles) -> None:
+        with self.cp.cuda.Stream.null:  # (a RawKernel launches on the current stream)
+            self.kernel((1,), (1,), (self.np.int64(cycles),))
+
+    def count(self, fn) -> list[str]:
+        import threading  # noqa: PLC0415
+        import traceback  # noqa: PLC0415
+
+        main, done, stalls = threading.get_ident(), threading.Event(), []
+        device = self.cp.cuda.Device()
+
+        def where(frame) -> str:
+            if frame is None:
+                return "?"
+            stack = traceback.extract_stack(frame)
+            ours = [f for f in stack if "minigrad" in f.filename or "gpu_check" in f.filename]
+            f = (ours or stack)[-1]
+            return f"{os.path.relpath(f.filename, ROOT)}:{f.lineno} ({f.name})"
+
+        def watch():
+            busy_until = 0.0  # when the spins queued so far end (estimated)
+
+            def arm():
+                nonlocal busy_until
+                self._launch(self.cycles)
+                busy_until = max(busy_until, time.perf_counter()) + self.spin_s
+
+            def record(what: str) -> float:
+                """Count a wait; queue the next spin while the main thread still waits, so that
+                a wait right after this one shows too. Returns when this wait should end."""
+                stalls.append(what)
+                release_at = busy_until
+                arm()
+                return release_at
+
+            with device:
+                arm()
+                last, counted, release_at = None, False, 0.0
+                since = prev_t = time.perf_counter()
+                while not done.is_set():
+                    now = time.perf_counter()
+                    frame = sys._current_frames().get(main)
+                    loc = None if frame is None else (frame.f_code, frame.f_lineno)
+                    if now - prev_t >= self.stall_s:  # we could not run: the GIL was held
+                        release_at = record("(GIL held while blocked) near " + where(frame))
+                        last, counted = loc, True
+                    elif loc != last:
+                        last, since, counted = loc, now, False
+                    elif not counted and now - since >= self.stall_s:
+                        release_at, counted = record(where(frame)), True
+                    elif counted and release_at + self.stall_s < now < busy_until:
+                        # still on this line after the work it waited for ended: a new wait
+                        release_at = record(where(frame))
+                    if not counted and busy_until - now < 0.3 * self.spin_s:
+                        arm()  # never let the queue run dry
+                    prev_t = now
+                    time.sleep(self.sample_s)
+                device.synchronize()
+
+        saved = sys.getswitchinterval()
+        sys.setswitchinterval(self.sample_s / 2)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        time.sleep(0.01)  # the first spin is queued before fn starts
+        try:
+            fn()
+        finally:
+            done.set()
+            watcher.join()
+            sys.setswitchinterval(saved)
+        return stalls
+
+
+def step_sync_count() -> str:
+    import cupy as cp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    import minigrad as mg  # noqa: PLC0415
+    import minigrad.autodiff as ad  # noqa: PLC0415
+    import minigrad.functional as F  # noqa: PLC0415
+    import minigrad.module as M  # noqa: PLC0415
+    import minigrad.optimizer as optim  # noqa: PLC0415
+
+    mg.set_default_device("gpu0")
+    model = M.Sequential(M.Linear(784, 256), M.ReLU(), M.Linear(256, 10))
+    opt = optim.Adam(model.parameters(), lr=1e-3)
+    gm = ad.GradManager().attach(model.parameters())
+    rng = np.random.default_rng(0)
+    x_host = rng.random((64, 784), dtype=np.float32)
+    y_host = rng.integers(0, 10, 64).astype(np.int32)
+    x, y = mg.tensor(x_host), mg.tensor(y_host)
+
+    def train_step(upload=False):
+        xb, yb = (mg.tensor(x_host), mg.tensor(y_host)) if upload else (x, y)
+        with gm:
+            gm.backward(F.nn.cross_entropy(model(xb), yb))
+        opt.step().clear_grad()
+
+    for _ in range(3):  # kernels compiled, memory pool warm
+        train_step(upload=True)
+    mg.backend.synchronize("gpu0")
+    watch = SyncWatch(cp)
+    a = cp.ones(1000, dtype=cp.float32)
+
+    def control():  # three synchronisations
+        float(a.sum())
+        a.get()
+        bool((a > 0).all())
+
+    found = watch.count(control)
+    assert len(found) == 3, f"the detector found {len(found)} of 3 known syncs: {found}"
+    in_step = watch.count(train_step)
+    with_upload = watch.count(lambda: train_step(upload=True))
+    print(f"in one training step: {len(in_step)}: {in_step}")
+    print(f"with the batch uploaded from pageable host memory: {len(with_upload)}: {with_upload}")
+    assert not in_step, f"{len(in_step)} host synchronisation(s) in a training step: {in_step}"
+    return (f"0 syncs in a training step (control 3/3 found); {len(with_upload)} with a pageable "
+            "batch upload")
+
+
+STEP_FUNCTIONS = {
+    "import_no_cuda": step_import_no_cuda,
+    "nccl_comm": step_nccl_comm,
+    "random_beta": step_random_beta,
+    "sync_count": step_sync_count,
+}
+
+
+# ------------------------------------------------------------------------------------- driver
+
+
+def plan(out_dir: str) -> list[tuple[str, list[str], float]]:
+    """(name, command, timeout in seconds) of every step, in order."""
+    py, me = sys.executable, os.path.abspath(__file__)
+    steps = [(name, [py, me, "--step", name], t) for name, t in
+             [("import_no_cuda", 45), ("nccl_comm", 60), ("random_beta", 60)]]
+    steps += [(f"job_{job}", [py, os.path.join(HERE, "gpu_jobs.py"), job], 90) for job in JOBS]
+    steps.append(("sync_count", [py, me, "--step", "sync_count"], 60))
+    steps.append(("pytest_gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+                                 "tests", "--ignore=tests/distributed", "--ignore=tests/examples"],
+                  200))
+    steps.append(("train_mnist", [py, "examples/train_mnist.py", "--device", "gpu", "--nproc", "1",
+                                  "--epochs", "1", "--out-dir", os.path.join(out_dir, "mnist")],
+                  90))
+    steps.append(("bench_gpu", [py, "benchmarks/bench_gpu.py", "--rounds", "5", "--steps", "10",
+                                "--out", os.path.join(out_dir, "bench_gpu.json")], 120))
+    return steps
+
+
+def no_gpu_reason() -> str | None:
+    """Why this machine cannot run the checks (None when it can), found without touching CUDA."""
+    sys.path.insert(0, ROOT)
+    from minigrad.backend.device import probe_gpus  # noqa: PLC0415
+    from minigrad.backend.xp import cupy_import_error, cupy_or_none  # noqa: PLC0415
+
+    if cupy_or_none() is None:
+        return f"CuPy could not be imported ({cupy_import_error()})"
+    probe = probe_gpus()
+    return None if probe.count else probe.reason or "no CUDA device"
+
+
+def run_step(name, cmd, timeout, out_dir, env) -> tuple[str, float, str]:
+    """Run one step; returns (PASS/FAIL/TIMEOUT, seconds, last line or reason)."""
+    log_path = os.path.join(out_dir, f"{name}.log")
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own group: killed with its children
+        try:
+            code = proc.wait(timeout=timeout)
+            status = "PASS" if code == 0 else f"FAIL (exit {code})"
+        except subprocess.TimeoutExpired:
+            status = f"TIMEOUT ({timeout:.0f} s)"
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    seconds = time.monotonic() - t0
+    with open(log_path) as log:
+        lines = [ln.rstrip() for ln in log if ln.strip()]
+    tail = lines[-1] if lines else ""
+    if not status.startswith("PASS"):
+        print("\n".join(f"    | {ln}" for ln in lines[-15:]), flush=True)
+    return status, seconds, tail
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT") or "/tmp/minigrad_gpu_check")
+    p.add_argument("--budget", type=float, default=470, help="seconds for all steps together")
+    p.add_argument("--only", nargs="*", default=None, help="run only these steps")
+    p.add_argument("--list", action="store_true", help="print the steps and exit")
+    p.add_argument("--step", default=None, help=argparse.SUPPRESS)  # one step, in this process
+    args = p.parse_args(argv)
+    out_dir = os.path.abspath(args.out)
+    if args.step is not None:
+        print(f"{args.step}: {STEP_FUNCTIONS[args.step]()}", flush=True)
+        return 0
+    steps = plan(out_dir)
+    if args.list:
+        for name, cmd, timeout in steps:
+            print(f"{name:<28} {timeout:>4.0f} s  {' '.join(cmd)}")
+        return 0
+    reason = no_gpu_reason()
+    if reason is not None:
+        print(f"gpu_check: no GPU: {reason}; nothing was run", file=sys.stderr)
+        return 2
+    if out_dir == ROOT or out_dir.startswith(ROOT + os.sep):
+        print(f"gpu_check: --out {out_dir} is inside the repository; use $OUT or /tmp",
+              file=sys.stderr)
+        return 2
+    os.makedirs(out_dir, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("MINIGRAD_TEST_FAKE_GPU", None)
+    deadline = time.monotonic() + args.budget
+    results = []
+    for name, cmd, timeout in steps:
+        if args.only and name not in args.only:
+            continue
+        left = deadline - time.monotonic()
+        if left < 10:
+            results.append((name, "SKIPPED (out of time)", 0.0, ""))
+            continue
+        print(f"== {name} (up to {min(timeout, left):.0f} s): {' '.join(cmd)}", flush=True)
+        status, seconds, tail = run_step(name, cmd, min(timeout, left), out_dir, env)
+        print(f"   {status} in {seconds:.1f} s: {tail}", flush=True)
+        results.append((name, status, seconds, tail))
+    print("\n== summary (logs in " + out_dir + ")")
+    for name, status, seconds, tail in results:
+        print(f"{name:<28} {status:<22} {seconds:6.1f} s  {tail[:100]}")
+    return 0 if all(r[1] == "PASS" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The GPU check script (``gpu_check.py``) without a GPU: it says "no GPU" and exits 2, refuses an
+output folder inside the repository, runs every step with its own timeout and goes on after a
+failure, and its synchronisation counter finds the waits of a simulated GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import gpu_check  # noqa: E402
+
+
+def test_without_a_gpu_it_says_so_and_exits_2(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "gpu_check.py"), "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "gpu_check: no GPU: " in proc.stderr and "nothing was run" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_steps_run_with_their_own_timeouts_and_a_summary(monkeypatch, tmp_path, capsys):
+    py = sys.executable
+    monkeypatch.setattr(gpu_check, "no_gpu_reason", lambda: None)
+    monkeypatch.setattr(gpu_check, "plan", lambda out: [
+        ("fails", [py, "-c", "raise SystemExit('broken here')"], 30),
+        ("hangs", [py, "-c", "import time; time.sleep(60)"], 1),
+        ("passes", [py, "-c", "print('all good')"], 30),
+        ("late", [py, "-c", "print('never')"], 30),
+    ])
+    t0 = time.monotonic()
+    assert gpu_check.main(["--out", str(tmp_path), "--budget", "12"]) == 1
+    assert time.monotonic() - t0 < 30
+    summary = capsys.readouterr().out.split("== summary")[1]
+    rows = {line.split()[0]: line for line in summary.splitlines()[1:] if line.strip()}
+    assert "FAIL (exit 1)" in rows["fails"] and "broken here" in rows["fails"]
+    assert "TIMEOUT (1 s)" in rows["hangs"]
+    assert "PASS" in rows["passes"] and "all good" in rows["passes"]
+    assert (tmp_path / "passes.log").read_text().strip() == "all good"
+    monkeypatch.setattr(gpu_check, "plan", lambda out: [("late", [py, "-c", "pass"], 30)])
+    assert gpu_check.main(["--out", str(tmp_path), "--budget", "5"]) == 1  # under 10 s left
+    assert "SKIPPED (out of time)" in capsys.readouterr().out
+
+
+def test_output_inside_the_repository_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "no_gpu_reason", lambda: None)
+    assert gpu_check.main(["--out", os.path.join(gpu_check.ROOT, "runs")]) == 2
+    assert "inside the repository" in capsys.readouterr().err
+
+
+class _SimulatedGpu:
+    """Just enough of CuPy for ``SyncWatch``: one queue, kernels of ``cycles`` at 1e9 per second;
+    ``wait()`` is a host synchronisation (it blocks until the queue is empty)."""
+
+    def __init__(self):
+        self.busy_until = 0.0
+        gpu = self
+
+        def kernel(grid, block, args):
+            start = max(gpu.busy_until, time.perf_counter())
+            gpu.busy_until = start + int(args[0]) / 1e9
+
+        class Device:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                pass
+
+            def synchronize(self):
+                gpu.wait()
+
+        self.RawKernel = lambda source, name: kernel
+        self.cuda = types.SimpleNamespace(Device=Device,
+                                          Stream=types.SimpleNamespace(null=Device()))
+
+    def wait(self):
+        time.sleep(max(0.0, self.busy_until - time.perf_counter()))
+
+
+def test_the_sync_counter_finds_each_wait_for_the_gpu():
+    """Each wait is seen, also right after another and on the same line as the last."""
+    gpu = _SimulatedGpu()
+    watch = gpu_check.SyncWatch(gpu, spin_s=0.4, stall_s=0.1)  # wide: a loaded machine
+
+    def five_waits():
+        for _ in range(200):
+            sum(range(100))  # host work that does not wait
+        gpu.wait()
+        gpu.wait()  # right after the first: still seen
+        for _ in range(2):
+            gpu.wait()  # twice on one line
+        sum(range(1000))
+        gpu.wait()
+
+    found = watch.count(five_waits)
+    assert len(found) == 5 and all("test_gpu_check.py" in f for f in found), found
+    assert watch.count(lambda: [sum(range(100)) for _ in range(300)]) == []
