@@ -1,12 +1,21 @@
 """Distributed training on CPU and GPU: MegEngine's ``megengine.distributed`` API, plus the
 collectives of PyTorch's ``torch.distributed`` and OneFlow's ``oneflow.comm``.
 
-Layers, bottom up: :mod:`.settings` (defaults, environment variables), :mod:`.store` (authenticated
-TCP rendezvous), :mod:`.env` (what launchers tell ranks), :mod:`.backends` (cpu, mpi and nccl
-behind one interface), :mod:`.group` (process groups), :mod:`.comm` (array collectives, the one
-implementation), :mod:`.collectives` (PyTorch-style, in place, on tensors), :mod:`.functional`
-(MegEngine's differentiable collectives), :mod:`.helper` and :mod:`.data_parallel` (data
-parallelism), :mod:`.launcher` and ``python -m minigrad.distributed.launch`` (start the ranks).
+The folders, bottom up (each imports only those before it; ``tests/test_layering.py`` checks):
+
+* :mod:`.runtime`: how ranks come to exist and meet: ``@dist.launcher``, ``python -m
+  minigrad.distributed.launch``, the environment launchers set, the rendezvous store, ``[rank N]``
+  output;
+* :mod:`.comm`: process groups, the collective backends (:mod:`.comm.providers`: cpu, mpi, nccl),
+  the array-level collectives every API calls (:mod:`.comm.arrays`), PyTorch's API on tensors
+  (:mod:`.comm.collectives`) and MegEngine's differentiable one (:mod:`.comm.functional`);
+* :mod:`.data_parallel`: ``bcast_list_``, the bucketed gradient all-reduce, DDP, SyncBatchNorm;
+* :mod:`.mesh`: the ranks as a grid of named axes, and ``init_parallel``;
+* the strategies: :mod:`.pipeline`, :mod:`.tensor_parallel`, :mod:`.sequence_parallel`,
+  :mod:`.global_tensor`.
+
+MegEngine's module paths ``minigrad.distributed.functional`` and ``minigrad.distributed.helper``
+still import (see :mod:`minigrad.aliases`).
 
 Example::
 
