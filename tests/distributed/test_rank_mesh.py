@@ -147,3 +147,18 @@ def test_the_same_ranks_give_the_same_group_to_every_user():
         assert out["distinct_order"] and out["root"] == 3 and out["root_value"] == 3.0
         # depth 1: the column group is also the column × depth group; named by fewer axes
         assert out["depth1"] == (True, "2.5d_col", "2.5d_row")
+
+
+def _groups_of_a_new_session():
+    topo = ProcessTopology(["x"], [2])
+    before = topo.group("x")
+    dist.destroy_process_group()
+    dist.init_process_group()
+    after = topo.group("x")  # the old session's group is closed: a new one, in the new table
+    total = comm.all_reduce(np.array([dist.get_rank() + 1.0]), group=after)[0]
+    return after is not before, after is group_for_ranks([0, 1]), float(total)
+
+
+def test_a_new_session_starts_an_empty_group_table():
+    for fresh, shared, total in run_workers(_groups_of_a_new_session, 2):
+        assert fresh and shared and total == 3.0
