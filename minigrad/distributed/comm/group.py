@@ -83,6 +83,8 @@ class _State:
         # successive sessions (init, destroy, init again) apart
         self.session = session
         self.n_groups = 0
+        # the groups of group_for_ranks, by their ranks in group order (one table per session)
+        self.shared_groups: dict[tuple[int, ...], Group] = {}
         self.world: GroupContext | None = None
         self.contexts: list[GroupContext] = []
         self.hosts: list[str] = []
@@ -459,6 +461,25 @@ def new_group(ranks: list[int] | None = None, timeout=None, backend: str | None 
     if st.rank in ranks:
         st.contexts.append(GroupContext(gid, ranks, setting, timeout, warn_after))
     return Group(ranks, gid, setting, timeout)
+
+
+def group_for_ranks(ranks) -> Group:
+    """The process group of exactly ``ranks`` (global ranks, in group order), shared by every
+    caller in this process: the mesh, placements, the parallel context and the pipeline's tie
+    groups ask here, so the same ranks in the same order give the same :class:`Group` object.
+
+    Collective the first time ``ranks`` is asked for, like :func:`new_group`: every rank must ask
+    for the same rank lists in the same order (a rank that is not a member too). Since every rank
+    then holds the same table, a later request is answered from it on every rank alike and
+    creates nothing. The order matters: ``[1, 0]`` (root 1) is another group than ``[0, 1]``.
+    The table belongs to the session: ``destroy_process_group`` empties it.
+    """
+    key = tuple(int(r) for r in ranks)
+    group = _state.shared_groups.get(key)
+    if group is None:
+        group = new_group(list(key))
+        _state.shared_groups[key] = group
+    return group
 
 
 def _teardown() -> list[BaseException]:

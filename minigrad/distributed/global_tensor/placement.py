@@ -4,9 +4,12 @@
 3]])`` a 2 x 2 mesh, whose dimension 0 runs down the columns (ranks 0 and 2 differ only in it) and
 dimension 1 along the rows. A global tensor has one SBP per mesh dimension.
 
-The process groups a placement needs (one per slice of the mesh along each dimension) are created
-when the placement is: creating a group is collective, so every rank must create the same
-placements in the same order, like every global op. Equal placements share their groups. When the
+The rank array is a :class:`~minigrad.distributed.mesh.rank_mesh.RankMesh` (``P.mesh``), which
+answers the coordinate questions. The process groups a placement needs (one per slice of the mesh
+along each dimension) are created when the placement is: creating a group is collective, so every
+rank must create the same placements in the same order, like every global op. The groups come from
+the process-wide table of ``group_for_ranks``, so equal placements (and any other user of the same
+ranks in the same order: a process topology, the parallel context) share them. When the
 program was started by ``python -m minigrad.distributed.launch`` and the process group does not
 exist yet, the first placement creates it (OneFlow programs never call ``init_process_group``).
 
@@ -28,12 +31,11 @@ import numpy as np
 
 from minigrad.distributed.comm import group as dist_group
 from minigrad.distributed.global_tensor import tensor as global_tensor
+from minigrad.distributed.mesh.rank_mesh import RankMesh
 
 __all__ = ["Placement", "placement"]
 
 _TYPES = {"cpu": "cpu", "cuda": "cuda", "gpu": "cuda"}
-#: Process groups of mesh slices, shared by equal placements: ranks tuple -> Group.
-_GROUPS: dict[tuple, object] = {}
 
 
 def _ensure_process_group() -> None:
@@ -70,87 +72,75 @@ class Placement:
                 f"rank(s)), got {mesh.tolist()}"
             )
         self.type = _TYPES[type]
-        self._mesh = mesh.astype(np.int64)
-        self._flat = flat
+        self.mesh = RankMesh(mesh)
         self._create_groups()
 
     # -- the mesh -------------------------------------------------------------------------------
     @property
     def ranks(self) -> list:
         """The rank mesh as a (nested) list."""
-        return self._mesh.tolist()
+        return self.mesh.array.tolist()
 
     @property
     def mesh_shape(self) -> tuple:
         """The shape of the rank mesh (OneFlow's ``hierarchy``)."""
-        return tuple(self._mesh.shape)
+        return self.mesh.shape
 
     @property
     def ndim(self) -> int:
         """The number of mesh dimensions (= entries of an SBP tuple on this placement)."""
-        return self._mesh.ndim
+        return self.mesh.ndim
 
     @property
     def size(self) -> int:
         """The number of ranks."""
-        return len(self._flat)
+        return self.mesh.size
 
     @property
     def rank_list(self) -> list:
         """The ranks in row-major mesh order (the first is the placement's *first rank*)."""
-        return list(self._flat)
+        return self.mesh.ranks
 
     def __contains__(self, rank: int) -> bool:
-        return rank in self._flat
+        return rank in self.mesh
 
     def coord(self, rank: int) -> tuple:
         """The mesh coordinate of ``rank`` (which must be in the placement)."""
-        return tuple(int(i) for i in np.unravel_index(self._flat.index(rank), self.mesh_shape))
+        return self.mesh.coord(rank)
 
     def rank_at(self, coord) -> int:
         """The rank at a mesh coordinate."""
-        return int(self._mesh[tuple(coord)])
+        return self.mesh.rank_at(coord)
 
     def slice_ranks(self, dim: int, rank: int) -> list:
         """The ranks that share every mesh coordinate of ``rank`` except along ``dim``, in order
         along ``dim``: ``rank``'s group for SBP conversions on that mesh dimension."""
-        index = list(self.coord(rank))
-        index[dim] = slice(None)
-        return [int(r) for r in self._mesh[tuple(index)]]
+        return self.mesh.slice_ranks(dim, rank)
 
     def slice_group(self, dim: int, rank: int):
         """The process group of ``slice_ranks(dim, rank)`` (None for a single rank)."""
-        ranks = tuple(self.slice_ranks(dim, rank))
-        return None if len(ranks) == 1 else _GROUPS[ranks]
+        ranks = self.slice_ranks(dim, rank)
+        return None if len(ranks) == 1 else dist_group.group_for_ranks(ranks)
 
     def group(self):
         """The process group of all the placement's ranks (None for a single rank)."""
-        return None if self.size == 1 else _GROUPS[tuple(self._flat)]
+        return self.mesh.group(singletons=False)
 
     def _create_groups(self) -> None:
-        """Create the groups of every mesh slice and of the whole placement, in one fixed order
-        on every rank (creating a group is collective)."""
+        """Create the groups of the whole placement and of every mesh slice, in one fixed order
+        on every rank (creating a group is collective; groups that exist are reused)."""
         if not dist_group.is_distributed():
             return
-        rows = [tuple(self._flat)]
+        self.mesh.group(singletons=False)
         for dim in range(self.ndim):
-            moved = np.moveaxis(self._mesh, dim, -1).reshape(-1, self._mesh.shape[dim])
-            rows += [tuple(int(r) for r in row) for row in moved]
-        for ranks in rows:
-            if len(ranks) > 1 and ranks not in _GROUPS:
-                _GROUPS[ranks] = dist_group.new_group(list(ranks))
+            self.mesh.group_along(dim, singletons=False)
 
     # -- identity -------------------------------------------------------------------------------
     def __eq__(self, other) -> bool:
-        return (
-            isinstance(other, Placement)
-            and self.type == other.type
-            and self._mesh.shape == other._mesh.shape
-            and self._flat == other._flat
-        )
+        return isinstance(other, Placement) and self.type == other.type and self.mesh == other.mesh
 
     def __hash__(self) -> int:
-        return hash((self.type, self._mesh.shape, tuple(self._flat)))
+        return hash((self.type, self.mesh))
 
     def __repr__(self) -> str:
         return f'placement(type="{self.type}", ranks={self.ranks})'

@@ -8,7 +8,10 @@ and the tensor-parallel ranks are laid out further by the mode: a ``q × q`` gri
 "2d", ``d × q × q`` (dep, row, col) for "2.5d", ``q × q × q`` (weight, input, output) for "3d".
 All of it is one :class:`~minigrad.distributed.mesh.topology.ProcessTopology` whose axes are
 ``data, pipe`` and the mode's tensor axes, so every group is a slice of one grid (``pipe`` as in
-DeepSpeed's topologies, so ``ctx.topology`` can be handed to the pipeline code).
+DeepSpeed's topologies, so ``ctx.topology`` can be handed to the pipeline code). Its groups come
+from the process-wide table of ``group_for_ranks``: two names whose slices hold the same ranks
+(an axis of size 1 between them) are one group, the same object a placement or the pipeline
+engine gets for those ranks.
 
 :func:`init_parallel` validates the configuration against the world size *before* any
 communication (every rank raises the same error, with the numbers), then creates every group of
@@ -242,10 +245,14 @@ class ParallelContext:
         self._group_axes = config.group_axes()
         self._groups: dict[str, Group] = {}
         self._names: dict[int, str] = {}
+        named_axes: dict[int, int] = {}
         for name, axes in self._group_axes.items():  # the same order on every rank
             group = self.topology.group(*axes)
             self._groups[name] = group
-            self._names[id(group)] = name  # later (mode-specific) names win: "1d" over "tensor"
+            # a group's name: the one of fewest axes ("2.5d_col" over "2.5d_col_x_dep" when the
+            # depth is 1), among those the later (mode-specific) one: "1d" over "tensor"
+            if len(axes) <= named_axes.get(id(group), len(axes)):
+                self._names[id(group)], named_axes[id(group)] = name, len(axes)
         self._rngs: dict = {}
 
     # -- groups ------------------------------------------------------------------------------

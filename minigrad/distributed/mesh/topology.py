@@ -12,8 +12,12 @@ Every hybrid-parallel mode asks the same three questions, and this module answer
   vary at once, e.g. the sequence × data group that averages gradients in sequence parallelism).
 * *Which process group is that?* :meth:`ProcessTopology.group` returns this rank's slice as a
   :class:`~minigrad.distributed.comm.group.Group`. Creating process groups is collective (every rank
-  calls ``new_group`` for every slice, in the same order), so the first ``group(axis)`` call must be
-  made by every rank; the groups are then cached on the topology.
+  asks for every slice's group, in the same order), so the first ``group(axis)`` call must be
+  made by every rank; the groups live in the process-wide table of ``group_for_ranks``, shared
+  with every other user of the same ranks (placements, the parallel context, tie groups).
+
+The grid itself is a :class:`~minigrad.distributed.mesh.rank_mesh.RankMesh` (``topo.mesh``); this
+class gives it DeepSpeed's names and keyword coordinates.
 
 Example (axes ``pipe, data, model``, all of size 2, DeepSpeed's layout)::
 
@@ -27,18 +31,11 @@ Example (axes ``pipe, data, model``, all of size 2, DeepSpeed's layout)::
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections import namedtuple
 from typing import Sequence
 
-from minigrad.distributed.comm.group import (
-    Group,
-    get_rank,
-    get_world_size,
-    is_distributed,
-    new_group,
-)
+from minigrad.distributed.comm.group import Group, get_rank, get_world_size, is_distributed
+from minigrad.distributed.mesh.rank_mesh import RankMesh
 
 __all__ = [
     "PipeDataParallelTopology",
@@ -48,10 +45,10 @@ __all__ = [
 
 
 class ProcessTopology:
-    """Ranks on a row-major grid of named axes (last axis fastest), with cached groups per slice.
+    """Ranks on a row-major grid of named axes (last axis fastest), with the groups of its slices.
 
     ``axes`` are distinct names, ``dims`` their sizes (positive integers); the job must have
-    ``prod(dims)`` ranks when groups are created.
+    ``prod(dims)`` ranks when groups are created. ``mesh`` is the grid as a :class:`RankMesh`.
     """
 
     def __init__(self, axes: Sequence[str], dims: Sequence[int]):
@@ -67,13 +64,12 @@ class ProcessTopology:
         self.axes = axes
         self.dims = dims
         self.ProcessCoord = namedtuple("ProcessCoord", axes)
-        self._strides = [math.prod(dims[i + 1 :]) for i in range(len(dims))]
-        self._groups: dict[tuple[str, ...], Group] = {}
+        self.mesh = RankMesh.grid(axes, dims)
 
     # -- coordinates -------------------------------------------------------------------------
     def world_size(self) -> int:
         """The number of ranks on the grid (the product of the dims)."""
-        return math.prod(self.dims)
+        return self.mesh.size
 
     def get_axis_names(self) -> list[str]:
         """The axis names, slowest first."""
@@ -90,22 +86,18 @@ class ProcessTopology:
                 f"ProcessTopology.get_rank: expected coordinates for axes {self.axes}, "
                 f"got {sorted(coords)}"
             )
-        rank = 0
-        for axis, dim, stride in zip(self.axes, self.dims, self._strides):
+        for axis, dim in zip(self.axes, self.dims):
             c = coords[axis]
             if not 0 <= c < dim:
                 raise ValueError(
                     f"ProcessTopology.get_rank: {axis}={c} is outside [0, {dim})"
                 )
-            rank += c * stride
-        return rank
+        return self.mesh.rank_at([coords[axis] for axis in self.axes])
 
     def get_coord(self, rank: int):
         """The coordinates (a named tuple ``ProcessCoord``) of ``rank``."""
         self._check_rank("get_coord", rank)
-        return self.ProcessCoord(
-            *(rank // stride % dim for dim, stride in zip(self.dims, self._strides))
-        )
+        return self.ProcessCoord(*self.mesh.coord(rank))
 
     def get_rank_repr(
         self, rank: int, omit_axes: Sequence[str] = ("data", "pipe"), inner_sep: str = "_",
@@ -127,7 +119,7 @@ class ProcessTopology:
                 f"ProcessTopology.filter_match: unknown axes {sorted(unknown)}, have {self.axes}"
             )
         return [
-            r for r in range(self.world_size())
+            r for r in self.mesh.ranks
             if all(getattr(self.get_coord(r), a) == c for a, c in coords.items())
         ]
 
@@ -141,16 +133,7 @@ class ProcessTopology:
         a slice row-major over the varying axes — so group rank ``i`` along a single axis has
         coordinate ``i`` on it."""
         self._check_axes("get_axis_comm_lists", axes)
-        varying = [a for a in self.axes if a in axes]
-        fixed = [a for a in self.axes if a not in axes]
-        lists = []
-        for fixed_coord in itertools.product(*(range(self.get_dim(a)) for a in fixed)):
-            base = dict(zip(fixed, fixed_coord))
-            lists.append([
-                self.get_rank(**base, **dict(zip(varying, var_coord)))
-                for var_coord in itertools.product(*(range(self.get_dim(a)) for a in varying))
-            ])
-        return lists
+        return self.mesh.slices(*axes)
 
     # -- process groups ----------------------------------------------------------------------
     def group(self, *axes: str) -> Group:
@@ -158,13 +141,10 @@ class ProcessTopology:
 
         Collective on the first call for a given set of axes: every rank of the job must make the
         same first calls in the same order, because each slice's group is created by all ranks.
-        Later calls return the cached group.
+        Later calls (and every other user of the same ranks) get the same group from the
+        process-wide table (``group_for_ranks``) and create nothing.
         """
         self._check_axes("group", axes)
-        key = tuple(a for a in self.axes if a in axes)
-        cached = self._groups.get(key)
-        if cached is not None:
-            return cached
         world = get_world_size()
         if not is_distributed() or world != self.world_size():
             raise RuntimeError(
@@ -172,23 +152,15 @@ class ProcessTopology:
                 f"ranks, but the job has {world}"
                 + ("" if is_distributed() else " (init_process_group has not run)")
             )
-        me = get_rank()
-        mine = None
-        for ranks in self.get_axis_comm_lists(*key):
-            g = new_group(ranks)
-            if me in ranks:
-                mine = g
-        self._groups[key] = mine
-        return mine
+        return self.mesh.group_along(*axes)
 
     def group_ranks(self, *axes: str, rank: int | None = None) -> list[int]:
         """The global ranks of ``rank``'s slice along ``axes`` (default: this process's rank),
         without creating any process group."""
+        self._check_axes("group_ranks", axes)
         me = get_rank() if rank is None else rank
-        for ranks in self.get_axis_comm_lists(*axes):
-            if me in ranks:
-                return ranks
-        raise AssertionError("unreachable: every rank lies in exactly one slice")
+        self._check_rank("group_ranks", me)
+        return self.mesh.slice_ranks(axes, me)
 
     # -- helpers -----------------------------------------------------------------------------
     def _shape(self) -> str:

@@ -78,8 +78,8 @@ from minigrad.distributed.comm.group import (
     Group,
     get_rank,
     get_world_size,
+    group_for_ranks,
     is_distributed,
-    new_group,
 )
 from minigrad.distributed.data_parallel.helper import bcast_list_
 from minigrad.distributed.pipeline.accumulation import mean_loss_seed
@@ -255,14 +255,15 @@ class PipelineEngine:
         return self.module.topology.group(axis)
 
     def _make_tie_groups(self) -> dict[str, Group]:
-        """One group per tied key owned by several stages and per pipeline; every rank creates
-        every group (``new_group`` is collective), keeps its own."""
+        """One group per tied key owned by several stages and per pipeline; every rank asks for
+        every group (creating one is collective), keeps its own. The groups come from the
+        process-wide table (``group_for_ranks``): keys tied over the same stages share one."""
         groups = {}
         for key, stages in sorted(self.module.tie_groups().items()):
             if len(stages) < 2:
                 continue  # every position of the key is on one stage: one shared Parameter
             for ranks in self.module.tie_group_ranks(key):
-                group = new_group(ranks)
+                group = group_for_ranks(ranks)
                 if self.rank in ranks:
                     groups[key] = group
         return groups
