@@ -57,7 +57,7 @@ def on_cupy_change(callback: Callable[[], None]) -> None:
 @contextlib.contextmanager
 def use_cupy(cupy, cupyx):
     """Use ``cupy``/``cupyx`` as the GPU array modules inside the block, then restore the previous
-    ones: how tests run minigrad's GPU code on a stand-in (``minigrad.testing.fake_cupy``).
+    ones: how tests run minigrad's GPU code on a stand-in (the tests' fake CuPy).
 
     Example::
 

@@ -1,7 +1,7 @@
 """minigrad's GPU code paths: device placement, copies between devices, a generator per GPU, pinned
 copies on a copy stream, index checks and training steps that never wait for the GPU.
 
-Every test runs on the fake CuPy (``minigrad.testing.fake_cupy``, two devices, no GPU needed) and,
+Every test runs on the fake CuPy (``tests/fakes/fake_cupy.py``, two devices, no GPU needed) and,
 marked ``gpu``, on the real one; tests that read the fake's event log run on the fake only.
 Device 0 stays current throughout, so an op that launched a kernel anywhere but on its tensors'
 GPU would fail (the fake refuses like CuPy without peer access; on real GPUs CuPy's peer-access
@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 import pytest
+from fakes import fake_cupy
 
 import minigrad as mg
 import minigrad.autodiff as ad
@@ -28,7 +29,6 @@ from minigrad.backend.rng import get_rng
 from minigrad.backend.transfer import is_pinned, pin_memory
 from minigrad.data import DataLoader, SequentialSampler
 from minigrad.data.dataset import ArrayDataset
-from minigrad.testing import fake_cupy
 
 
 @pytest.fixture(params=["fake", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from fakes import fake_cupy
 
 import minigrad as mg
 import minigrad.distributed as dist
-from minigrad.testing import fake_cupy
 from minigrad.testing.distributed import run_workers
 
 HERE = os.path.dirname(os.path.abspath(__file__))

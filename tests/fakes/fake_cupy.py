@@ -27,7 +27,10 @@ Not modelled: asynchrony (every launch completes at once, events are always done
 (``ElementwiseKernel``, ``ReductionKernel`` and ``RawKernel`` can be built but raise
 ``NotImplementedError`` when called; ``fuse`` returns the function unchanged) and memory pools.
 minigrad's fused kernels (``minigrad.backend.kernels``, CUDA C on a GPU) run their CPU versions on
-the fake arrays' data instead (with the same device checks), so every op can run on the fake.
+the fake arrays' data instead (with the same device checks), so every op can run on the fake: the
+fake registers them with ``kernels.register_kernels`` (it patches no minigrad module).
+
+This is a test double: it lives with the tests (``tests/fakes``), not in the ``minigrad`` package.
 
 Example::
 
@@ -51,6 +54,7 @@ import numpy as np
 import scipy.special
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from minigrad.backend import kernels
 from minigrad.backend.transfer import is_pinned
 from minigrad.backend.xp import use_cupy
 
@@ -812,12 +816,12 @@ def _fake_nccl(fake: FakeCupy) -> types.ModuleType:
 
 _MODULES = ("cupy", "cupy.cuda", "cupy.cuda.nccl", "cupy.random", "cupyx", "cupyx.scipy",
             "cupyx.scipy.special")
-_KERNELS = "minigrad.backend.kernels"
 
 
 class _HostKernels:
     """The GPU side of minigrad's fused kernels on the fake: each function runs its CPU version on
-    the fake arrays' data (a launch on the current device, like any kernel)."""
+    the fake arrays' data (a launch on the current device, like any kernel). Registered for the
+    fake's arrays with ``minigrad.backend.kernels.register_kernels``."""
 
     def __init__(self, fake: FakeCupy, cpu_kernels):
         self._fake, self._cpu = fake, cpu_kernels
@@ -831,8 +835,9 @@ class _HostKernels:
 def installed(n_devices: int = 2):
     """Run minigrad on a fake CuPy with ``n_devices`` devices inside the block: it becomes
     minigrad's GPU array module and ``import cupy`` (``CUDA_VISIBLE_DEVICES`` lists the fake
-    devices, so GPU counting sees them); everything is restored afterwards. Processes forked inside
-    the block (``run_workers``) inherit the fake.
+    devices, so GPU counting sees them), and minigrad's fused kernels run their CPU versions on its
+    arrays; everything is restored afterwards. Processes forked inside the block (``run_workers``)
+    inherit the fake.
 
     Example::
 
@@ -844,19 +849,14 @@ def installed(n_devices: int = 2):
                                   fake.cupyx.scipy, fake.cupyx.scipy.special)))
     saved_modules = {name: sys.modules.get(name) for name in _MODULES}
     saved_env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    kernels = sys.modules.get(_KERNELS)  # minigrad's fused kernels, where this minigrad has them
-    backend_for = getattr(kernels, "backend_for", None)
     sys.modules.update(modules)
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n_devices))
-    if backend_for is not None:
-        host = _HostKernels(fake, backend_for(np.empty(0)))
-        kernels.backend_for = lambda a: host if isinstance(a, fake.ndarray) else backend_for(a)
+    kernels.register_kernels(fake.ndarray, _HostKernels(fake, kernels.backend_for(np.empty(0))))
     try:
         with use_cupy(fake, fake.cupyx):
             yield fake
     finally:
-        if backend_for is not None:
-            kernels.backend_for = backend_for
+        kernels.unregister_kernels(fake.ndarray)
         for name, module in saved_modules.items():
             if module is None:
                 sys.modules.pop(name, None)

@@ -9,9 +9,9 @@ import threading
 
 import numpy as np
 import pytest
+from fakes.fake_cupy import CUDARuntimeError, DeviceSynchronized, installed
 
 from minigrad.backend.xp import cupy_or_none
-from minigrad.testing.fake_cupy import CUDARuntimeError, DeviceSynchronized, installed
 
 
 @pytest.fixture
