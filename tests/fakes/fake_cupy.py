@@ -20,6 +20,10 @@ The fake models what minigrad's GPU code depends on, with CuPy's rules and error
   gpu0:s2"``), event record (``"record ev3 on gpu0:s2"``) and wait (``"gpu0:null waits ev3"``);
 * pinned host memory (``cuda.alloc_pinned_memory``, ``cupyx.empty_pinned``) and ``ndarray.set``;
 * ``random.default_rng``: a generator bound to the device current when it was made;
+* only the names CuPy has (``cupy_names``: the module's functions, ``ndarray``'s methods, the
+  ufuncs' methods, ``Generator``'s draws; NumPy functions called on device arrays dispatch only to
+  those) and only its dtypes (``ValueError('Unsupported dtype object')`` for objects, strings,
+  datetimes and ``longdouble``);
 * ``cuda.nccl``: communicators of world size 1 whose collectives copy between the buffers' pointers
   (the unique id is CuPy 14's ``bytes``).
 
@@ -53,6 +57,8 @@ import types
 import numpy as np
 import scipy.special
 from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from fakes import cupy_names
 
 from minigrad.backend import kernels
 from minigrad.backend.transfer import is_pinned
@@ -227,6 +233,7 @@ class _Array(NDArrayOperatorsMixin):
     fake: FakeCupy
 
     def __init__(self, array: np.ndarray, device_id: int):
+        _check_dtype(array.dtype)
         self._a = array
         self._device_id = device_id
 
@@ -264,15 +271,23 @@ class _Array(NDArrayOperatorsMixin):
 
     # -- kernels
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if (ufunc.__name__ not in cupy_names.NAMES["cupy"]
+                or method not in cupy_names.UFUNC_METHODS | {"__call__"}):
+            return NotImplemented  # CuPy has no such ufunc (or method): NumPy raises TypeError
         name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
         return self.fake._launch(name, getattr(ufunc, method), inputs, kwargs)
 
     def __array_function__(self, func, types_, args, kwargs):
+        namespace = cupy_names.numpy_function_namespace(func.__module__ or "numpy")
+        if func.__name__ not in cupy_names.NAMES.get(namespace, ()):
+            return NotImplemented  # no CuPy function of that name: NumPy raises TypeError
         return self.fake._launch(func.__name__, func, args, kwargs)
 
     def __getattr__(self, name):
         if name.startswith("__") or name == "_a":  # no __array_interface__: no implicit copies
             raise AttributeError(name)
+        if name not in cupy_names.ARRAY_ATTRIBUTES:
+            raise AttributeError(f"'cupy.ndarray' object has no attribute '{name}'")
         attr = getattr(self._a, name)
         if not callable(attr):
             return self._view(attr) if isinstance(attr, np.ndarray) else attr
@@ -385,6 +400,14 @@ class _Array(NDArrayOperatorsMixin):
     __hash__ = None  # arrays are unhashable, as NumPy's are
 
 
+def _check_dtype(dtype: np.dtype) -> None:
+    """CuPy's arrays hold numbers and booleans only: no objects, strings, datetimes or structured
+    types, and no extended precision (``longdouble``)."""
+    if (dtype.kind in cupy_names.UNSUPPORTED_KINDS or (dtype.kind == "f" and dtype.itemsize > 8)
+            or (dtype.kind == "c" and dtype.itemsize > 16)):
+        raise ValueError(f"Unsupported dtype {dtype}")
+
+
 def _getitem(a, key):
     return a[_wrapped(key, a.shape)]
 
@@ -438,6 +461,8 @@ class _Ufunc:
         return self._fake._launch(self.__name__, self._ufunc, args, kwargs)
 
     def __getattr__(self, name):
+        if name not in cupy_names.UFUNC_METHODS:
+            raise AttributeError(f"'cupy.ufunc' object has no attribute '{name}'")
         method = getattr(self._ufunc, name)
         if not callable(method):
             return method
@@ -449,15 +474,16 @@ class _Ufunc:
 
 class _Namespace(types.ModuleType):
     """A NumPy namespace (``numpy``, ``numpy.linalg``...) seen through the fake: functions launch
-    on the current device and return device arrays."""
+    on the current device and return device arrays. Only the names real CuPy has
+    (:mod:`fakes.cupy_names`) are there; others raise ``AttributeError`` as on CuPy."""
 
     def __init__(self, fake: FakeCupy, name: str, numpy_module):
         super().__init__(name)
         self._fake, self._numpy = fake, numpy_module
 
     def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
+        if name.startswith("__") or name not in cupy_names.NAMES.get(self.__name__, ()):
+            raise AttributeError(f"module '{self.__name__}' has no attribute '{name}'")
         attr = getattr(self._numpy, name)
         if isinstance(attr, np.ufunc):
             attr = _Ufunc(self._fake, attr)
@@ -500,6 +526,8 @@ class _Generator:
         self.bit_generator = _BitGenerator(fake, self._rng.bit_generator)
 
     def __getattr__(self, name):
+        if name not in cupy_names.GENERATOR_METHODS:
+            raise AttributeError(f"'Generator' object has no attribute '{name}'")
         method = getattr(self._rng, name)
 
         def draw(*args, **kwargs):

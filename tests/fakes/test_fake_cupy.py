@@ -137,6 +137,36 @@ def test_nccl_of_one_rank_copies_between_the_buffers(fake):
         nccl.NcclCommunicator(2, nccl.get_unique_id(), 0)
 
 
+def test_only_the_names_and_dtypes_cupy_has(fake):
+    a = fake.arange(6.0).reshape(2, 3)
+    assert fake.linalg.norm(a).shape == () and fake.lib.stride_tricks.as_strided is not None
+    for name in ("ma", "nditer", "frompyfunc", "busday_count", "char"):  # NumPy only
+        with pytest.raises(AttributeError, match=f"module 'cupy' has no attribute '{name}'"):
+            getattr(fake, name)
+    with pytest.raises(AttributeError, match="'cupy.linalg' has no attribute 'matrix_transpose'"):
+        fake.linalg.matrix_transpose
+    with pytest.raises(AttributeError, match="'cupy.ndarray' object has no attribute 'setflags'"):
+        a.setflags(write=False)
+    with pytest.raises(AttributeError, match="'cupy.ufunc' object has no attribute 'signature'"):
+        fake.add.signature
+    with pytest.raises(AttributeError, match="'Generator' object has no attribute 'spawn'"):
+        fake.random.default_rng(0).spawn(2)
+    # NumPy functions and ufuncs on device arrays dispatch only to what CuPy implements
+    assert isinstance(np.sum(a), fake.ndarray) and isinstance(np.add(a, 1), fake.ndarray)
+    with pytest.raises(TypeError, match="no implementation found for 'numpy.einsum_path'"):
+        np.einsum_path("ij,jk", a, a.T)
+    import scipy.special  # noqa: PLC0415
+
+    with pytest.raises(TypeError, match="operand type.* NotImplemented"):
+        scipy.special.erf(a)  # on CuPy: cupyx.scipy.special.erf
+    for bad in (["a", "b"], np.array([object()]), np.zeros(2, np.longdouble),
+                np.array(["2020-01-01"], "datetime64[D]")):
+        with pytest.raises(ValueError, match="Unsupported dtype"):
+            fake.asarray(bad)
+    with pytest.raises(ValueError, match="Unsupported dtype object"):
+        fake.zeros(2, dtype=object)
+
+
 def test_uninstalled_afterwards():
     before = cupy_or_none()
     with installed(1) as fake:
