@@ -2,6 +2,8 @@
 
 The fake models what minigrad's GPU code depends on, with CuPy's rules and error messages:
 
+* CUDA's lazy initialisation: the first CUDA call of a process initialises it, and a process
+  forked after that cannot use CUDA (``CUDARuntimeError``: ``cudaErrorInitializationError``);
 * several devices and CUDA's *current device*, one per host thread (``cupy.cuda.Device`` as a
   context manager, ``use()``, ``runtime.getDevice/setDevice``); a new thread starts on device 0;
 * arrays (``cupy.ndarray``) that live on one device. A kernel (a ufunc, a NumPy function, most
@@ -68,6 +70,8 @@ __all__ = ["DeviceSynchronized", "FakeCupy", "installed"]
 
 #: CUDA's status for a device index that does not exist.
 CUDA_ERROR_INVALID_DEVICE = 101
+#: CUDA's status in a process forked after its parent initialised CUDA.
+CUDA_ERROR_INITIALIZATION = 3
 _NAMES = itertools.count(1)  # stream and event numbers, unique in the process
 # functions whose output size depends on the data (CuPy synchronises to learn it)
 _SIZE_FROM_DATA = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "compress",
@@ -596,16 +600,17 @@ class FakeCupy(_Namespace):
         stream = type("Stream", (_Stream,), {"fake": self})
         event = type("Event", (_Event,), {"fake": self})
         self._null = {}
+        self.cuda_pid: int | None = None  # the process that initialised CUDA (None: none yet)
         runtime = types.SimpleNamespace(
             getDevice=self.current_device, setDevice=self.set_device,
-            getDeviceCount=lambda: self.n_devices, CUDARuntimeError=CUDARuntimeError,
+            getDeviceCount=self._device_count, CUDARuntimeError=CUDARuntimeError,
             deviceSynchronize=lambda: self.sync("deviceSynchronize"),
         )
         self.cuda = types.ModuleType("cupy.cuda")
         self.cuda.__dict__.update(
             Device=device, Stream=stream, Event=event, runtime=runtime,
             get_current_stream=self._current_stream, PinnedMemoryPointer=PinnedMemoryPointer,
-            alloc_pinned_memory=PinnedMemoryPointer, nccl=_fake_nccl(self),
+            alloc_pinned_memory=self._alloc_pinned, nccl=_fake_nccl(self),
         )
         self.random = types.ModuleType("cupy.random")
         self.random.__dict__.update(default_rng=lambda seed=None: _Generator(self, seed),
@@ -620,12 +625,34 @@ class FakeCupy(_Namespace):
     def _state(self) -> _State:
         return self._tls
 
+    def init_cuda(self) -> None:
+        """CUDA's lazy initialisation, which every CUDA call makes: the first one initialises
+        CUDA in its process; in a process forked after its parent had initialised CUDA, every
+        call fails with CUDA's initialization error (a forked child cannot use its parent's CUDA
+        state, and CUDA cannot be initialised again there)."""
+        pid = os.getpid()
+        if self.cuda_pid is None:
+            self.cuda_pid = pid
+        elif self.cuda_pid != pid:
+            raise CUDARuntimeError(CUDA_ERROR_INITIALIZATION,
+                                   "cudaErrorInitializationError: initialization error")
+
     def current_device(self) -> int:
-        """CUDA's current device of the calling thread."""
+        """CUDA's current device of the calling thread (``cudaGetDevice``: a CUDA call)."""
+        self.init_cuda()
         return self._tls.device
+
+    def _device_count(self) -> int:
+        self.init_cuda()
+        return self.n_devices
+
+    def _alloc_pinned(self, size: int) -> PinnedMemoryPointer:
+        self.init_cuda()  # cudaHostAlloc
+        return PinnedMemoryPointer(size)
 
     def set_device(self, index: int) -> None:
         """``cudaSetDevice``: CUDA's error for an index that does not exist."""
+        self.init_cuda()
         index = int(index)
         if not 0 <= index < self.n_devices:
             raise CUDARuntimeError(CUDA_ERROR_INVALID_DEVICE,
@@ -757,7 +784,7 @@ def _fake_cupyx(fake: FakeCupy) -> types.ModuleType:
     def empty_pinned(shape, dtype=float, order="C"):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return np.ndarray(shape, dtype, buffer=PinnedMemoryPointer(nbytes), order=order)
+        return np.ndarray(shape, dtype, buffer=fake.cuda.alloc_pinned_memory(nbytes), order=order)
 
     @contextlib.contextmanager
     def allow_synchronize(allow: bool):

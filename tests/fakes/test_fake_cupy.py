@@ -5,6 +5,7 @@ one rank."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -165,6 +166,37 @@ def test_only_the_names_and_dtypes_cupy_has(fake):
             fake.asarray(bad)
     with pytest.raises(ValueError, match="Unsupported dtype object"):
         fake.zeros(2, dtype=object)
+
+
+def _in_a_forked_child(fn) -> str:
+    """What ``fn()`` gives (``repr``) or raises (type, status, message) in a forked child."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running pytest's teardown
+        try:
+            out = repr(fn())
+        except BaseException as exc:  # noqa: BLE001  (reported to the parent)
+            out = f"{type(exc).__name__} {getattr(exc, 'status', '')} {exc}"
+        os.write(write, out.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_a_child_forked_after_cuda_was_initialised_cannot_use_it(fake):
+    # forked before any CUDA call: the child initialises CUDA itself
+    assert _in_a_forked_child(lambda: fake.asnumpy(fake.ones(2)).tolist()) == "[1.0, 1.0]"
+    assert fake.cuda_pid is None  # the parent still has not initialised CUDA
+    fake.zeros(1)  # now it has
+    error = "CUDARuntimeError 3 cudaErrorInitializationError: initialization error"
+    for call in (lambda: fake.ones(2), fake.cuda.runtime.getDeviceCount,
+                 lambda: fake.cuda.Device(1).use(), lambda: fake.cuda.Stream(),
+                 lambda: fake.cupyx.empty_pinned(3)):
+        assert _in_a_forked_child(call) == error
+    assert fake.asnumpy(fake.ones(2)).tolist() == [1.0, 1.0]  # the parent goes on
 
 
 def test_uninstalled_afterwards():
