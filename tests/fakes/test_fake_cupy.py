@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 import pytest
-from fakes.fake_cupy import CUDARuntimeError, DeviceSynchronized, installed
+from fakes.fake_cupy import CUDARuntimeError, DeviceSynchronized, UnorderedAccess, installed
 
 from minigrad.backend.xp import cupy_or_none
 
@@ -197,6 +197,71 @@ def test_a_child_forked_after_cuda_was_initialised_cannot_use_it(fake):
                  lambda: fake.cupyx.empty_pinned(3)):
         assert _in_a_forked_child(call) == error
     assert fake.asnumpy(fake.ones(2)).tolist() == [1.0, 1.0]  # the parent goes on
+
+
+def test_work_completes_only_when_the_test_releases_it_or_the_host_waits():
+    with installed(1, manual_completion=True) as fake:
+        side = fake.cuda.Stream(non_blocking=True)
+        with side:
+            a = fake.ones(3) * 2
+        ev = side.record()
+        assert not ev.done and not side.done
+        fake.release(side)
+        assert ev.done and side.done
+        fake.cuda.get_current_stream().wait_event(ev)
+        b = a + 1  # the null stream: not done until the host reads the value
+        assert not fake.cuda.get_current_stream().done
+        assert fake.asnumpy(b).tolist() == [3.0, 3.0, 3.0]  # a synchronisation
+        assert fake.cuda.get_current_stream().done
+        with side:
+            fake.zeros(2)
+        later = side.record()
+        assert not later.done
+        later.synchronize()
+        assert later.done
+    with installed(1) as fake:  # by default work completes as it is issued
+        fake.ones(3)
+        assert fake.cuda.Event().done and fake.cuda.get_current_stream().record().done
+
+
+def test_the_pool_hands_blocks_out_again_per_stream(fake):
+    side = fake.cuda.Stream(non_blocking=True)
+    a = fake.ones(100)
+    block = a._block
+    del a  # back to the null stream's arena
+    with side:
+        b = fake.ones(100)  # another stream's allocation: another block
+    c = fake.ones(100)  # the null stream's: the same block again
+    assert b._block is not block and c._block is block and fake.pool.reused == [block]
+    assert c[1:]._block is block and c.reshape(10, 10)._block is block  # views share it
+
+
+def test_uses_on_two_streams_need_an_event_between_them(fake):
+    side = fake.cuda.Stream(non_blocking=True)
+    a = fake.ones(4)
+    y = a * 2  # the null stream reads a
+    with pytest.raises(UnorderedAccess, match=r"fill on gpu0:s\d+ writes block \d+ \(pool arena "
+                                              r"gpu0:null\) while the write #1 on gpu0:null"):
+        with side:
+            a.fill(0)  # write after read (and write) on another stream, nothing orders them
+    ev = fake.cuda.get_current_stream().record()
+    side.wait_event(ev)
+    with side:
+        a.fill(0)  # ordered after the null stream's uses by the event
+        z = fake.zeros(4)
+    with pytest.raises(UnorderedAccess, match=r"add on gpu0:null reads block \d+ .* the write"):
+        y + z  # read after the side stream's write, without an event
+    fake.cuda.get_current_stream().wait_event(side.record())
+    assert fake.asnumpy(y + z).tolist() == [2.0] * 4
+    blocking = fake.cuda.Stream()  # CUDA's legacy null stream orders blocking streams with it
+    with blocking:
+        z += 1
+    assert fake.asnumpy(z).tolist() == [1.0] * 4
+    side.synchronize()  # the host waited: later work on any stream comes after
+    with side:
+        y.fill(5)
+    fake.cuda.runtime.deviceSynchronize()
+    assert fake.asnumpy(y).tolist() == [5.0] * 4
 
 
 def test_uninstalled_afterwards():
