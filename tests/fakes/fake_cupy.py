@@ -31,8 +31,8 @@ The fake models what minigrad's GPU code depends on, with CuPy's rules and error
   ufuncs' methods, ``Generator``'s draws; NumPy functions called on device arrays dispatch only to
   those) and only its dtypes (``ValueError('Unsupported dtype object')`` for objects, strings,
   datetimes and ``longdouble``);
-* ``cuda.nccl``: communicators of world size 1 whose collectives copy between the buffers' pointers
-  (the unique id is CuPy 14's ``bytes``).
+* ``cuda.nccl`` (``fake_nccl``): communicators of several ranks, processes forked inside
+  :func:`installed`, one GPU each; the unique id as CuPy 14 (``bytes``) or 13 (a tuple) has it.
 
 Not modelled: CUDA C kernels (``ElementwiseKernel``, ``ReductionKernel`` and ``RawKernel`` can be
 built but raise ``NotImplementedError`` when called; ``fuse`` returns the function unchanged), the
@@ -58,7 +58,9 @@ import contextlib
 import ctypes
 import itertools
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import types
 
@@ -67,6 +69,7 @@ import scipy.special
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from fakes import cupy_names
+from fakes.fake_nccl import make_nccl
 from fakes.stream_order import MemoryPool, UnorderedAccess, merge
 
 from minigrad.backend import kernels
@@ -658,9 +661,12 @@ class FakeCupy(_Namespace):
     synchronisations), ``h2d``/``d2h`` (the shapes copied each way); :meth:`clear` empties them.
     """
 
-    def __init__(self, n_devices: int = 2, manual_completion: bool = False):
+    def __init__(self, n_devices: int = 2, manual_completion: bool = False,
+                 cupy_version: int = 14, scratch: str | None = None):
         super().__init__(self, "cupy", np)
         self.n_devices = n_devices
+        self.__version__ = f"{cupy_version}.0.0"
+        self.scratch = scratch or tempfile.gettempdir()  # where NCCL's ranks exchange buffers
         self.manual_completion = manual_completion
         self.pool = MemoryPool()  # device memory, one arena per stream (``stream_order``)
         self.host_clock: dict[str, int] = {}  # the GPU work the host has waited for
@@ -688,7 +694,7 @@ class FakeCupy(_Namespace):
         self.cuda.__dict__.update(
             Device=device, Stream=stream, Event=event, runtime=runtime,
             get_current_stream=self._current_stream, PinnedMemoryPointer=PinnedMemoryPointer,
-            alloc_pinned_memory=self._alloc_pinned, nccl=_fake_nccl(self),
+            alloc_pinned_memory=self._alloc_pinned, nccl=make_nccl(self, cupy_version),
         )
         self.random = types.ModuleType("cupy.random")
         self.random.__dict__.update(default_rng=lambda seed=None: _Generator(self, seed),
@@ -956,68 +962,6 @@ def _fake_cupyx(fake: FakeCupy) -> types.ModuleType:
 
 
 # -------------------------------------------------------------------------------------------------
-# NCCL for one rank
-
-_NCCL_DTYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64,
-                6: np.float16, 7: np.float32, 8: np.float64}
-
-
-def _fake_nccl(fake: FakeCupy) -> types.ModuleType:
-    """``cupy.cuda.nccl`` with NCCL's constants; a communicator must have one rank, and its
-    collectives are then copies from the send to the receive buffer."""
-    nccl = types.ModuleType("cupy.cuda.nccl")
-    nccl.available = True
-    for name, code in [("INT8", 0), ("UINT8", 1), ("INT32", 2), ("UINT32", 3), ("INT64", 4),
-                       ("UINT64", 5), ("FLOAT16", 6), ("FLOAT32", 7), ("FLOAT64", 8),
-                       ("SUM", 0), ("PROD", 1), ("MAX", 2), ("MIN", 3), ("AVG", 4)]:
-        setattr(nccl, f"NCCL_{name}", code)
-
-    class NcclCommunicator:
-        def __init__(self, ndev: int, comm_id, rank: int):
-            if type(comm_id) is not bytes or len(comm_id) != 128:
-                raise TypeError("Argument 'commId' has incorrect type (expected bytes)")
-            if ndev != 1 or rank != 0:
-                raise NotImplementedError(f"the fake NCCL has one rank, got ndev={ndev}")
-            self.device_id = fake.current_device()
-
-        def _copy(self, op: str, send: int, recv: int, count: int, dtype: int, stream) -> None:
-            fake._check_current(self.device_id)
-            on = fake.streams[stream, self.device_id]
-            fake.issue(on)
-            fake.events.append(f"nccl {op} on {on.name}")
-            if send != recv and count:
-                ctypes.memmove(recv, send, count * np.dtype(_NCCL_DTYPES[dtype]).itemsize)
-
-        def allReduce(self, send, recv, count, dtype, op, stream):
-            self._copy("allReduce", send, recv, count, dtype, stream)
-
-        def reduce(self, send, recv, count, dtype, op, root, stream):
-            self._copy("reduce", send, recv, count, dtype, stream)
-
-        def broadcast(self, send, recv, count, dtype, root, stream):
-            self._copy("broadcast", send, recv, count, dtype, stream)
-
-        def reduceScatter(self, send, recv, count, dtype, op, stream):
-            self._copy("reduceScatter", send, recv, count, dtype, stream)
-
-        def allGather(self, send, recv, count, dtype, stream):
-            self._copy("allGather", send, recv, count, dtype, stream)
-
-        def send(self, *args):
-            raise NotImplementedError("the fake NCCL has one rank: nothing to send to")
-
-        recv = send
-
-        def destroy(self) -> None:
-            pass
-
-    nccl.NcclCommunicator = NcclCommunicator
-    nccl.get_unique_id = lambda: os.urandom(128)
-    nccl.groupStart = nccl.groupEnd = lambda: None
-    return nccl
-
-
-# -------------------------------------------------------------------------------------------------
 # installing it
 
 _MODULES = ("cupy", "cupy.cuda", "cupy.cuda.nccl", "cupy.random", "cupyx", "cupyx.scipy",
@@ -1038,9 +982,10 @@ class _HostKernels:
 
 
 @contextlib.contextmanager
-def installed(n_devices: int = 2, manual_completion: bool = False):
+def installed(n_devices: int = 2, manual_completion: bool = False, cupy_version: int = 14):
     """Run minigrad on a fake CuPy with ``n_devices`` devices inside the block (GPU work completes
-    only at host synchronisations and ``fake.release()`` with ``manual_completion``): it becomes
+    only at host synchronisations and ``fake.release()`` with ``manual_completion``; NCCL's unique
+    id as ``cupy_version``, 13 or 14, has it): it becomes
     minigrad's GPU array module and ``import cupy`` (``CUDA_VISIBLE_DEVICES`` lists the fake
     devices, so GPU counting sees them), and minigrad's fused kernels run their CPU versions on its
     arrays; everything is restored afterwards. Processes forked inside the block (``run_workers``)
@@ -1051,7 +996,8 @@ def installed(n_devices: int = 2, manual_completion: bool = False):
         with installed(1) as fake:
             mg.tensor([1.0], device="gpu0")
     """
-    fake = FakeCupy(n_devices, manual_completion)
+    scratch, installer = tempfile.mkdtemp(prefix="fake-cupy-"), os.getpid()
+    fake = FakeCupy(n_devices, manual_completion, cupy_version, scratch)
     modules = dict(zip(_MODULES, (fake, fake.cuda, fake.cuda.nccl, fake.random, fake.cupyx,
                                   fake.cupyx.scipy, fake.cupyx.scipy.special)))
     saved_modules = {name: sys.modules.get(name) for name in _MODULES}
@@ -1064,6 +1010,8 @@ def installed(n_devices: int = 2, manual_completion: bool = False):
             yield fake
     finally:
         kernels.unregister_kernels(fake.ndarray)
+        if os.getpid() == installer:  # not in a forked rank leaving the block
+            shutil.rmtree(scratch, ignore_errors=True)
         for name, module in saved_modules.items():
             if module is None:
                 sys.modules.pop(name, None)

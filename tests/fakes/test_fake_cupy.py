@@ -5,6 +5,7 @@ one rank."""
 
 from __future__ import annotations
 
+import ast
 import os
 import threading
 
@@ -132,10 +133,97 @@ def test_nccl_of_one_rank_copies_between_the_buffers(fake):
     comm.allReduce(src.data.ptr, dst.data.ptr, 4, nccl.NCCL_INT64, nccl.NCCL_SUM, stream.ptr)
     assert fake.asnumpy(dst).tolist() == [0, 1, 2, 3]
     assert fake.events[-2] == f"nccl allReduce on {stream.name}"
-    with pytest.raises(TypeError, match="commId"):
-        nccl.NcclCommunicator(1, tuple(range(128)), 0)
-    with pytest.raises(NotImplementedError, match="one rank"):
-        nccl.NcclCommunicator(2, nccl.get_unique_id(), 0)
+    assert comm.size() == 1 and comm.rank_id() == 0 and comm.device_id() == 0
+
+
+@pytest.mark.parametrize("version, id_type, other", [(14, bytes, tuple), (13, tuple, bytes)])
+def test_the_nccl_unique_id_is_the_cupy_versions(version, id_type, other):
+    with installed(1, cupy_version=version) as fake:
+        nccl = fake.cuda.nccl
+        uid = nccl.get_unique_id()
+        assert type(uid) is id_type and len(uid) == 128 and fake.__version__.startswith(
+            str(version))
+        if id_type is tuple:
+            assert all(-128 <= v < 128 for v in uid)  # signed chars
+        nccl.NcclCommunicator(1, uid, 0)
+        wrong = bytes(np.array(uid, np.int8)) if other is bytes else tuple(uid)
+        with pytest.raises(TypeError, match=f"'commId' has incorrect type \\(expected "
+                                            f"{id_type.__name__}, got {other.__name__}\\)"):
+            nccl.NcclCommunicator(1, wrong, 0)
+
+
+def _two_ranks(fn) -> list:
+    """``[repr(fn(0)), repr(fn(1))]`` run at the same time, rank 1 in a forked child."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # rank 1: report, then leave without running pytest's teardown
+        try:
+            out = repr(fn(1))
+        except BaseException as exc:  # noqa: BLE001  (reported to the parent)
+            out = f"{type(exc).__name__}: {exc}"
+        os.write(write, out.encode())
+        os._exit(0)
+    os.close(write)
+    try:
+        mine = repr(fn(0))
+    finally:
+        with os.fdopen(read) as f:
+            theirs = f.read()
+        os.waitpid(pid, 0)
+    return [mine, theirs]
+
+
+def _collectives(fake, uid, rank: int, device: int):
+    nccl = fake.cuda.nccl
+    with fake.cuda.Device(device):
+        comm = nccl.NcclCommunicator(2, uid, rank)
+        stream = fake.cuda.Stream(non_blocking=True).ptr
+        x = fake.arange(4, dtype=np.float32) + 10 * rank  # rank 0: 0..3, rank 1: 10..13
+        f32, out = nccl.NCCL_FLOAT32, {}
+
+        def run(name, n, call):
+            y = fake.zeros(n, np.float32)
+            call(y.data.ptr)
+            out[name] = fake.asnumpy(y).tolist()
+
+        p = x.data.ptr
+        run("sum", 4, lambda y: comm.allReduce(p, y, 4, f32, nccl.NCCL_SUM, stream))
+        run("max", 4, lambda y: comm.allReduce(p, y, 4, f32, nccl.NCCL_MAX, stream))
+        run("gather", 8, lambda y: comm.allGather(p, y, 4, f32, stream))
+        run("scatter", 2, lambda y: comm.reduceScatter(p, y, 2, f32, nccl.NCCL_SUM, stream))
+        run("bcast", 4, lambda y: comm.broadcast(p, y, 4, f32, 1, stream))
+
+        def exchange(y):
+            nccl.groupStart()  # both ranks send first, then receive
+            comm.send(p, 4, f32, 1 - rank, stream)
+            comm.recv(y, 4, f32, 1 - rank, stream)
+            nccl.groupEnd()
+        run("swap", 4, exchange)
+        return out
+
+
+def test_two_ranks_of_nccl_in_two_processes(fake):
+    uid = fake.cuda.nccl.get_unique_id()
+    got = _two_ranks(lambda rank: _collectives(fake, uid, rank, device=rank))
+    a, b = np.arange(4.0), np.arange(4.0) + 10
+    common = {"sum": (a + b).tolist(), "max": b.tolist(), "gather": a.tolist() + b.tolist(),
+              "bcast": b.tolist()}
+    assert [ast.literal_eval(g) for g in got] == [
+        {**common, "scatter": (a + b)[:2].tolist(), "swap": b.tolist()},
+        {**common, "scatter": (a + b)[2:].tolist(), "swap": a.tolist()}]
+
+
+def test_nccl_refuses_two_ranks_on_one_gpu(fake):
+    uid = fake.cuda.nccl.get_unique_id()
+
+    def rank_on_gpu0(rank):
+        try:
+            return _collectives(fake, uid, rank, device=0)
+        except fake.cuda.nccl.NcclError as exc:
+            return str(exc)
+    got = _two_ranks(rank_on_gpu0)
+    assert got == [repr("ncclInvalidUsage: Duplicate GPU detected: the ranks run on devices "
+                        "[0, 0]")] * 2
 
 
 def test_only_the_names_and_dtypes_cupy_has(fake):
