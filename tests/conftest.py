@@ -3,7 +3,7 @@
 
 GPUs are counted without initialising CUDA in this process (``probe_gpus`` reads the operating
 system), so tests that fork GPU ranks later still can. ``MINIGRAD_TEST_FAKE_GPU=gpu1`` runs the
-``device`` tests on the fake CuPy (``minigrad.testing.fake_cupy``, two devices) as well: on
+``device`` tests on the fake CuPy (``tests/fakes/fake_cupy.py``, two devices) as well: on
 ``gpu1`` while device 0 is current, which finds every kernel launched outside its tensor's device,
 every NumPy call on a device array and every implicit host copy, without a GPU.
 """
@@ -15,10 +15,11 @@ import os
 
 import numpy as np
 import pytest
+from fakes import fake_cupy
 
 import minigrad as mg
 from minigrad.backend.device import probe_gpus
-from minigrad.testing import check_double_grad, fake_cupy
+from minigrad.testing import check_double_grad
 
 _HAS_CUDA = mg.is_cuda_available()
 _NO_GPU_REASON = f"needs CuPy and a CUDA device ({probe_gpus().reason})"

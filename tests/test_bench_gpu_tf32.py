@@ -42,6 +42,7 @@ def test_tf32_is_off_on_both_sides_while_measuring(monkeypatch, tmp_path, capsys
     bench = _load_bench()
     torch, seen = _fake_torch(), {}
     monkeypatch.setenv("CUPY_TF32", "1")
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)  # (a test run on the fake CuPy)
 
     def gpu_or_exit():
         seen["CUPY_TF32 when CuPy is imported"] = os.environ.get("CUPY_TF32")

@@ -6,11 +6,18 @@ itself and the CPU goes on at once, so a batch can travel while the GPU still co
 previous one - provided the copy is queued on its own stream rather than behind the kernels of the
 compute stream. Hence :func:`host_to_device` for a pinned array:
 
-1. queue the copy on the device's *copy stream*;
-2. record an event after it there, and make the caller's (compute) stream wait on that event, so no
+1. take the device memory from the compute stream's pool and make the copy stream wait for the
+   compute stream's work queued so far: CuPy hands a block freed on the compute stream out again
+   at once, while kernels queued there may still read it, and a copy on another stream must not
+   overwrite it before they have run (the CPU does not wait);
+2. queue the copy on the device's *copy stream*;
+3. record an event after it there, and make the caller's (compute) stream wait on that event, so no
    kernel reads the batch before it has arrived (the CPU does not wait);
-3. keep the host array alive until the event is done: its pinned buffer returns to CuPy's pool when
+4. keep the host array alive until the event is done: its pinned buffer returns to CuPy's pool when
    it is freed, and must not be handed out again while the copy engine still reads it.
+
+So the copy overlaps with compute work queued *after* it that does not need the batch: copying
+the next batch before queuing the current step's kernels (prefetching one batch ahead) hides it.
 
 ``DataLoader(pin_memory=True)`` pins each batch (:func:`pin_memory`), and ``Device.put`` - so
 ``mg.tensor(batch, device="gpu0")`` - takes this path for pinned arrays; other host arrays go
@@ -90,10 +97,14 @@ def host_to_device(array, dtype, device_index: int):
         stream = _copy_streams[device_index] = cp.cuda.Stream(non_blocking=True)
     while _in_flight and _in_flight[0][0].done:  # copies that finished release their buffers
         _in_flight.popleft()
-    out = cp.empty(array.shape, array.dtype)
+    compute = cp.cuda.get_current_stream()
+    out = cp.empty(array.shape, array.dtype)  # a block of the compute stream's pool
+    freed = cp.cuda.Event(disable_timing=True)  # past the kernels that may still read the block
+    freed.record(compute)
+    stream.wait_event(freed)
     out.set(array, stream=stream)
     arrived = cp.cuda.Event(disable_timing=True)
     arrived.record(stream)
-    cp.cuda.get_current_stream().wait_event(arrived)
+    compute.wait_event(arrived)
     _in_flight.append((arrived, array))
     return out

@@ -52,7 +52,7 @@ def cupy_import_error() -> str | None:
 @contextlib.contextmanager
 def use_cupy(cupy, cupyx):
     """Use ``cupy``/``cupyx`` as the GPU array modules inside the block, then restore the previous
-    ones: how tests run minigrad's GPU code on a stand-in (``minigrad.testing.fake_cupy``).
+    ones: how tests run minigrad's GPU code on a stand-in (the tests' fake CuPy).
 
     Example::
 

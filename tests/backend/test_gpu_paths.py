@@ -1,7 +1,7 @@
 """minigrad's GPU code paths: device placement, copies between devices, a generator per GPU, pinned
 copies on a copy stream, index checks and training steps that never wait for the GPU.
 
-Every test runs on the fake CuPy (``minigrad.testing.fake_cupy``, two devices, no GPU needed) and,
+Every test runs on the fake CuPy (``tests/fakes/fake_cupy.py``, two devices, no GPU needed) and,
 marked ``gpu``, on the real one; tests that read the fake's event log run on the fake only.
 Device 0 stays current throughout, so an op that launched a kernel anywhere but on its tensors'
 GPU would fail (the fake refuses like CuPy without peer access; on real GPUs CuPy's peer-access
@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 import pytest
+from fakes import fake_cupy
 
 import minigrad as mg
 import minigrad.autodiff as ad
@@ -28,7 +29,6 @@ from minigrad.backend.rng import get_rng
 from minigrad.backend.transfer import is_pinned, pin_memory
 from minigrad.data import DataLoader, SequentialSampler
 from minigrad.data.dataset import ArrayDataset
-from minigrad.testing import fake_cupy
 
 
 @pytest.fixture(params=["fake", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -237,6 +237,36 @@ def test_a_pinned_batch_travels_on_the_copy_stream_before_it_is_used(fake):
     fake.clear()
     mg.tensor(np.ones(3), device="gpu0")  # pageable memory: plain asarray on the current stream
     assert fake.events == ["h2d pageable on gpu0:null"]
+
+
+
+def test_a_pinned_copy_never_overwrites_memory_the_compute_stream_may_still_read(fake):
+    x = mg.tensor(np.ones(1000), device="gpu0")
+    y = x * 2  # queued on the compute stream: it reads x's block
+    del x  # the block returns to the compute stream's pool arena, the kernel may still run
+    batch = pin_memory(np.arange(1000.0))
+    reused = len(fake.pool.reused)
+    # the batch's device memory is that block again; the copy stream must not write it before the
+    # compute stream is past the kernel (the fake raises UnorderedAccess otherwise)
+    z = mg.tensor(batch, device="gpu0")
+    assert len(fake.pool.reused) == reused + 1 and z.data._block is fake.pool.reused[-1]
+    assert (z.numpy() == batch).all() and (y.numpy() == 2).all()
+
+
+def test_a_pinned_batch_stays_alive_until_its_copy_is_done():
+    import weakref  # noqa: PLC0415
+
+    with fake_cupy.installed(1, manual_completion=True) as fake:
+        batch = pin_memory(np.arange(4.0))
+        alive = weakref.ref(batch)
+        first = mg.tensor(batch, device="gpu0")
+        del batch
+        mg.tensor(pin_memory(np.ones(4)), device="gpu0")
+        assert alive() is not None  # the copy engine may still read it: not back in the pool
+        fake.release()  # the GPU finishes
+        mg.tensor(pin_memory(np.ones(4)), device="gpu0")
+        assert alive() is None
+        assert first.numpy().tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_dataloader_pins_batches(fake):

@@ -330,3 +330,41 @@ def test_multi_head_attention_head_layout_is_twice_differentiable(self_attention
         fn = lambda x, m: F.multi_head_attention(x, m, m, 2, mg.tensor(w_in, device=device),  # noqa
                                                  None, mg.tensor(w_out, device=device))
         double_grad(fn, x, m, device=device)
+
+
+class _Tagged(np.ndarray):
+    """An array type of its own (a NumPy subclass, so the kernels' shape code works on it)."""
+
+
+class _TaggedKernels:
+    """Kernels for :class:`_Tagged` that say they ran (and what they got)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def gelu(self, x):
+        self.calls.append(("gelu", type(x), x.shape))
+        return x * 0 + 7, x * 0
+
+    def softmax(self, rows):
+        self.calls.append(("softmax", type(rows), rows.shape))
+        return rows * 0 + 3
+
+
+def test_registered_kernels_run_on_their_array_type_only():
+    tagged = np.arange(6.0).reshape(2, 3).view(_Tagged)
+    mine = _TaggedKernels()
+    kernels.register_kernels(_Tagged, mine)
+    try:
+        y, cdf = kernels.gelu(tagged)
+        s = kernels.softmax(tagged, 0)  # the reduced axis is brought last for the backend
+        plain = kernels.gelu(np.array([0.0, 1.0]))[0]  # NumPy arrays keep the built-in kernels
+    finally:
+        kernels.unregister_kernels(_Tagged)
+    assert mine.calls == [("gelu", _Tagged, (2, 3)), ("softmax", _Tagged, (3, 2))]
+    assert (y == 7).all() and (s == 3).all() and s.shape == (2, 3)
+    np.testing.assert_allclose(plain, [0.0, 0.5 * (1 + math.erf(1 / math.sqrt(2)))], rtol=1e-12)
+    y_after, _ = kernels.gelu(tagged)  # unregistered: the CPU kernels again
+    assert y_after[0, 1] == pytest.approx(plain[1], rel=1e-12) and len(mine.calls) == 2
+    with pytest.raises(TypeError, match="array_type must be a type, got _Tagged"):
+        kernels.register_kernels(tagged, mine)

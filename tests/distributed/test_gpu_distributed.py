@@ -10,11 +10,11 @@ import subprocess
 import sys
 
 import pytest
+from fakes import fake_cupy
 
 import minigrad as mg
 import minigrad.distributed as dist
 from minigrad.backend import device as device_mod
-from minigrad.testing import fake_cupy
 from minigrad.testing.distributed import run_workers
 
 launcher_mod = importlib.import_module("minigrad.distributed.runtime.launcher")

@@ -52,17 +52,48 @@ __all__ = [
     "log_softmax_grad",
     "max_pool2d",
     "max_pool2d_grad",
+    "register_kernels",
     "softmax",
     "softmax_grad",
     "to_product_layout",
+    "unregister_kernels",
 ]
 
 _BACKENDS: dict = {}
+_REGISTERED: dict[type, object] = {}  # array type -> the kernels registered for it
+
+
+def register_kernels(array_type: type, implementation) -> None:
+    """Run the kernels on arrays of ``array_type`` (or a subclass) with ``implementation``: an
+    object holding the functions of :mod:`~minigrad.backend.kernels.cpu` under the same names and
+    signatures (a module, or any object with those attributes). For array libraries other than
+    NumPy and CuPy - a test double of CuPy, for one - which then need no patching of this module.
+    Registering a type again replaces its kernels; :func:`unregister_kernels` removes them.
+
+    Example::
+
+        register_kernels(MyArray, my_kernels)   # kernels.gelu(my_array) -> my_kernels.gelu(...)
+    """
+    if not isinstance(array_type, type):
+        raise TypeError(f"register_kernels: array_type must be a type, got "
+                        f"{type(array_type).__name__}")
+    _REGISTERED[array_type] = implementation
+
+
+def unregister_kernels(array_type: type) -> None:
+    """Forget the kernels :func:`register_kernels` registered for ``array_type`` (nothing if none
+    were): its arrays go to the built-in CPU/GPU kernels again."""
+    _REGISTERED.pop(array_type, None)
 
 
 def backend_for(array):
-    """The module implementing the kernels for ``array``'s device (``cpu`` for NumPy arrays,
-    ``gpu`` otherwise), imported on first use."""
+    """The module implementing the kernels for ``array``'s device: the kernels registered for its
+    type (:func:`register_kernels`) if any, else ``cpu`` for NumPy arrays and ``gpu`` otherwise
+    (imported on first use)."""
+    if _REGISTERED:
+        for array_type, implementation in _REGISTERED.items():
+            if isinstance(array, array_type):
+                return implementation
     name = "cpu" if isinstance(array, np.ndarray) else "gpu"
     module = _BACKENDS.get(name)
     if module is None:

@@ -2,6 +2,8 @@
 
 The fake models what minigrad's GPU code depends on, with CuPy's rules and error messages:
 
+* CUDA's lazy initialisation: the first CUDA call of a process initialises it, and a process
+  forked after that cannot use CUDA (``CUDARuntimeError``: ``cudaErrorInitializationError``);
 * several devices and CUDA's *current device*, one per host thread (``cupy.cuda.Device`` as a
   context manager, ``use()``, ``runtime.getDevice/setDevice``); a new thread starts on device 0;
 * arrays (``cupy.ndarray``) that live on one device. A kernel (a ufunc, a NumPy function, most
@@ -18,16 +20,29 @@ The fake models what minigrad's GPU code depends on, with CuPy's rules and error
 * streams and events, per device, with a current stream per thread and device; ``fake.events`` lists
   in order every kernel launch (``"launch multiply on gpu0:null"``), copy (``"h2d pinned on
   gpu0:s2"``), event record (``"record ev3 on gpu0:s2"``) and wait (``"gpu0:null waits ev3"``);
+* the order of GPU work and CuPy's memory pool (``stream_order``): a block freed on a stream is
+  handed out again to that stream's allocations, and a use of a block on one stream that no event
+  chain (or host wait, or the legacy null stream) orders after another stream's conflicting use
+  raises ``UnorderedAccess``; with ``manual_completion`` work completes only when the host waits
+  for it or the test calls ``fake.release()`` (``event.done``, ``stream.done`` stay False);
 * pinned host memory (``cuda.alloc_pinned_memory``, ``cupyx.empty_pinned``) and ``ndarray.set``;
 * ``random.default_rng``: a generator bound to the device current when it was made;
-* ``cuda.nccl``: communicators of world size 1 whose collectives copy between the buffers' pointers
-  (the unique id is CuPy 14's ``bytes``).
+* only the names CuPy has (``cupy_names``: the module's functions, ``ndarray``'s methods, the
+  ufuncs' methods, ``Generator``'s draws; NumPy functions called on device arrays dispatch only to
+  those) and only its dtypes (``ValueError('Unsupported dtype object')`` for objects, strings,
+  datetimes and ``longdouble``);
+* ``cuda.nccl`` (``fake_nccl``): communicators of several ranks, processes forked inside
+  :func:`installed`, one GPU each; the unique id as CuPy 14 (``bytes``) or 13 (a tuple) has it.
 
-Not modelled: asynchrony (every launch completes at once, events are always done), CUDA C kernels
-(``ElementwiseKernel``, ``ReductionKernel`` and ``RawKernel`` can be built but raise
-``NotImplementedError`` when called; ``fuse`` returns the function unchanged) and memory pools.
+Not modelled: CUDA C kernels (``ElementwiseKernel``, ``ReductionKernel`` and ``RawKernel`` can be
+built but raise ``NotImplementedError`` when called; ``fuse`` returns the function unchanged), the
+ordering of peer copies between devices and of NCCL's buffers (passed as pointers), byte counts of
+the pools.
 minigrad's fused kernels (``minigrad.backend.kernels``, CUDA C on a GPU) run their CPU versions on
-the fake arrays' data instead (with the same device checks), so every op can run on the fake.
+the fake arrays' data instead (with the same device checks), so every op can run on the fake: the
+fake registers them with ``kernels.register_kernels`` (it patches no minigrad module).
+
+This is a test double: it lives with the tests (``tests/fakes``), not in the ``minigrad`` package.
 
 Example::
 
@@ -43,7 +58,9 @@ import contextlib
 import ctypes
 import itertools
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import types
 
@@ -51,17 +68,27 @@ import numpy as np
 import scipy.special
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from fakes import cupy_names
+from fakes.fake_nccl import make_nccl
+from fakes.stream_order import MemoryPool, UnorderedAccess, merge
+from minigrad.backend import kernels
 from minigrad.backend.transfer import is_pinned
 from minigrad.backend.xp import use_cupy
 
-__all__ = ["DeviceSynchronized", "FakeCupy", "installed"]
+__all__ = ["DeviceSynchronized", "FakeCupy", "UnorderedAccess", "installed"]
 
 #: CUDA's status for a device index that does not exist.
 CUDA_ERROR_INVALID_DEVICE = 101
+#: CUDA's status in a process forked after its parent initialised CUDA.
+CUDA_ERROR_INITIALIZATION = 3
 _NAMES = itertools.count(1)  # stream and event numbers, unique in the process
 # functions whose output size depends on the data (CuPy synchronises to learn it)
 _SIZE_FROM_DATA = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "compress",
                              "extract"})
+# kernels that write into their first operand
+_IN_PLACE = frozenset({"setitem", "scatter_add", "fill"})
+# functions that only allocate memory (no kernel writes it)
+_ALLOCATION_ONLY = frozenset({"empty", "empty_like"})
 # methods that only build a view (no kernel in CuPy for contiguous arrays)
 _VIEW_METHODS = frozenset({"reshape", "view", "transpose", "swapaxes", "squeeze", "ravel"})
 
@@ -109,7 +136,7 @@ class _Device:
         return self
 
     def synchronize(self) -> None:
-        self.fake.sync("Device.synchronize")
+        self.fake.sync("Device.synchronize", self.fake.device_clock(self.id))
 
     compute_capability = "80"
 
@@ -127,21 +154,32 @@ class _Device:
 
 
 class _Event:
-    """``cupy.cuda.Event``: recorded on a stream, waited on by another; always done."""
+    """``cupy.cuda.Event``: recorded on a stream (it keeps the stream's vector clock: what is
+    ordered before it), waited on by another; ``done`` once the work before it has completed."""
 
     fake: FakeCupy
 
     def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.fake.init_cuda()
         self.name = f"ev{next(_NAMES)}"
         self.ptr = id(self)
-        self.done = True
+        self.clock: dict[str, int] = {}  # empty until recorded: waiting on it orders nothing
+        self._stream = None
 
     def record(self, stream=None) -> None:
         stream = self.fake.cuda.get_current_stream() if stream is None else stream
+        self.fake.issue(stream)
+        self.clock, self._stream = dict(stream.clock), stream
         self.fake.events.append(f"record {self.name} on {stream.name}")
 
+    @property
+    def done(self) -> bool:
+        """Whether the work recorded before the event has completed (``cudaEventQuery``)."""
+        stream = self._stream
+        return stream is None or stream.completed >= self.clock[stream.name]
+
     def synchronize(self) -> None:
-        self.fake.sync("Event.synchronize")
+        self.fake.sync("Event.synchronize", self.clock)
 
 
 class _Stream:
@@ -155,8 +193,23 @@ class _Stream:
         self.device_id = fake.current_device() if _device is None else _device
         self.name = f"gpu{self.device_id}:" + ("null" if null else f"s{next(_NAMES)}")
         self.ptr = 0 if null else id(self)
-        self.done = True
+        fake._by_name[self.name] = self
+        self.null, self.blocking = bool(null), not (null or non_blocking)
+        self.clock: dict[str, int] = {}  # stream name -> its work ordered before our next launch
+        self.issued = 0  # launches (and records) issued on the stream
+        self._completed = 0
         fake.streams[self.ptr, self.device_id] = self
+
+    @property
+    def completed(self) -> int:
+        """How many of the stream's launches have completed (all of them unless the fake is in
+        the manual completion mode)."""
+        return self._completed if self.fake.manual_completion else self.issued
+
+    @property
+    def done(self) -> bool:
+        """Whether all work issued on the stream has completed (``cudaStreamQuery``)."""
+        return self.completed >= self.issued
 
     def _check_device(self) -> None:
         current = self.fake.current_device()
@@ -187,10 +240,11 @@ class _Stream:
         return event
 
     def wait_event(self, event) -> None:
+        merge(self.clock, event.clock)
         self.fake.events.append(f"{self.name} waits {event.name}")
 
     def synchronize(self) -> None:
-        self.fake.sync("Stream.synchronize")
+        self.fake.sync("Stream.synchronize", self.clock)
 
     def __repr__(self) -> str:
         return f"<Stream {self.name}>"
@@ -222,9 +276,22 @@ class _Array(NDArrayOperatorsMixin):
 
     fake: FakeCupy
 
-    def __init__(self, array: np.ndarray, device_id: int):
+    def __init__(self, array: np.ndarray, device_id: int, block=None):
+        _check_dtype(array.dtype)
         self._a = array
         self._device_id = device_id
+        if block is None:  # new memory: from the pool arena of the stream current on the device
+            stream = self.fake._current_stream(device_id)
+            block = self.fake.pool.malloc(array.nbytes, stream.name)
+        block.refs += 1
+        self._block = block
+
+    def __del__(self):
+        block = self.__dict__.get("_block")
+        if block is not None:
+            block.refs -= 1
+            if block.refs == 0:  # the last array on the block is gone: back to the pool
+                self.fake.pool.free(block)
 
     # -- what CuPy arrays have without launching anything
     @property
@@ -246,7 +313,7 @@ class _Array(NDArrayOperatorsMixin):
     T = property(lambda self: self._view(self._a.T))
 
     def _view(self, array):
-        return type(self)(array, self._device_id)
+        return type(self)(array, self._device_id, self._block)
 
     def __len__(self) -> int:
         if self._a.ndim == 0:
@@ -260,15 +327,23 @@ class _Array(NDArrayOperatorsMixin):
 
     # -- kernels
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if (ufunc.__name__ not in cupy_names.NAMES["cupy"]
+                or method not in cupy_names.UFUNC_METHODS | {"__call__"}):
+            return NotImplemented  # CuPy has no such ufunc (or method): NumPy raises TypeError
         name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
         return self.fake._launch(name, getattr(ufunc, method), inputs, kwargs)
 
     def __array_function__(self, func, types_, args, kwargs):
+        namespace = cupy_names.numpy_function_namespace(func.__module__ or "numpy")
+        if func.__name__ not in cupy_names.NAMES.get(namespace, ()):
+            return NotImplemented  # no CuPy function of that name: NumPy raises TypeError
         return self.fake._launch(func.__name__, func, args, kwargs)
 
     def __getattr__(self, name):
         if name.startswith("__") or name == "_a":  # no __array_interface__: no implicit copies
             raise AttributeError(name)
+        if name not in cupy_names.ARRAY_ATTRIBUTES:
+            raise AttributeError(f"'cupy.ndarray' object has no attribute '{name}'")
         attr = getattr(self._a, name)
         if not callable(attr):
             return self._view(attr) if isinstance(attr, np.ndarray) else attr
@@ -286,7 +361,10 @@ class _Array(NDArrayOperatorsMixin):
             if _has_mask(key):  # the result's size is on the device: CuPy reads it back
                 self.fake.sync("boolean mask index")
             return self.fake._launch("getitem", _getitem, (self, self._index(key)), {})
-        return self.fake._wrap(self._a[key], self._device_id)
+        view = self._a[key]
+        if isinstance(view, np.ndarray):
+            return self._view(view)
+        return self.fake._wrap(view, self._device_id)
 
     def __setitem__(self, key, value) -> None:
         if isinstance(value, np.ndarray) and value.ndim:
@@ -307,7 +385,9 @@ class _Array(NDArrayOperatorsMixin):
         current = fake.current_device()
         if self._device_id != current:
             fake.events.append(f"peer copy gpu{self._device_id} -> gpu{current}")
-        return type(self)(self._a.copy(order), current)
+        out = type(self)(self._a.copy(order), current)
+        fake.stamp("copy", fake._current_stream(), reads=[self], writes=[out])
+        return out
 
     def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
         if not copy and np.dtype(dtype) == self._a.dtype:
@@ -320,10 +400,12 @@ class _Array(NDArrayOperatorsMixin):
     # -- transfers
     def get(self, stream=None, order="C", out=None, blocking=True):
         fake = self.fake
+        stream = fake._current_stream(self._device_id) if stream is None else stream
         fake.d2h.append(self.shape)
-        fake.events.append(f"d2h on {(stream or fake.cuda.get_current_stream()).name}")
+        fake.stamp("d2h", stream, reads=[self])
+        fake.events.append(f"d2h on {stream.name}")
         if blocking:
-            fake.sync("get")
+            fake.sync("get", stream.clock)
         host = np.array(self._a, order=order, copy=True)
         if out is not None:
             out[...] = host
@@ -341,12 +423,15 @@ class _Array(NDArrayOperatorsMixin):
         stream = fake.cuda.get_current_stream() if stream is None else stream
         fake.h2d.append(self.shape)
         kind = "pinned" if is_pinned(arr) else "pageable"
+        fake.stamp(f"h2d {kind}", stream, writes=[self])
         fake.events.append(f"h2d {kind} on {stream.name}")
         self._a[...] = arr
 
     # -- reading values on the host (each one a synchronisation)
     def _read(self, what: str) -> np.ndarray:
-        self.fake.sync(what)
+        stream = self.fake._current_stream(self._device_id)  # CuPy reads on the array's device
+        self.fake.stamp(what, stream, reads=[self])
+        self.fake.sync(what, stream.clock)
         return self._a
 
     def item(self):
@@ -379,6 +464,23 @@ class _Array(NDArrayOperatorsMixin):
         )
 
     __hash__ = None  # arrays are unhashable, as NumPy's are
+
+
+def _check_dtype(dtype: np.dtype) -> None:
+    """CuPy's arrays hold numbers and booleans only: no objects, strings, datetimes or structured
+    types, and no extended precision (``longdouble``)."""
+    if (dtype.kind in cupy_names.UNSUPPORTED_KINDS or (dtype.kind == "f" and dtype.itemsize > 8)
+            or (dtype.kind == "c" and dtype.itemsize > 16)):
+        raise ValueError(f"Unsupported dtype {dtype}")
+
+
+def _arrays(x):
+    """The device arrays in ``x`` (an array, or lists and tuples of them, or anything else)."""
+    if isinstance(x, _Array):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _arrays(v)
 
 
 def _getitem(a, key):
@@ -434,6 +536,8 @@ class _Ufunc:
         return self._fake._launch(self.__name__, self._ufunc, args, kwargs)
 
     def __getattr__(self, name):
+        if name not in cupy_names.UFUNC_METHODS:
+            raise AttributeError(f"'cupy.ufunc' object has no attribute '{name}'")
         method = getattr(self._ufunc, name)
         if not callable(method):
             return method
@@ -445,15 +549,16 @@ class _Ufunc:
 
 class _Namespace(types.ModuleType):
     """A NumPy namespace (``numpy``, ``numpy.linalg``...) seen through the fake: functions launch
-    on the current device and return device arrays."""
+    on the current device and return device arrays. Only the names real CuPy has
+    (:mod:`fakes.cupy_names`) are there; others raise ``AttributeError`` as on CuPy."""
 
     def __init__(self, fake: FakeCupy, name: str, numpy_module):
         super().__init__(name)
         self._fake, self._numpy = fake, numpy_module
 
     def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
+        if name.startswith("__") or name not in cupy_names.NAMES.get(self.__name__, ()):
+            raise AttributeError(f"module '{self.__name__}' has no attribute '{name}'")
         attr = getattr(self._numpy, name)
         if isinstance(attr, np.ufunc):
             attr = _Ufunc(self._fake, attr)
@@ -496,6 +601,8 @@ class _Generator:
         self.bit_generator = _BitGenerator(fake, self._rng.bit_generator)
 
     def __getattr__(self, name):
+        if name not in cupy_names.GENERATOR_METHODS:
+            raise AttributeError(f"'Generator' object has no attribute '{name}'")
         method = getattr(self._rng, name)
 
         def draw(*args, **kwargs):
@@ -509,7 +616,11 @@ class _Generator:
 
 
 class _MemoryPool:
-    """``get_default_memory_pool()``/``get_default_pinned_memory_pool()``: nothing is pooled."""
+    """``get_default_memory_pool()``/``get_default_pinned_memory_pool()``: no byte counts;
+    ``free_all_blocks`` empties the fake's pool (``stream_order.MemoryPool``)."""
+
+    def __init__(self, pool: MemoryPool):
+        self._pool = pool
 
     def used_bytes(self) -> int:
         return 0
@@ -517,7 +628,7 @@ class _MemoryPool:
     total_bytes = used_bytes
 
     def free_all_blocks(self) -> None:
-        pass
+        self._pool.free_all_blocks()
 
 
 class _Kernel:
@@ -549,9 +660,16 @@ class FakeCupy(_Namespace):
     synchronisations), ``h2d``/``d2h`` (the shapes copied each way); :meth:`clear` empties them.
     """
 
-    def __init__(self, n_devices: int = 2):
+    def __init__(self, n_devices: int = 2, manual_completion: bool = False,
+                 cupy_version: int = 14, scratch: str | None = None):
         super().__init__(self, "cupy", np)
         self.n_devices = n_devices
+        self.__version__ = f"{cupy_version}.0.0"
+        self.scratch = scratch or tempfile.gettempdir()  # where NCCL's ranks exchange buffers
+        self.manual_completion = manual_completion
+        self.pool = MemoryPool()  # device memory, one arena per stream (``stream_order``)
+        self.host_clock: dict[str, int] = {}  # the GPU work the host has waited for
+        self._by_name: dict[str, _Stream] = {}
         self.events: list[str] = []
         self.syncs: list[str] = []
         self.h2d: list[tuple] = []
@@ -564,22 +682,24 @@ class FakeCupy(_Namespace):
         stream = type("Stream", (_Stream,), {"fake": self})
         event = type("Event", (_Event,), {"fake": self})
         self._null = {}
+        self.cuda_pid: int | None = None  # the process that initialised CUDA (None: none yet)
         runtime = types.SimpleNamespace(
             getDevice=self.current_device, setDevice=self.set_device,
-            getDeviceCount=lambda: self.n_devices, CUDARuntimeError=CUDARuntimeError,
-            deviceSynchronize=lambda: self.sync("deviceSynchronize"),
+            getDeviceCount=self._device_count, CUDARuntimeError=CUDARuntimeError,
+            deviceSynchronize=lambda: self.sync("deviceSynchronize",
+                                                self.device_clock(self.current_device())),
         )
         self.cuda = types.ModuleType("cupy.cuda")
         self.cuda.__dict__.update(
             Device=device, Stream=stream, Event=event, runtime=runtime,
             get_current_stream=self._current_stream, PinnedMemoryPointer=PinnedMemoryPointer,
-            alloc_pinned_memory=PinnedMemoryPointer, nccl=_fake_nccl(self),
+            alloc_pinned_memory=self._alloc_pinned, nccl=make_nccl(self, cupy_version),
         )
         self.random = types.ModuleType("cupy.random")
         self.random.__dict__.update(default_rng=lambda seed=None: _Generator(self, seed),
                                     Generator=_Generator)
         self.ElementwiseKernel = self.ReductionKernel = self.RawKernel = _Kernel
-        pool = _MemoryPool()
+        pool = _MemoryPool(self.pool)
         self.get_default_memory_pool = self.get_default_pinned_memory_pool = lambda: pool
         self.fuse = _fuse
         self.cupyx = _fake_cupyx(self)
@@ -588,12 +708,34 @@ class FakeCupy(_Namespace):
     def _state(self) -> _State:
         return self._tls
 
+    def init_cuda(self) -> None:
+        """CUDA's lazy initialisation, which every CUDA call makes: the first one initialises
+        CUDA in its process; in a process forked after its parent had initialised CUDA, every
+        call fails with CUDA's initialization error (a forked child cannot use its parent's CUDA
+        state, and CUDA cannot be initialised again there)."""
+        pid = os.getpid()
+        if self.cuda_pid is None:
+            self.cuda_pid = pid
+        elif self.cuda_pid != pid:
+            raise CUDARuntimeError(CUDA_ERROR_INITIALIZATION,
+                                   "cudaErrorInitializationError: initialization error")
+
     def current_device(self) -> int:
-        """CUDA's current device of the calling thread."""
+        """CUDA's current device of the calling thread (``cudaGetDevice``: a CUDA call)."""
+        self.init_cuda()
         return self._tls.device
+
+    def _device_count(self) -> int:
+        self.init_cuda()
+        return self.n_devices
+
+    def _alloc_pinned(self, size: int) -> PinnedMemoryPointer:
+        self.init_cuda()  # cudaHostAlloc
+        return PinnedMemoryPointer(size)
 
     def set_device(self, index: int) -> None:
         """``cudaSetDevice``: CUDA's error for an index that does not exist."""
+        self.init_cuda()
         index = int(index)
         if not 0 <= index < self.n_devices:
             raise CUDARuntimeError(CUDA_ERROR_INVALID_DEVICE,
@@ -610,12 +752,64 @@ class FakeCupy(_Namespace):
             null = self._null[device_id] = self.cuda.Stream(null=True, _device=device_id)
         return null
 
+    # -- ordering and completion (``stream_order``)
+    def issue(self, stream) -> None:
+        """Issue one launch on ``stream``: it is ordered after what the host waited for and, by
+        CUDA's legacy null stream rules, after the null stream's work (a blocking stream) or the
+        blocking streams' work (the null stream)."""
+        merge(stream.clock, self.host_clock)
+        if stream.null:
+            for other in self._by_name.values():
+                if other.blocking and other.device_id == stream.device_id:
+                    merge(stream.clock, other.clock)
+        elif stream.blocking:
+            null = self._null.get(stream.device_id)
+            if null is not None:
+                merge(stream.clock, null.clock)
+        stream.issued += 1
+        stream.clock[stream.name] = stream.issued
+
+    def stamp(self, what: str, stream, reads=(), writes=()) -> None:
+        """Issue ``what`` on ``stream``, reading the blocks of the arrays ``reads`` and writing
+        those of ``writes``: ``UnorderedAccess`` for a use that another stream's use of a block
+        is not ordered before (uses of another device's arrays, peer copies, are not checked)."""
+        self.issue(stream)
+        for arrays, write in ((reads, False), (writes, True)):
+            for a in arrays:
+                if a._device_id == stream.device_id:  # peer copies are not checked
+                    a._block.use(stream.name, stream.clock, write, what)
+
+    def device_clock(self, device_id: int) -> dict:
+        """All the work issued so far on the device's streams (what a device sync waits for)."""
+        clock: dict[str, int] = {}
+        for stream in self._by_name.values():
+            if stream.device_id == device_id:
+                merge(clock, stream.clock)
+        return clock
+
+    def release(self, stream=None) -> None:
+        """Complete the work issued so far on ``stream`` (and what it waits for), or on every
+        stream: the test lets the GPU finish (the manual completion mode)."""
+        streams = list(self._by_name.values()) if stream is None else [stream]
+        for s in streams:
+            self._complete(s.clock)
+
+    def _complete(self, clock: dict) -> None:
+        for name, n in clock.items():
+            stream = self._by_name[name]
+            stream._completed = max(stream._completed, n)
+
     # -- bookkeeping
-    def sync(self, what: str) -> None:
-        """Note a host synchronisation (``DeviceSynchronized`` where they are disallowed)."""
+    def sync(self, what: str, clock: dict | None = None) -> None:
+        """Note a host synchronisation (``DeviceSynchronized`` where they are disallowed) that
+        waits for the work in the vector clock ``clock`` (the current stream's by default): the
+        host's later launches are ordered after it, and it has completed."""
         self.syncs.append(what)
         if not getattr(self._sync_allowed, "value", True):
             raise DeviceSynchronized(what)
+        clock = self._current_stream().clock if clock is None else clock
+        merge(self.host_clock, clock)
+        self._complete(clock)
 
     def clear(self) -> None:
         """Forget the log, the synchronisations and the copies noted so far."""
@@ -645,27 +839,44 @@ class FakeCupy(_Namespace):
             return type(x)(self._operand(v) for v in x)
         return x
 
-    def _wrap(self, result, device_id: int | None = None):
+    def _wrap(self, result, device_id: int | None = None, inputs=()):
+        """Device arrays for a kernel's results: new memory, or the block of the input array
+        ``result`` is a view of."""
         device_id = self.current_device() if device_id is None else device_id
         if isinstance(result, np.ndarray):
+            for a in inputs:
+                if np.may_share_memory(result, a._a):
+                    return self.ndarray(result, device_id, a._block)
             return self.ndarray(result, device_id)
         if isinstance(result, np.generic):  # CuPy's reductions and indexing give 0-d arrays
             return self.ndarray(np.asarray(result), device_id)
         if isinstance(result, (list, tuple)):
-            return type(result)(self._wrap(r, device_id) for r in result)
+            return type(result)(self._wrap(r, device_id, inputs) for r in result)
         return result
 
     def _launch(self, name: str, fn, args, kwargs):
         if name in _SIZE_FROM_DATA:
             self.sync(name)  # the output's size depends on the values: CuPy reads it back
-        args = self._operand(tuple(args))
         out = kwargs.get("out")
+        reads = list(_arrays((args, [v for k, v in kwargs.items() if k != "out"])))
+        if name in _IN_PLACE:  # the first operand is written, not read
+            writes, reads = reads[:1], reads[1:]
+        else:
+            writes = list(_arrays(out))
+        args = self._operand(tuple(args))
         kwargs = {k: self._operand(v) for k, v in kwargs.items()}
-        self.events.append(f"launch {name} on {self._current_stream().name}")
+        stream = self._current_stream()
+        self.events.append(f"launch {name} on {stream.name}")
         result = fn(*args, **kwargs)
         if out is not None:
+            self.stamp(name, stream, reads, writes)
             return out if not isinstance(out, tuple) or len(out) != 1 else out[0]
-        return self._wrap(result)
+        wrapped = self._wrap(result, inputs=reads)
+        shared = {id(a._block) for a in reads}
+        if name not in _ALLOCATION_ONLY:
+            writes += [a for a in _arrays(wrapped) if id(a._block) not in shared]
+        self.stamp(name, stream, reads, writes)
+        return wrapped
 
     def _function(self, name: str, fn):
         def call(*args, **kwargs):
@@ -684,10 +895,13 @@ class FakeCupy(_Namespace):
         host = np.asarray(a, dtype=dtype, order=order)
         self.h2d.append(host.shape)
         kind = "pinned" if is_pinned(host) else "pageable"
-        self.events.append(f"h2d {kind} on {self._current_stream().name}")
+        stream = self._current_stream()
+        out = self.ndarray(np.array(host, copy=True), self.current_device())
+        self.stamp(f"h2d {kind}", stream, writes=[out])
+        self.events.append(f"h2d {kind} on {stream.name}")
         if blocking:
             self.sync("asarray(blocking=True)")
-        return self.ndarray(np.array(host, copy=True), self.current_device())
+        return out
 
     def array(self, obj, dtype=None, copy=True, order="K", subok=False, ndmin=0,
               *, blocking=False):
@@ -725,7 +939,7 @@ def _fake_cupyx(fake: FakeCupy) -> types.ModuleType:
     def empty_pinned(shape, dtype=float, order="C"):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return np.ndarray(shape, dtype, buffer=PinnedMemoryPointer(nbytes), order=order)
+        return np.ndarray(shape, dtype, buffer=fake.cuda.alloc_pinned_memory(nbytes), order=order)
 
     @contextlib.contextmanager
     def allow_synchronize(allow: bool):
@@ -747,77 +961,16 @@ def _fake_cupyx(fake: FakeCupy) -> types.ModuleType:
 
 
 # -------------------------------------------------------------------------------------------------
-# NCCL for one rank
-
-_NCCL_DTYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64,
-                6: np.float16, 7: np.float32, 8: np.float64}
-
-
-def _fake_nccl(fake: FakeCupy) -> types.ModuleType:
-    """``cupy.cuda.nccl`` with NCCL's constants; a communicator must have one rank, and its
-    collectives are then copies from the send to the receive buffer."""
-    nccl = types.ModuleType("cupy.cuda.nccl")
-    nccl.available = True
-    for name, code in [("INT8", 0), ("UINT8", 1), ("INT32", 2), ("UINT32", 3), ("INT64", 4),
-                       ("UINT64", 5), ("FLOAT16", 6), ("FLOAT32", 7), ("FLOAT64", 8),
-                       ("SUM", 0), ("PROD", 1), ("MAX", 2), ("MIN", 3), ("AVG", 4)]:
-        setattr(nccl, f"NCCL_{name}", code)
-
-    class NcclCommunicator:
-        def __init__(self, ndev: int, comm_id, rank: int):
-            if type(comm_id) is not bytes or len(comm_id) != 128:
-                raise TypeError("Argument 'commId' has incorrect type (expected bytes)")
-            if ndev != 1 or rank != 0:
-                raise NotImplementedError(f"the fake NCCL has one rank, got ndev={ndev}")
-            self.device_id = fake.current_device()
-
-        def _copy(self, op: str, send: int, recv: int, count: int, dtype: int, stream) -> None:
-            fake._check_current(self.device_id)
-            name = fake.streams[stream, self.device_id].name
-            fake.events.append(f"nccl {op} on {name}")
-            if send != recv and count:
-                ctypes.memmove(recv, send, count * np.dtype(_NCCL_DTYPES[dtype]).itemsize)
-
-        def allReduce(self, send, recv, count, dtype, op, stream):
-            self._copy("allReduce", send, recv, count, dtype, stream)
-
-        def reduce(self, send, recv, count, dtype, op, root, stream):
-            self._copy("reduce", send, recv, count, dtype, stream)
-
-        def broadcast(self, send, recv, count, dtype, root, stream):
-            self._copy("broadcast", send, recv, count, dtype, stream)
-
-        def reduceScatter(self, send, recv, count, dtype, op, stream):
-            self._copy("reduceScatter", send, recv, count, dtype, stream)
-
-        def allGather(self, send, recv, count, dtype, stream):
-            self._copy("allGather", send, recv, count, dtype, stream)
-
-        def send(self, *args):
-            raise NotImplementedError("the fake NCCL has one rank: nothing to send to")
-
-        recv = send
-
-        def destroy(self) -> None:
-            pass
-
-    nccl.NcclCommunicator = NcclCommunicator
-    nccl.get_unique_id = lambda: os.urandom(128)
-    nccl.groupStart = nccl.groupEnd = lambda: None
-    return nccl
-
-
-# -------------------------------------------------------------------------------------------------
 # installing it
 
 _MODULES = ("cupy", "cupy.cuda", "cupy.cuda.nccl", "cupy.random", "cupyx", "cupyx.scipy",
             "cupyx.scipy.special")
-_KERNELS = "minigrad.backend.kernels"
 
 
 class _HostKernels:
     """The GPU side of minigrad's fused kernels on the fake: each function runs its CPU version on
-    the fake arrays' data (a launch on the current device, like any kernel)."""
+    the fake arrays' data (a launch on the current device, like any kernel). Registered for the
+    fake's arrays with ``minigrad.backend.kernels.register_kernels``."""
 
     def __init__(self, fake: FakeCupy, cpu_kernels):
         self._fake, self._cpu = fake, cpu_kernels
@@ -828,35 +981,36 @@ class _HostKernels:
 
 
 @contextlib.contextmanager
-def installed(n_devices: int = 2):
-    """Run minigrad on a fake CuPy with ``n_devices`` devices inside the block: it becomes
+def installed(n_devices: int = 2, manual_completion: bool = False, cupy_version: int = 14):
+    """Run minigrad on a fake CuPy with ``n_devices`` devices inside the block (GPU work completes
+    only at host synchronisations and ``fake.release()`` with ``manual_completion``; NCCL's unique
+    id as ``cupy_version``, 13 or 14, has it): it becomes
     minigrad's GPU array module and ``import cupy`` (``CUDA_VISIBLE_DEVICES`` lists the fake
-    devices, so GPU counting sees them); everything is restored afterwards. Processes forked inside
-    the block (``run_workers``) inherit the fake.
+    devices, so GPU counting sees them), and minigrad's fused kernels run their CPU versions on its
+    arrays; everything is restored afterwards. Processes forked inside the block (``run_workers``)
+    inherit the fake.
 
     Example::
 
         with installed(1) as fake:
             mg.tensor([1.0], device="gpu0")
     """
-    fake = FakeCupy(n_devices)
+    scratch, installer = tempfile.mkdtemp(prefix="fake-cupy-"), os.getpid()
+    fake = FakeCupy(n_devices, manual_completion, cupy_version, scratch)
     modules = dict(zip(_MODULES, (fake, fake.cuda, fake.cuda.nccl, fake.random, fake.cupyx,
                                   fake.cupyx.scipy, fake.cupyx.scipy.special)))
     saved_modules = {name: sys.modules.get(name) for name in _MODULES}
     saved_env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    kernels = sys.modules.get(_KERNELS)  # minigrad's fused kernels, where this minigrad has them
-    backend_for = getattr(kernels, "backend_for", None)
     sys.modules.update(modules)
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n_devices))
-    if backend_for is not None:
-        host = _HostKernels(fake, backend_for(np.empty(0)))
-        kernels.backend_for = lambda a: host if isinstance(a, fake.ndarray) else backend_for(a)
+    kernels.register_kernels(fake.ndarray, _HostKernels(fake, kernels.backend_for(np.empty(0))))
     try:
         with use_cupy(fake, fake.cupyx):
             yield fake
     finally:
-        if backend_for is not None:
-            kernels.backend_for = backend_for
+        kernels.unregister_kernels(fake.ndarray)
+        if os.getpid() == installer:  # not in a forked rank leaving the block
+            shutil.rmtree(scratch, ignore_errors=True)
         for name, module in saved_modules.items():
             if module is None:
                 sys.modules.pop(name, None)
