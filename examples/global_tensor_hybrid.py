@@ -22,6 +22,7 @@ Outputs (losses, a logical checkpoint) go to the folder printed at the start.
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -99,6 +100,9 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--check", action="store_true", help="compare with a one-process run")
     args = p.parse_args(argv)
+    if max(dist.get_world_size(), int(os.environ.get("WORLD_SIZE", "1"))) < 4:
+        sys.exit(f"{sys.argv[0]} needs 4 ranks (a 2 x 2 mesh); run: python -m "
+                 f"minigrad.distributed.launch --nproc_per_node 4 {sys.argv[0]}")
     mesh = mg.placement("cpu", [[0, 1], [2, 3]])
     rank = dist.get_rank()
     if rank == 0:

@@ -6,15 +6,25 @@ placed on rank 0 and rank 1 with broadcast SBP, the activation moved between the
 pipeline schedule, accumulates the gradients of the mean micro-batch loss and steps SGD. Only these
 lines differ from OneFlow's: the imports, ``flow.`` spelled as minigrad's module paths, ``"cuda"``
 spelled ``"cpu"``, and ``module.to(nn.graph.GraphModule).set_stage(...)`` spelled
-``self.set_stage(module, ...)``. It prints each step's loss on rank 1 (the last stage; rank 0
-prints empty tensors, as in OneFlow) and writes no files.
+``self.set_stage(module, ...)``, plus a check that stops with the command to run when the
+program was started without its 2 ranks. It prints each step's loss on rank 1 (the last stage;
+rank 0 prints empty tensors, as in OneFlow) and writes no files.
 
     python -m minigrad.distributed.launch --nproc_per_node 2 examples/global_tensor_pipeline.py
 """
 
+import os
+import sys
+
 import minigrad as mg
+import minigrad.distributed
 import minigrad.module
 import minigrad.optimizer
+
+# not in OneFlow's program: started without its 2 ranks, say in one line how to start them
+if max(mg.distributed.get_world_size(), int(os.environ.get("WORLD_SIZE", "1"))) < 2:
+    sys.exit(f"{sys.argv[0]} needs 2 ranks; run: python -m minigrad.distributed.launch "
+             f"--nproc_per_node 2 {sys.argv[0]}")
 
 BATCH_SIZE = 16
 BROADCAST = [mg.sbp.broadcast]

@@ -84,8 +84,11 @@ def raise_deferred_errors() -> None:
             lo, hi = int(values[2 * i]), int(values[2 * i + 1])
             if lo < low or hi >= high:
                 exc = error(lo, hi)
-                exc.add_note(
+                note = (
                     f"(found on gpu{first.device.id} when its values were next read: GPU index "
                     "checks run without waiting for the GPU, so the failing call came earlier)"
                 )
+                # in the message itself (BaseException.add_note is Python 3.11+)
+                message = f"{exc.args[0]} {note}" if exc.args else note
+                exc.args = (message, *exc.args[1:])
                 raise exc

@@ -81,11 +81,21 @@ def test_mnist_example_under_mpiexec_equals_cpu_backend_bitwise(tmp_path):
 
 
 WATCHDOG = """
-import time, numpy as np
+import logging, os, sys, numpy as np
 import minigrad.distributed as dist
+from minigrad.testing.wait import wait_until
+flag = sys.argv[1]  # rank 0 marks its watchdog's warning; rank 1 arrives only after it
+
+
+class Mark(logging.Handler):
+    def emit(self, record):
+        open(flag, "w").close()
+
+
 dist.init_process_group(warn_after=0.3)
+dist.get_logger().addHandler(Mark(logging.WARNING))
 if dist.get_rank() == 1:
-    time.sleep(1.5)
+    wait_until(lambda: os.path.exists(flag), "rank 0's watchdog warning")
 x = np.ones(3)
 dist.all_reduce(x)
 results = [None, None]
@@ -98,7 +108,7 @@ if dist.get_rank() == 0:  # one printer: mpiexec may split lines of different ra
 def test_watchdog_names_the_missing_rank_through_mpi(tmp_path):
     script = tmp_path / "watch.py"
     script.write_text(WATCHDOG)
-    proc = run_mpi(2, [str(script)])
+    proc = run_mpi(2, [str(script), str(tmp_path / "warned")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "results [2.0, 2.0]" in proc.stdout
     warning = [ln for ln in proc.stderr.splitlines() if "have not arrived" in ln]

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from minigrad.distributed.runtime.store import Client, Server, StoreError, StoreTimeout
+from minigrad.testing.wait import HANG, wait_until
 
 
 @pytest.fixture()
@@ -48,12 +49,12 @@ def test_blocking_get_waits_for_setter_and_times_out(server):
     c = client(server)
     threading.Timer(0.2, lambda: client(server).set("late", 7)).start()
     t = time.monotonic()
-    assert c.get("late", timeout=5) == 7
-    assert 0.15 < time.monotonic() - t < 3
+    assert c.get("late", timeout=HANG) == 7  # the deadline only bounds a hang
+    assert 0.15 < time.monotonic() - t
     t = time.monotonic()
     with pytest.raises(StoreTimeout, match="'never' not set"):
         c.get("never", timeout=0.3)
-    assert time.monotonic() - t < 2
+    assert time.monotonic() - t >= 0.3
 
 
 def test_add_is_atomic_across_threads(server):
@@ -107,9 +108,7 @@ def test_wrong_secret_rejected_and_server_keeps_serving(server):
     # an authenticated client sending a malformed frame is dropped too
     bad = client(server)
     bad._conn().sendall(b"\xff\xff\xff\xff\x00\x00\x00\x00")
-    deadline = time.monotonic() + 3
-    while server.rejected < 5 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: server.rejected >= 5, "the server to drop the 5 bad clients")
     assert server.rejected == 5  # wrong secret + 3 garbage connections + 1 malformed frame
     assert c.get("k") == 1 and client(server).get("k") == 1
 

@@ -136,6 +136,9 @@ def test_readme_commands_are_the_ones_ci_uses():
     assert install_and_test in ci.splitlines(), (
         "the README's test command must be what .ci/run runs"
     )
+    # ... in a virtual environment made fresh for the run, so nothing installed by hand counts
+    assert re.search(r'^"\$\{PYTHON:-python3\}" -m venv "\$venv_root/venv"$', ci, re.M)
+    assert 'export PATH="$venv_root/venv/bin:$PATH"' in ci
 
 
 def test_readme_tour_runs_as_written():

@@ -125,7 +125,8 @@ def plot_timeline(timeline: Timeline, path: str, title: str | None = None):
     with its micro-batch) and save it to ``path`` (PNG, SVG or PDF by extension). The title
     shows the measured bubble fraction. Returns the matplotlib ``Figure``.
 
-    Needs matplotlib: ``pip install 'minigrad[bench]'``.
+    Needs matplotlib: ``pip install "minigrad[bench]"``; draws with the Agg canvas (no pyplot),
+    so it works without a display.
 
     Example: ``plot_timeline(schedule.simulate(), "timeline.png")``.
     """
@@ -133,11 +134,11 @@ def plot_timeline(timeline: Timeline, path: str, title: str | None = None):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
-    except ImportError as e:
+    except ImportError as e:  # one line naming the extra, not the import machinery's traceback
         raise ImportError(
-            "plot_timeline needs matplotlib, which is an optional extra: "
-            "pip install 'minigrad[bench]'"
-        ) from e
+            f'plot_timeline needs matplotlib ({e}): pip install "minigrad[bench]" '
+            '(or pip install -e ".[bench]" in a checkout)'
+        ) from None
     ranks = timeline.ranks()
     bubble = bubble_fraction(timeline)
     origin = min(e.start for e in timeline)

@@ -65,10 +65,10 @@ def mpi_module():
     try:
         from mpi4py import MPI  # optional dependency: the [mpi] extra
     except ImportError as exc:
-        raise RuntimeError(
+        raise RuntimeError(  # one line naming the extra, not the import machinery's traceback
             f"the mpi backend needs mpi4py and an MPI library ({exc}); install them with "
             f'pip install -e ".[mpi]"'
-        ) from exc
+        ) from None
     return MPI
 
 
