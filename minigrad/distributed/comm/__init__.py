@@ -18,8 +18,10 @@ from minigrad.distributed.comm.arrays import (
     ReduceOp,
     Work,
     all_gather,
+    all_gather_along,
     all_reduce,
     all_to_all,
+    all_to_all_along,
     barrier,
     broadcast,
     gather,
@@ -29,8 +31,10 @@ from minigrad.distributed.comm.arrays import (
     recv,
     reduce,
     reduce_scatter,
+    reduce_scatter_along,
     scatter,
     send,
+    split_along,
 )
 
 __all__ = [
@@ -38,8 +42,10 @@ __all__ = [
     "ReduceOp",
     "Work",
     "all_gather",
+    "all_gather_along",
     "all_reduce",
     "all_to_all",
+    "all_to_all_along",
     "barrier",
     "broadcast",
     "gather",
@@ -49,6 +55,8 @@ __all__ = [
     "recv",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_along",
     "scatter",
     "send",
+    "split_along",
 ]
