@@ -2,7 +2,7 @@
 backend MPI launches pick (``mpi`` by default), each rank checking its own results against the same
 NumPy / single-process references the launcher-based tests use. Exits non-zero on any failure.
 
-    mpiexec -n 2 python tests/distributed/mpi_job.py cases comm mismatch data_parallel
+    mpiexec -n 2 python tests/distributed/mpi_job.py cases comm mismatch check data_parallel
 """
 
 import os
@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 import test_comm  # noqa: E402
 import test_data_parallel  # noqa: E402
+import test_faults  # noqa: E402
 from collective_cases import check_rank, run_cases  # noqa: E402
 
 import minigrad.distributed as dist  # noqa: E402
@@ -47,6 +48,8 @@ def main(suites: list[str]) -> None:
         test_comm.check_rank(test_comm._all_collectives(), r, n)
     if "mismatch" in suites:
         check_mismatch(r, n)
+    if "check" in suites:
+        test_faults.check_strings(test_faults.check_strings_body(), r, n)
     if "data_parallel" in suites:
         ref_params, ref_losses = test_data_parallel._reference(n)
         for bucket_mb in (10.0, 0.0):

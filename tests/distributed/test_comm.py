@@ -189,6 +189,61 @@ def test_subgroups():
         np.testing.assert_array_equal(res[r]["world"], np.full(3, 6.0))
 
 
+def _value(j: int) -> np.ndarray:
+    """Rank j's input of the ``*_along`` tests: (7, 5, 4), different on every rank."""
+    return np.arange(140.0).reshape(7, 5, 4) * (j + 1) + j
+
+
+def _along_body():
+    r = dist.get_rank()
+    x = _value(r)
+    out = {
+        "split": comm.split_along(x, 1, [2, 0, 3]),
+        "all_gather": comm.all_gather_along(x[:, : r + 1], 1, with_sizes=True),
+        "reduce_scatter": comm.reduce_scatter_along(x, 0, sizes=[3, 0, 4]),
+        "reduce_scatter_even": comm.reduce_scatter_along(x[:6], 0, op="max"),
+        "all_to_all": comm.all_to_all_along(x[:, : r + 1], 0, 1, sizes=[3, 0, 4]),
+        "all_to_all_even": comm.all_to_all_along(x[:6], 0, 2),
+    }
+    for call in (lambda: comm.reduce_scatter_along(x, 0), lambda: comm.split_along(x, 0, [3, 3]),
+                 lambda: comm.all_to_all_along(x, 1, 0)):
+        try:
+            call()
+        except ValueError as exc:
+            out.setdefault("errors", []).append(str(exc))
+    return out
+
+
+def test_collectives_along_an_axis_equal_numpy():
+    """split/all-gather/reduce-scatter/all-to-all along an axis, with uneven (and empty) pieces,
+    against NumPy cuts and concatenations of every rank's input."""
+    n = 3
+    xs = [_value(j) for j in range(n)]
+    rows = [(0, 3), (3, 3), (3, 7)]  # pieces [3, 0, 4] along axis 0
+    for r, out in enumerate(run_workers(_along_body, n, timeout=60)):
+        split = out["split"]
+        for got, want in zip(split, [xs[r][:, :2], xs[r][:, 2:2], xs[r][:, 2:]]):
+            np.testing.assert_array_equal(got, want)
+            assert got.flags.c_contiguous
+        gathered, sizes = out["all_gather"]
+        np.testing.assert_array_equal(
+            gathered, np.concatenate([x[:, : j + 1] for j, x in enumerate(xs)], 1))
+        assert sizes == [1, 2, 3]
+        a, b = rows[r]
+        np.testing.assert_array_equal(out["reduce_scatter"], sum(xs)[a:b])
+        np.testing.assert_array_equal(out["reduce_scatter_even"],
+                                      np.max(xs, axis=0)[2 * r : 2 * r + 2])
+        np.testing.assert_array_equal(
+            out["all_to_all"], np.concatenate([x[a:b, : j + 1] for j, x in enumerate(xs)], 1))
+        np.testing.assert_array_equal(
+            out["all_to_all_even"], np.concatenate([x[2 * r : 2 * r + 2] for x in xs], 2))
+        assert out["errors"] == [
+            "reduce_scatter_along: axis 0 of size 7 is not divisible by the group size 3",
+            "split_along: piece sizes [3, 3] do not add up to axis 0 of size 7",
+            "all_to_all_along: axis 1 of size 5 is not divisible by the group size 3",
+        ]
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_send_recv(monkeypatch, transport):
     monkeypatch.setenv("MINIGRAD_DIST_TRANSPORT", transport)
@@ -266,14 +321,18 @@ def test_bad_arguments_raise_clear_errors():
 
 
 def cupy_arrays_body():
-    """CuPy arrays through all_reduce, broadcast and an async all_reduce (run by
+    """CuPy arrays through all_reduce, broadcast, an async all_reduce, and an all-gather and an
+    all-to-all along an axis, whose results stay CuPy arrays (run by
     ``gpu_jobs.cupy_collectives``: on the fake CuPy in CI, on CUDA in a fresh interpreter)."""
     import cupy as cp  # noqa: PLC0415  (the real or the fake one)
 
     r = dist.get_rank()
     x = cp.asarray(make(r, 3, (99, 77), "float32"))
+    along = [comm.all_gather_along(x, 1), comm.all_to_all_along(x[:98], 0, 1)]
+    assert all(isinstance(y, cp.ndarray) for y in along)
     return [cp.asnumpy(y) for y in (comm.all_reduce(x.copy()), comm.broadcast(x.copy(), root=0),
-                                    comm.all_reduce(x.copy(), "max", async_op=True).wait())]
+                                    comm.all_reduce(x.copy(), "max", async_op=True).wait(),
+                                    *along)]
 
 
 def check_cupy_arrays(n: int, backend: str, timeout: float = 60) -> None:
@@ -281,7 +340,11 @@ def check_cupy_arrays(n: int, backend: str, timeout: float = 60) -> None:
     go through host staging (cpu backend); ``timeout`` bounds the job."""
     res = run_workers(cupy_arrays_body, n, backend=backend, timeout=timeout)
     xs = [make(r, 3, (99, 77), "float32") for r in range(n)]
-    for ar, bc, mx in res:
+    rows = 98 // n
+    for r, (ar, bc, mx, ag, a2a) in enumerate(res):
         assert_same(ar, reference(xs, "sum"), "float32")
         np.testing.assert_array_equal(bc, xs[0])
         assert_same(mx, reference(xs, "max"), "float32")
+        np.testing.assert_array_equal(ag, np.concatenate(xs, 1))
+        np.testing.assert_array_equal(
+            a2a, np.concatenate([x[r * rows : (r + 1) * rows] for x in xs], 1))

@@ -127,6 +127,63 @@ def test_different_ops_and_dtypes_mismatch():
         assert "all_reduce#1" in msg and "broadcast#1" in msg
 
 
+def check_strings_body() -> dict:
+    """Every collective with a ``check`` string: equal strings go through (the result is right),
+    different ones raise CollectiveMismatchError (rank 0 passes "step 0", the others "step 1").
+    A fresh group per collective: after a mismatch the cpu backend's group is unusable. Also run
+    under mpiexec by ``mpi_job.py``."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = np.arange(6.0).reshape(2, 3) + r
+    calls = {
+        "all_reduce": lambda g, c: comm.all_reduce(x.copy(), group=g, check=c),
+        "broadcast": lambda g, c: comm.broadcast(x.copy(), 0, g, check=c),
+        "reduce": lambda g, c: comm.reduce(x.copy(), root=0, group=g, check=c),
+        "all_gather": lambda g, c: comm.all_gather(x, g, check=c),
+        "gather": lambda g, c: comm.gather(x, 0, g, check=c),
+        "scatter": lambda g, c: comm.scatter([x + j for j in range(n)] if r == 0 else None, 0,
+                                             g, check=c),
+        "reduce_scatter": lambda g, c: comm.reduce_scatter([x] * n, group=g, check=c),
+        "all_to_all": lambda g, c: comm.all_to_all([x + j for j in range(n)], g, check=c),
+        "all_gather (async)": lambda g, c: comm.all_gather(x, g, async_op=True, check=c).wait(),
+        "barrier": lambda g, c: comm.barrier(g, check=c),
+    }
+    out = {}
+    for name, call in calls.items():
+        g = dist.new_group(list(range(n)))
+        result = call(g, "step 0")
+        try:
+            call(g, f"step {min(r, 1)}")
+            out[name] = (result, None, None)
+        except dist.CollectiveMismatchError as exc:
+            out[name] = (result, str(exc), [c.get("check") for c in exc.calls])
+    return out
+
+
+def check_strings(out: dict, r: int, n: int) -> None:
+    """Rank ``r``'s results of :func:`check_strings_body`."""
+    xs = [np.arange(6.0).reshape(2, 3) + j for j in range(n)]
+    expected = {"all_reduce": sum(xs), "broadcast": xs[0], "reduce": sum(xs) if r == 0 else None,
+                "all_gather": xs, "gather": xs if r == 0 else None, "scatter": xs[0] + r,
+                "reduce_scatter": sum(xs), "all_to_all": [x + r for x in xs],
+                "all_gather (async)": xs, "barrier": None}
+    assert list(out) == list(expected)
+    for name, (result, msg, checks) in out.items():
+        op = name.split()[0]
+        if expected[name] is None:
+            assert result is None, name
+        else:
+            np.testing.assert_array_equal(np.asarray(result), np.asarray(expected[name]), name)
+        assert msg is not None, f"rank {r}: {name} with different check strings did not raise"
+        assert checks == ["step 0"] + ["step 1"] * (n - 1), (name, checks)
+        assert f"rank 0 called {op}#2(" in msg and "check='step 0'" in msg, msg
+        assert f"rank {n - 1} called {op}#2(" in msg and "check='step 1'" in msg, msg
+
+
+def test_different_check_strings_raise_on_every_rank():
+    for r, out in enumerate(run_workers(check_strings_body, 3, timeout=60)):
+        check_strings(out, r, 3)
+
+
 def test_garbage_and_wrong_secret_do_not_disturb_the_job():
     def body():
         client = dist.get_client()

@@ -58,6 +58,11 @@ def test_collectives_under_mpiexec_3_ranks():
     _passed(run_mpi(3, [str(HERE / "mpi_job.py"), "cases", "mismatch"]), 3, "mpi")
 
 
+def test_check_strings_under_mpiexec_3_ranks():
+    # every collective folds its check string into the fingerprint MPI's header round compares
+    _passed(run_mpi(3, [str(HERE / "mpi_job.py"), "check"]), 3, "mpi")
+
+
 def test_cpu_backend_in_an_mpi_job():
     # MPI only brings the ranks together (rendezvous); the data goes over shared memory
     proc = run_mpi(2, [str(HERE / "mpi_job.py"), "cases"], MINIGRAD_DIST_BACKEND="cpu",

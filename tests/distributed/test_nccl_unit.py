@@ -137,13 +137,14 @@ class FakeHost:
     """The host side of a one-rank group: fingerprints come back unchanged."""
 
     def __init__(self, log):
-        self.log = log
+        self.log, self.fingerprints = log, []
 
     def send(self, x, dst, header):
         self.log.append(f"header to {dst}")
 
     def exchange_headers(self, fp, on_headers=None):
         self.log.append(f"headers {fp['op']}")
+        self.fingerprints.append(fp)
         if on_headers is not None:
             on_headers([fp])
         return [fp]
@@ -213,6 +214,28 @@ def test_zero_d_arrays_keep_their_shape():
     assert [y.shape for y in be.run(lambda: be.all_gather(x, 3))] == [()]
     assert be.run(lambda: be.reduce_scatter([x], ReduceOp.SUM, 4)).shape == ()
     assert [y.shape for y in be.run(lambda: be.all_to_all([x], 5))] == [()]
+
+
+def test_check_strings_go_into_the_fingerprint_the_host_compares():
+    be, cp, _, _ = make()
+    x = cp.empty((2, 3), "float32")
+    x[...] = np.arange(6).reshape(2, 3)
+    be.run(lambda: be.all_reduce(x, ReduceOp.SUM, 1, "a"))
+    be.run(lambda: be.broadcast(x, 0, 2, "b"))
+    be.run(lambda: be.reduce_scatter([x], ReduceOp.SUM, 3, "c"))
+    gathered = be.run(lambda: be.all_gather(x, 4, "d"))  # the base's, on exchange
+    to_all = be.run(lambda: be.all_to_all([x], 5, "e"))
+    gather = be.run(lambda: be.gather(x, 0, 6, "f"))
+    scattered = be.run(lambda: be.scatter([x], 0, 7, "g"))
+    be.run(lambda: be.all_gather(x, 8))
+    fps = be.host.fingerprints
+    assert [(fp["op"], fp["seq"], fp.get("check")) for fp in fps] == [
+        ("all_reduce", 1, "a"), ("broadcast", 2, "b"), ("reduce_scatter", 3, "c"),
+        ("all_gather", 4, "d"), ("all_to_all", 5, "e"), ("gather", 6, "f"), ("scatter", 7, "g"),
+        ("all_gather", 8, None)]
+    assert "check" not in fps[-1] and all(fp["backend"] == "nccl" for fp in fps)
+    for y in [*gathered, *to_all, *gather, scattered]:
+        np.testing.assert_array_equal(y, np.arange(6).reshape(2, 3))
 
 
 def test_point_to_point_uses_a_communicator_of_the_two_peers_only():

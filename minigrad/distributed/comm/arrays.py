@@ -13,7 +13,14 @@ share one set of conventions:
   ``recv(out=...)`` work in place and return the array they filled; the others return new arrays;
 * ``async_op=True`` returns a :class:`Work` whose ``wait()`` returns what the call would have;
   the array must not be touched until then. Calls of a group run in the order they were issued;
+* ``check`` (a string, optional) becomes part of the fingerprint the members compare before any
+  data moves: ranks that pass different strings raise :class:`CollectiveMismatchError` on every
+  rank, naming each rank's string (``exc.calls[j]["check"]``);
 * errors name the op, the rank and the values, with dtypes spelled ``float32``.
+
+The ``*_along`` functions are the same collectives on one array cut along an axis (what tensor
+and sequence parallelism and global tensors need): :func:`split_along`, :func:`all_gather_along`,
+:func:`reduce_scatter_along`, :func:`all_to_all_along`.
 
 The backend comes from :func:`~minigrad.distributed.comm.providers.choose_backend` (the group's
 setting and the array's kind); CuPy arrays given to a host backend are staged through host memory
@@ -43,8 +50,7 @@ from minigrad.distributed.comm.group import (
     get_world_size,
     resolve_group,
 )
-from minigrad.distributed.comm.providers.base import ReduceOp, Work, dtype_name
-from minigrad.distributed.comm.providers.cpu.transport import contiguous
+from minigrad.distributed.comm.providers.base import ReduceOp, Work, contiguous, dtype_name
 
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
 
@@ -53,8 +59,10 @@ __all__ = [
     "ReduceOp",
     "Work",
     "all_gather",
+    "all_gather_along",
     "all_reduce",
     "all_to_all",
+    "all_to_all_along",
     "barrier",
     "broadcast",
     "gather",
@@ -64,8 +72,10 @@ __all__ = [
     "recv",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_along",
     "scatter",
     "send",
+    "split_along",
 ]
 
 
@@ -97,8 +107,11 @@ class _Call:
     host staging of CuPy arrays for backends that cannot read device memory."""
 
     def __init__(self, name: str, group: Group | None, arrays: list, root: int | None = None,
-                 on_gpu: bool | None = None, backend: str | None = None, async_op: bool = False):
-        self.name = name
+                 on_gpu: bool | None = None, backend: str | None = None, async_op: bool = False,
+                 check: str | None = None):
+        if check is not None and not isinstance(check, str):
+            raise TypeError(f"{name}: check must be a string or None, got {type(check).__name__}")
+        self.name, self.check = name, check
         self.group = resolve_group(group)
         self.ctx: GroupContext = self.group.context()
         for a in arrays:
@@ -160,13 +173,13 @@ def _reduction_op(where: str, op, x) -> tuple[ReduceOp, ReduceOp]:
 
 
 def all_reduce(x, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False,
-               backend: str | None = None):
+               backend: str | None = None, *, check: str | None = None):
     """Reduce ``x`` elementwise over the group's ranks, in place; returns ``x`` (or a Work).
 
     ``backend`` overrides the group's routing for this call (``make_allreduce_cb(backend=...)``).
     """
     op, native = _reduction_op("all_reduce", op, x)
-    c = _Call("all_reduce", group, [x], backend=backend, async_op=async_op)
+    c = _Call("all_reduce", group, [x], backend=backend, async_op=async_op, check=check)
     buf = c.buffer(x)
 
     def finish(_):
@@ -175,13 +188,15 @@ def all_reduce(x, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = 
             _avg_divide(x, c.ctx.size)
         return x
 
-    return c.execute(lambda: c.backend.all_reduce(buf, native, c.seq), finish, async_op)
+    return c.execute(lambda: c.backend.all_reduce(buf, native, c.seq, c.check), finish, async_op)
 
 
-def broadcast(x, root: int | None = None, group: Group | None = None, async_op: bool = False):
+def broadcast(x, root: int | None = None, group: Group | None = None, async_op: bool = False, *,
+              check: str | None = None):
     """Copy the root's array to every rank. Non-roots pass a buffer of the same shape and dtype
     (filled in place and returned) or None (a new array is returned, on the default device)."""
-    c = _Call("broadcast", group, [] if x is None else [x], root=root, async_op=async_op)
+    c = _Call("broadcast", group, [] if x is None else [x], root=root, async_op=async_op,
+              check=check)
     if c.is_root and x is None:
         raise ValueError(f"broadcast: the root rank {c.root} must pass an array, got None")
     buf = None if x is None else c.buffer(x)
@@ -192,15 +207,16 @@ def broadcast(x, root: int | None = None, group: Group | None = None, async_op: 
         c.write_back(x, y)
         return x
 
-    return c.execute(lambda: c.backend.broadcast(buf, c.root_index, c.seq), finish, async_op)
+    body = lambda: c.backend.broadcast(buf, c.root_index, c.seq, c.check)
+    return c.execute(body, finish, async_op)
 
 
 def reduce(x, op=ReduceOp.SUM, root: int | None = None, group: Group | None = None,
-           async_op: bool = False):
+           async_op: bool = False, *, check: str | None = None):
     """Reduce ``x`` over the group into the root's ``x`` (in place); returns ``x`` on the root and
     None on the other ranks (whose ``x`` is unchanged)."""
     op, native = _reduction_op("reduce", op, x)
-    c = _Call("reduce", group, [x], root=root, async_op=async_op)
+    c = _Call("reduce", group, [x], root=root, async_op=async_op, check=check)
     buf = c.buffer(x)
 
     def finish(_):
@@ -211,39 +227,42 @@ def reduce(x, op=ReduceOp.SUM, root: int | None = None, group: Group | None = No
             _avg_divide(x, c.ctx.size)
         return x
 
-    body = lambda: c.backend.reduce(buf, native, c.root_index, c.seq)
+    body = lambda: c.backend.reduce(buf, native, c.root_index, c.seq, c.check)
     return c.execute(body, finish, async_op)
 
 
-def all_gather(x, group: Group | None = None, async_op: bool = False):
+def all_gather(x, group: Group | None = None, async_op: bool = False, *,
+               check: str | None = None):
     """Every rank's array, in group order, on every rank (shapes may differ per rank)."""
-    c = _Call("all_gather", group, [x], async_op=async_op)
+    c = _Call("all_gather", group, [x], async_op=async_op, check=check)
     buf = c.buffer(x)
     finish = lambda ys: [c.output(y) for y in ys]
-    return c.execute(lambda: c.backend.all_gather(buf, c.seq), finish, async_op)
+    return c.execute(lambda: c.backend.all_gather(buf, c.seq, c.check), finish, async_op)
 
 
-def gather(x, root: int | None = None, group: Group | None = None, async_op: bool = False):
+def gather(x, root: int | None = None, group: Group | None = None, async_op: bool = False, *,
+           check: str | None = None):
     """All ranks' arrays (group order) on ``root``; None on the other ranks."""
-    c = _Call("gather", group, [x], root=root, async_op=async_op)
+    c = _Call("gather", group, [x], root=root, async_op=async_op, check=check)
     buf = c.buffer(x)
     finish = lambda ys: None if ys is None else [c.output(y) for y in ys]
-    return c.execute(lambda: c.backend.gather(buf, c.root_index, c.seq), finish, async_op)
+    body = lambda: c.backend.gather(buf, c.root_index, c.seq, c.check)
+    return c.execute(body, finish, async_op)
 
 
 def scatter(chunks: list | None, root: int | None = None, group: Group | None = None,
-            async_op: bool = False):
+            async_op: bool = False, *, check: str | None = None):
     """``root`` sends ``chunks[i]`` to the group's i-th rank; the others pass None (or anything:
     only the root's chunks are read)."""
     group_ranks = resolve_group(group).ranks
     is_root = get_rank() == (group_ranks[0] if root is None else root)
     arrays = list(chunks) if is_root and chunks is not None else []
-    c = _Call("scatter", group, arrays, root=root, async_op=async_op)
+    c = _Call("scatter", group, arrays, root=root, async_op=async_op, check=check)
     if c.is_root and (chunks is None or len(chunks) != c.ctx.size):
         got = None if chunks is None else f"{len(chunks)} chunks"
         raise ValueError(f"scatter: root rank {c.root} must pass {c.ctx.size} chunks, got {got}")
     bufs = [c.buffer(a) for a in arrays] if c.is_root else None
-    body = lambda: c.backend.scatter(bufs, c.root_index, c.seq)
+    body = lambda: c.backend.scatter(bufs, c.root_index, c.seq, c.check)
     return c.execute(body, c.output, async_op)
 
 
@@ -259,10 +278,11 @@ def _chunk_list(name: str, chunks, c: _Call) -> list:
 
 
 def reduce_scatter(chunks: list, op=ReduceOp.SUM, group: Group | None = None,
-                   async_op: bool = False):
-    """``chunks[i]`` reduced over the ranks lands on the group's i-th rank (a new array)."""
+                   async_op: bool = False, *, check: str | None = None):
+    """``chunks[i]`` reduced over the ranks lands on the group's i-th rank (a new array). Chunks
+    may differ in shape from each other, as long as every rank passes the same shapes."""
     op, native = _reduction_op("reduce_scatter", op, chunks[0] if chunks else None)
-    c = _Call("reduce_scatter", group, list(chunks), async_op=async_op)
+    c = _Call("reduce_scatter", group, list(chunks), async_op=async_op, check=check)
     bufs = _chunk_list("reduce_scatter", chunks, c)
 
     def finish(y):
@@ -270,26 +290,88 @@ def reduce_scatter(chunks: list, op=ReduceOp.SUM, group: Group | None = None,
             _avg_divide(y, c.ctx.size)
         return c.output(y)
 
-    return c.execute(lambda: c.backend.reduce_scatter(bufs, native, c.seq), finish, async_op)
+    body = lambda: c.backend.reduce_scatter(bufs, native, c.seq, c.check)
+    return c.execute(body, finish, async_op)
 
 
-def all_to_all(chunks: list, group: Group | None = None, async_op: bool = False):
+def all_to_all(chunks: list, group: Group | None = None, async_op: bool = False, *,
+               check: str | None = None):
     """``result[i]`` is the group's i-th rank's ``chunks[my index]`` (new arrays)."""
-    c = _Call("all_to_all", group, list(chunks), async_op=async_op)
+    c = _Call("all_to_all", group, list(chunks), async_op=async_op, check=check)
     bufs = _chunk_list("all_to_all", chunks, c)
     finish = lambda ys: [c.output(y) for y in ys]
-    return c.execute(lambda: c.backend.all_to_all(bufs, c.seq), finish, async_op)
+    return c.execute(lambda: c.backend.all_to_all(bufs, c.seq, c.check), finish, async_op)
 
 
-def barrier(group: Group | None = None, async_op: bool = False):
+def barrier(group: Group | None = None, async_op: bool = False, *, check: str | None = None):
     """Block until every member of the group arrived (returns None, or a Work)."""
-    c = _Call("barrier", group, [], on_gpu=False, async_op=async_op)
-    return c.execute(lambda: c.backend.barrier(c.seq), lambda _: None, async_op)
+    c = _Call("barrier", group, [], on_gpu=False, async_op=async_op, check=check)
+    return c.execute(lambda: c.backend.barrier(c.seq, c.check), lambda _: None, async_op)
 
 
 def group_barrier(group: Group | None = None) -> None:
     """MegEngine's name for :func:`barrier`."""
     barrier(group)
+
+
+# ------------------------------------------------------------------------------ along an axis
+
+
+def _piece_sizes(where: str, x, axis: int, sizes, group: Group | None) -> list:
+    """``sizes`` checked against ``x.shape[axis]``, or equal pieces, one per group member."""
+    length = x.shape[axis]
+    if sizes is None:
+        n = resolve_group(group).size
+        if length % n:
+            raise ValueError(
+                f"{where}: axis {axis} of size {length} is not divisible by the group size {n}"
+            )
+        return [length // n] * n
+    sizes = [int(s) for s in sizes]
+    if sum(sizes) != length or min(sizes, default=0) < 0:
+        raise ValueError(
+            f"{where}: piece sizes {sizes} do not add up to axis {axis} of size {length}"
+        )
+    return sizes
+
+
+def split_along(x, axis: int, sizes: list) -> list:
+    """``x`` cut along ``axis`` into consecutive pieces of ``sizes[i]`` elements, as C-contiguous
+    arrays ready to send (the one cutting rule of every ``*_along`` collective)."""
+    sizes = _piece_sizes("split_along", x, axis, sizes, None)
+    pieces, start = [], 0
+    for n in sizes:
+        pieces.append(contiguous(x[(slice(None),) * axis + (slice(start, start + n),)]))
+        start += n
+    return pieces
+
+
+def all_gather_along(x, axis: int, group: Group | None = None, *, with_sizes: bool = False,
+                     check: str | None = None):
+    """Every rank's ``x`` concatenated along ``axis`` in group order, on every rank (the pieces
+    may differ in length along ``axis`` only). With ``with_sizes``, ``(result, sizes)``: each
+    rank's length along ``axis``, which the adjoint reduce-scatter needs."""
+    parts = all_gather(x, group, check=check)
+    out = get_array_module(parts[0]).concatenate(parts, axis=axis)
+    return (out, [p.shape[axis] for p in parts]) if with_sizes else out
+
+
+def reduce_scatter_along(x, axis: int, group: Group | None = None, *, sizes: list | None = None,
+                         op=ReduceOp.SUM, check: str | None = None):
+    """``x`` reduced over the group and cut along ``axis``: the group's i-th rank gets piece i,
+    ``sizes[i]`` long (equal pieces when ``sizes`` is None). Every rank passes the same shape."""
+    sizes = _piece_sizes("reduce_scatter_along", x, axis, sizes, group)
+    return reduce_scatter(split_along(x, axis, sizes), op, group, check=check)
+
+
+def all_to_all_along(x, split_axis: int, concat_axis: int, group: Group | None = None, *,
+                     sizes: list | None = None, check: str | None = None):
+    """``x`` cut along ``split_axis`` (into ``sizes``, equal pieces when None), piece i sent to
+    the group's i-th rank; the pieces received are concatenated along ``concat_axis`` in group
+    order (they may differ in length along it)."""
+    sizes = _piece_sizes("all_to_all_along", x, split_axis, sizes, group)
+    parts = all_to_all(split_along(x, split_axis, sizes), group, check=check)
+    return get_array_module(parts[0]).concatenate(parts, axis=concat_axis)
 
 
 # ------------------------------------------------------------------------------ point to point

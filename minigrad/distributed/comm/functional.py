@@ -1,7 +1,7 @@
 """Differentiable collectives (``dist.functional``, MegEngine's names): each forward is a collective
-from :mod:`.comm` and each backward is its adjoint collective, so gradients cross ranks exactly as
-activations did. Conventions are comm's: ``group=None`` is WORLD, roots are global ranks and default
-to the group's first rank.
+from :mod:`.arrays` (the ``*_along`` ones where an axis is cut or joined) and each backward is its
+adjoint collective, so gradients cross ranks exactly as activations did. Conventions are comm's:
+``group=None`` is WORLD, roots are global ranks and default to the group's first rank.
 
 Ops whose result lives only on some ranks (``reduce_sum``/``gather`` on non-roots, ``remote_send``)
 return a *token* on the other ranks and register it as an extra backward root of every recording
@@ -174,13 +174,8 @@ class Gather(_Collective):
 
     def backward(self, dy):
         if self.is_root:
-            xp = dy.xp
-            bounds = xp.cumsum(xp.asarray([0] + self.sizes)).tolist()
-            chunks = [
-                xp.ascontiguousarray(xp.take(dy.data, xp.arange(a, b), axis=self.axis))
-                for a, b in zip(bounds[:-1], bounds[1:])
-            ]
-            g = comm.scatter(chunks, self.root, self.group)
+            g = comm.scatter(comm.split_along(dy.data, self.axis, self.sizes), self.root,
+                             self.group)
         else:
             g = comm.scatter(None, self.root, self.group)
         return g, None, None, None
@@ -203,15 +198,14 @@ class Scatter(_Collective):
     def forward(self, x, group, root, axis):
         self.group, self.root, self.axis = group, root, axis
         if get_rank() == root:
-            xp = x.xp
             n = group.size
             if x.shape[axis] % n:
                 raise ValueError(
                     f"scatter: axis {axis} of size {x.shape[axis]} is not divisible by the "
                     f"group size {n}"
                 )
-            chunks = [xp.ascontiguousarray(c) for c in xp.split(x.data, n, axis=axis)]
-            return comm.scatter(chunks, root, group)
+            sizes = [x.shape[axis] // n] * n
+            return comm.scatter(comm.split_along(x.data, axis, sizes), root, group)
         return comm.scatter(None, root, group)
 
     def backward(self, dy):
@@ -251,26 +245,11 @@ class AllGather(_Collective):
 
     def forward(self, x, group, axis):
         self.group, self.axis = group, axis
-        parts = comm.all_gather(x.data, group)
-        self.sizes = [p.shape[axis] for p in parts]
-        return x.xp.concatenate(parts, axis=axis)
+        out, self.sizes = comm.all_gather_along(x.data, axis, group, with_sizes=True)
+        return out
 
     def backward(self, dy):
-        return _reduce_scatter(dy, self.group, self.axis, self.sizes), None, None
-
-
-def _split_along(x: Tensor, axis: int, sizes) -> list:
-    xp = x.xp
-    out, start = [], 0
-    for n in sizes:
-        index = (slice(None),) * axis + (slice(start, start + n),)
-        out.append(xp.ascontiguousarray(x.data[index]))
-        start += n
-    return out
-
-
-def _reduce_scatter(x: Tensor, group, axis: int, sizes) -> Tensor:
-    return ReduceScatterSum()(x, group, axis, tuple(sizes))
+        return ReduceScatterSum()(dy, self.group, self.axis, tuple(self.sizes)), None, None
 
 
 class ReduceScatterSum(_Collective):
@@ -278,7 +257,7 @@ class ReduceScatterSum(_Collective):
 
     def forward(self, x, group, axis, sizes):
         self.group, self.axis = group, axis
-        return comm.reduce_scatter(_split_along(x, axis, sizes), "sum", group)
+        return comm.reduce_scatter_along(x.data, axis, group, sizes=sizes)
 
     def backward(self, dy):
         return AllGather()(dy, self.group, self.axis), None, None, None
@@ -309,10 +288,7 @@ class AllToAll(_Collective):
 
     def forward(self, x, group, split_axis, concat_axis):
         self.group, self.split_axis, self.concat_axis = group, split_axis, concat_axis
-        n = group.size
-        sizes = (x.shape[split_axis] // n,) * n
-        parts = comm.all_to_all(_split_along(x, split_axis, sizes), group)
-        return x.xp.concatenate(parts, axis=concat_axis)
+        return comm.all_to_all_along(x.data, split_axis, concat_axis, group)
 
     def backward(self, dy):
         return AllToAll()(dy, self.group, self.concat_axis, self.split_axis), None, None, None

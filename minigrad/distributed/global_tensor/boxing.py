@@ -16,8 +16,8 @@ split(i) -> partial_sum    each rank keeps its piece in place, zeros elsewhere
 same -> same               nothing
 =========================  =================================================================
 
-Uneven splits (balanced sizes, see :mod:`.sbp`) are padded to the largest piece around the
-reduce-scatter and all-to-all, which need equal chunks, and trimmed after.
+Uneven splits (balanced sizes, see :mod:`.sbp`) move as they are: the array-level collectives cut
+and join pieces of any length along an axis.
 
 With several mesh dimensions the order matters when two mesh dimensions split the same tensor
 axis (pieces nest in mesh order): a 1-D change on mesh dimension ``d`` is valid only when no later
@@ -36,8 +36,9 @@ Gradients: the gradient of a redistribution is the same routine run backwards on
 layouts (split stays split, broadcast <-> partial_sum), so the backward of an all-gather is a
 reduce-scatter, of an all-reduce an all-reduce, of a slice a zero-padding.
 
-Every collective runs through ``minigrad.distributed.comm.functional`` and is preceded by the
-lockstep digest exchange (:mod:`.lockstep`).
+Every collective is an array-level one of :mod:`minigrad.distributed.comm.arrays` (the ``*_along``
+ones where an axis is cut or joined), carrying the lockstep digest as its ``check`` string
+(:mod:`.lockstep`).
 """
 
 from __future__ import annotations
@@ -47,12 +48,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from minigrad.autodiff import no_grad
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.xp import get_array_module
 from minigrad.distributed.comm import arrays as comm
-from minigrad.distributed.comm import functional as dist_functional
 from minigrad.distributed.comm.group import get_rank
 from minigrad.distributed.global_tensor import lockstep
 from minigrad.distributed.global_tensor.sbp import (
@@ -172,34 +171,6 @@ def _box_on(a, placement, src: tuple, dst: tuple, shape: tuple, line: str):
     return a
 
 
-def _along(a, axis: int, start: int, stop: int):
-    index = (slice(None),) * axis + (slice(start, stop),)
-    return a[index]
-
-
-def _pad_to(xp, a, axis: int, n: int):
-    if a.shape[axis] == n:
-        return a
-    pad = list(a.shape)
-    pad[axis] = n - a.shape[axis]
-    return xp.concatenate([a, xp.zeros(pad, a.dtype)], axis=axis)
-
-
-def _chunks(a, axis: int, sizes: list) -> list:
-    out, start = [], 0
-    for n in sizes:
-        out.append(_along(a, axis, start, start + n))
-        start += n
-    return out
-
-
-def _collective(fn, a, *args, **kwargs):
-    """Run a differentiable collective of ``dist.functional`` on an array, unrecorded."""
-    with no_grad():
-        return fn(Tensor._wrap(np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a,
-                               None), *args, **kwargs)._data
-
-
 def _box_1d(a, placement, d: int, frm, to, seen: tuple, line: str):
     """One mesh dimension ``d``: ``frm`` -> ``to`` among the ranks of this rank's slice, which
     share a value of shape ``seen``."""
@@ -211,34 +182,13 @@ def _box_1d(a, placement, d: int, frm, to, seen: tuple, line: str):
     xp = get_array_module(a)
     if k == 1:
         return a
-    group = placement.slice_group(d, me)
     if frm.kind == "P" or (frm.kind == "S" and to.kind != "P"):  # a collective follows
-        lockstep.verify(placement, group, ranks, f"{line} (mesh dimension {d})")
-    if frm.kind == "P" and to.kind == "B":  # (the reshape keeps 0-d values 0-d)
-        return _collective(dist_functional.all_reduce_sum, a, group).reshape(a.shape)
-    if frm.kind == "P":  # -> split(j): reduce-scatter, padded to equal chunks
-        j = to.dim
-        sizes = balanced_sizes(seen[j], k)
-        m = max(sizes)
-        padded = xp.concatenate([_pad_to(xp, c, j, m) for c in _chunks(a, j, sizes)], axis=j)
-        out = _collective(dist_functional.reduce_scatter_sum, padded, group, axis=j)
-        return _along(out, j, 0, sizes[i])
-    if frm.kind == "S" and to.kind == "B":
-        return _collective(dist_functional.all_gather, a, group, axis=frm.dim)
-    if frm.kind == "S" and to.kind == "S":  # all-to-all: split along j, concatenate along i
-        ai, aj = frm.dim, to.dim
-        sizes_i, sizes_j = balanced_sizes(seen[ai], k), balanced_sizes(seen[aj], k)
-        mi, mj = max(sizes_i), max(sizes_j)
-        mine = _pad_to(xp, a, ai, mi)
-        send = xp.concatenate([_pad_to(xp, c, aj, mj) for c in _chunks(mine, aj, sizes_j)],
-                              axis=aj)
-        got = _collective(dist_functional.all_to_all, send, group, split_axis=aj,
-                          concat_axis=ai)
-        got = _along(got, aj, 0, sizes_j[i])
-        return xp.concatenate([_along(got, ai, r * mi, r * mi + sizes_i[r])
-                               for r in range(k)], axis=ai)
+        group = placement.slice_group(d, me)
+        with lockstep.checked(placement, ranks, f"{line} (mesh dimension {d})") as check:
+            return _collective_1d(a, group, frm, to, seen, check)
     if frm.kind == "B" and to.kind == "S":  # keep the local slice
-        return xp.ascontiguousarray(_along(a, to.dim, *piece_bounds(seen[to.dim], k, i)))
+        start, stop = piece_bounds(seen[to.dim], k, i)
+        return xp.ascontiguousarray(a[(slice(None),) * to.dim + (slice(start, stop),)])
     if frm.kind == "B":  # -> partial_sum: the first rank keeps the data
         return a if i == 0 else xp.zeros_like(a)
     # split(j) -> partial_sum: the piece in place, zeros elsewhere
@@ -249,6 +199,22 @@ def _box_1d(a, placement, d: int, frm, to, seen: tuple, line: str):
     start, _ = piece_bounds(seen[j], k, i)
     out[(slice(None),) * j + (slice(start, start + a.shape[j]),)] = a
     return out
+
+
+def _collective_1d(a, group, frm, to, seen: tuple, check):
+    """The 1-D changes that communicate, among the ``group`` of a slice (pieces of balanced
+    sizes, uneven ones included, move as they are)."""
+    k = group.size
+    if frm.kind == "P" and to.kind == "B":
+        return comm.all_reduce(a.copy(), "sum", group, check=check)
+    if frm.kind == "P":  # -> split(j): reduce-scatter
+        sizes = balanced_sizes(seen[to.dim], k)
+        return comm.reduce_scatter_along(a, to.dim, group, sizes=sizes, check=check)
+    if to.kind == "B":  # split(i) -> broadcast: all-gather
+        return comm.all_gather_along(a, frm.dim, group, check=check)
+    # split(i) -> split(j): all-to-all, split along j, concatenate along i
+    sizes = balanced_sizes(seen[to.dim], k)
+    return comm.all_to_all_along(a, to.dim, frm.dim, group, sizes=sizes, check=check)
 
 
 # -------------------------------------------------------------------------------------------------

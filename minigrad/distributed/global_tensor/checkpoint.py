@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.autodiff import no_grad
-from minigrad.autodiff.tensor import Tensor
-from minigrad.distributed.comm import functional as dist_functional
+from minigrad.backend.xp import to_numpy
+from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.comm.group import WORLD, get_rank, get_world_size
 from minigrad.distributed.global_tensor.placement import Placement
 from minigrad.distributed.global_tensor.sbp import broadcast
@@ -39,10 +39,6 @@ class GlobalIO:
         """Rank ``src``'s ``payload`` on every rank."""
         if get_world_size() == 1:
             return payload
-        with no_grad():
-            if get_rank() == src:
-                data = Tensor._wrap(np.frombuffer(payload, dtype=np.uint8).copy(), None)
-                out = dist_functional.broadcast(data, WORLD, root=src)
-            else:
-                out = dist_functional.broadcast(None, WORLD, root=src)
-        return np.asarray(out.numpy(), dtype=np.uint8).tobytes()
+        data = np.frombuffer(payload, dtype=np.uint8).copy() if get_rank() == src else None
+        out = comm.broadcast(data, src, WORLD)
+        return np.asarray(to_numpy(out), dtype=np.uint8).tobytes()

@@ -3,17 +3,18 @@
 Global tensors only work when every rank of a placement runs the same global ops in the same
 order (a rank-dependent branch breaks that). Each rank keeps, per placement, a running *digest* of
 the global ops it ran there: a hash chained over every op's fingerprint (op name, sequence number,
-logical shapes, SBPs), plus a readable line for the last op. Comparing digests costs nothing until
+logical shapes, SBPs), plus readable lines for the last ops. Comparing digests costs nothing until
 ranks talk anyway, so the check rides on communication that happens regardless:
 
-* before every collective of a redistribution, the ranks of its group exchange their digests (one
-  small all-gather); any difference raises :class:`LockstepError` on every one of them, naming
-  each rank's op; a rank that never arrives makes the others raise the same error, naming the op
-  they wait in, when the collective times out;
+* every collective of a redistribution carries this rank's digest (and last ops) as its ``check``
+  string, which the backend folds into the fingerprint its members compare before moving data
+  (:func:`checked`): no extra message. Any difference raises :class:`LockstepError` on every rank
+  of the group, naming each rank's ops; a rank that never arrives makes the others raise the same
+  error, naming the op they wait in, when the collective times out;
 * a point-to-point transfer (a change of placement) first sends the transfer's fingerprint, which
   the receiver compares with its own.
 
-``set_lockstep_check(False)`` (or ``MINIGRAD_GLOBAL_CHECK=0``) turns the exchange off.
+``set_lockstep_check(False)`` (or ``MINIGRAD_GLOBAL_CHECK=0``) turns the comparison off.
 
 Example of the error, on every rank::
 
@@ -23,18 +24,19 @@ Example of the error, on every rank::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 
 import numpy as np
 
 from minigrad.distributed.comm import arrays as comm
-from minigrad.distributed.comm.providers.base import CollectiveError
+from minigrad.distributed.comm.providers.base import CollectiveError, CollectiveMismatchError
 
 __all__ = ["LockstepError", "is_lockstep_check_enabled", "record", "set_lockstep_check",
-           "verify", "send_fingerprint", "check_fingerprint"]
+           "checked", "send_fingerprint", "check_fingerprint"]
 
-_WIDTH = 512  # bytes exchanged per rank: 16 digest, 8 sequence number, the rest the last ops
+_TEXT = 488  # characters of the last ops a check string carries (its end is kept)
 _KEEP = 3  # the ops a rank reports when the digests differ
 _ENABLED = os.environ.get("MINIGRAD_GLOBAL_CHECK", "1") != "0"
 
@@ -89,39 +91,47 @@ def record(placement, what: str) -> str:
     return line
 
 
-def _payload(h: _History) -> np.ndarray:
-    text = (" then ".join(h.recent) or h.last).encode()[-(_WIDTH - 24):]
-    raw = h.digest + h.seq.to_bytes(8, "little") + text + b"\0" * (_WIDTH - 24 - len(text))
-    return np.frombuffer(raw, dtype=np.uint8).copy()
+def _check_string(h: _History) -> str:
+    """The ``check`` string of this rank's next collective on a placement: the digest (what is
+    compared) and the last ops (what an error shows)."""
+    return f"{h.digest.hex()} {(' then '.join(h.recent) or h.last)[-_TEXT:]}"
 
 
-def _line(row: np.ndarray) -> tuple:
-    raw = row.tobytes()
-    return raw[:16], raw[24:].rstrip(b"\0").decode(errors="replace")
+def _ops_of(check) -> str:
+    """The readable part of a member's ``check`` string."""
+    if not isinstance(check, str):
+        return "a collective without a lockstep check"
+    return check.partition(" ")[2]
 
 
-def verify(placement, group, ranks: list, doing: str) -> None:
-    """Before a collective on ``group`` (ranks ``ranks`` of ``placement``): compare the digests of
-    the group's ranks and raise :class:`LockstepError` on all of them if they differ."""
-    if not _ENABLED or group is None:
+@contextlib.contextmanager
+def checked(placement, ranks: list, doing: str):
+    """Around one collective of a redistribution among ``ranks`` (a slice of ``placement``):
+    yields the ``check`` string to pass to it (None when the check is off), and turns the
+    collective's errors into :class:`LockstepError` on all of those ranks: different digests
+    ("global ops diverged", naming each rank's ops) or a rank that did not arrive."""
+    if not _ENABLED:
+        yield None
         return
     h = _history(placement)
     try:
-        rows = comm.all_gather(_payload(h), group)
+        yield _check_string(h)
+    except CollectiveMismatchError as exc:
+        checks = [call.get("check") for call in exc.calls]
+        if len(set(checks)) <= 1:
+            raise  # the same global ops, yet different calls: not a divergence of global ops
+        listing = "; ".join(f"rank {r} ran {_ops_of(c)}" for r, c in zip(exc.ranks, checks))
+        raise LockstepError(
+            f"global ops diverged on {placement} at {doing}: {listing}. Every rank of a "
+            "placement must run the same global ops in the same order (is there a "
+            "rank-dependent branch?)"
+        ) from None
     except CollectiveError as exc:
         raise LockstepError(
             f"global op {h.last} on {placement}: rank {ranks} did not all arrive at {doing} "
             f"({type(exc).__name__}: {exc}). Every rank of a placement must run the same global "
             "ops in the same order (is there a rank-dependent branch?)"
         ) from None
-    lines = [_line(np.asarray(r)) for r in rows]
-    if any(d != lines[0][0] for d, _ in lines):
-        listing = "; ".join(f"rank {r} ran {text}" for r, (_, text) in zip(ranks, lines))
-        raise LockstepError(
-            f"global ops diverged on {placement} at {doing}: {listing}. Every rank of a "
-            "placement must run the same global ops in the same order (is there a "
-            "rank-dependent branch?)"
-        )
 
 
 def _transfer_line(src: int, dst: int, what: str) -> str:

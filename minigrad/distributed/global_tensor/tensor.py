@@ -37,13 +37,11 @@ from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.xp import get_array_module, to_numpy
 from minigrad.distributed.comm import arrays as comm
-from minigrad.distributed.comm import functional as dist_functional
 from minigrad.distributed.comm.group import get_rank, get_world_size
 from minigrad.distributed.global_tensor import lockstep
 from minigrad.distributed.global_tensor.boxing import (
     Boxing,
     Layout,
-    _collective,
     box,
     empty_piece,
     piece_of,
@@ -439,9 +437,8 @@ def _broadcast_dims(data, layout: Layout, shape):
         if s.kind != "B" or len(ranks) == 1:
             continue
         group = pl.slice_group(d, me)
-        lockstep.verify(pl, group, ranks, f"to_global (broadcast on mesh dimension {d})")
-        data = _collective(dist_functional.broadcast, data, group, root=ranks[0]).reshape(
-            data.shape)
+        with lockstep.checked(pl, ranks, f"to_global (broadcast on mesh dimension {d})") as check:
+            data = comm.broadcast(data.copy(), ranks[0], group, check=check)
     return data
 
 

@@ -147,7 +147,7 @@ def gather_sequence(x, axis: int, zigzag: bool = False, group: Group | None = No
     if isinstance(x, Tensor):
         full = dist_F.all_gather(x, group, axis)
     else:
-        full = get_array_module(x).concatenate(comm.all_gather(x, group), axis)
+        full = comm.all_gather_along(x, axis, group)
     if not zigzag:
         return full
     # ``full`` holds, per rank r, chunks r and 2N-1-r; chunk j sits at slot 2j (j < N) or

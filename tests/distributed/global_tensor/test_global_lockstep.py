@@ -3,9 +3,14 @@ every rank, at once or within the collective timeout, instead of a hang."""
 
 import time
 
+import numpy as np
+from global_tensor_helpers import make_global, sbp_of
+
 import minigrad as mg
+import minigrad.autodiff as ad
 import minigrad.distributed as dist
-from minigrad.distributed.global_tensor import LockstepError
+from minigrad.distributed.comm.group import GroupContext
+from minigrad.distributed.global_tensor import LockstepError, is_lockstep_check_enabled
 from minigrad.testing.distributed import run_workers
 
 
@@ -50,3 +55,42 @@ def test_a_rank_that_never_arrives_makes_the_others_raise_within_the_timeout():
     for msg, elapsed in out[:2]:
         assert "did not all arrive" in msg and "to_global (6, 4)" in msg
         assert elapsed < 60  # far below the job's 120 s: the collective timeout ended it
+
+
+def _collectives_per_redistribution():
+    """With the lockstep check on: the collectives (calls that take a sequence number in any
+    group) of each 1-D redistribution, forward and backward."""
+    assert is_lockstep_check_enabled()
+    P = mg.placement("cpu", [0, 1, 2])
+    calls = []
+    original = GroupContext.next_seq
+
+    def counting(self):
+        calls.append(tuple(self.ranks))
+        return original(self)
+
+    out = {}
+    for src, dst in [("S0", "B"), ("P", "B"), ("P", "S1"), ("S0", "S1"), ("S1", "S0")]:
+        x = make_global(np.arange(35.0).reshape(5, 7), (src,), P)
+        gm = ad.GradManager().attach([x])
+        with gm:
+            GroupContext.next_seq = counting
+            try:
+                y = x.to_global(sbp=sbp_of(dst))
+                forward = list(calls)
+                calls.clear()
+                gm.backward(y.to_local().sum())
+            finally:
+                GroupContext.next_seq = original
+        out[(src, dst)] = (forward, list(calls))
+        calls.clear()
+    return out
+
+
+def test_one_collective_per_redistribution_with_the_check_on():
+    # the digests ride in the fingerprint of the redistribution's own collective: no second
+    # round (an all-gather of digests before it, as before)
+    for per_rank in run_workers(_collectives_per_redistribution, 3):
+        for pair, (forward, backward) in per_rank.items():
+            assert forward == [(0, 1, 2)], (pair, forward)
+            assert backward == [(0, 1, 2)], (pair, backward)

@@ -8,9 +8,11 @@ sequence number, and moves the bytes; everything users see (argument checks, Ten
 Three rules hold for every backend, so all of them behave the same when something goes wrong:
 
 * **Fingerprints.** Before touching data, all members agree on the call's fingerprint (op,
-  sequence number, root, shapes/dtypes, backend). Ranks that call different collectives, or the same
-  one with different shapes, all raise :class:`CollectiveMismatchError` naming every rank's call,
-  instead of hanging or corrupting memory.
+  sequence number, root, shapes/dtypes, backend, and the caller's ``check`` string if it gave one).
+  Ranks that call different collectives, the same one with different shapes, or with different
+  ``check`` strings, all raise :class:`CollectiveMismatchError` naming every rank's call, instead
+  of hanging or corrupting memory. A caller with its own notion of "the same call" (the global
+  tensors' lockstep digest) passes it as ``check`` and needs no exchange of its own.
 * **Bounded waits.** Every wait is watched (:class:`~.waiting.Watchdog`): a warning after the
   group's ``warn_after`` seconds naming the ranks that have not arrived, and
   :class:`CollectiveTimeoutError` after its ``timeout``.
@@ -34,7 +36,14 @@ class CollectiveError(RuntimeError):
 
 
 class CollectiveMismatchError(CollectiveError):
-    """Ranks called different collectives, or the same one with different shapes/dtypes/roots."""
+    """Ranks called different collectives, or the same one with different shapes/dtypes/roots or
+    ``check`` strings. ``ranks`` are the group's global ranks and ``calls`` their fingerprints (in
+    group order), so a caller can tell what differed (``calls[j].get("check")``)."""
+
+    def __init__(self, message: str, ranks: list | None = None, calls: list | None = None):
+        super().__init__(message)
+        self.ranks = list(ranks or [])
+        self.calls = list(calls or [])
 
 
 class CollectiveTimeoutError(CollectiveError, TimeoutError):
@@ -93,14 +102,30 @@ def dtype_name(dtype) -> str:
     return name
 
 
+def contiguous(a):
+    """A C-contiguous view or copy of a NumPy/CuPy array; 0-d arrays stay 0-d (unlike
+    ``ascontiguousarray``, which turns them into shape (1,))."""
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
+def as_bytes(a: np.ndarray) -> np.ndarray:
+    """The bytes of a NumPy array as a flat uint8 view (a copy first if it is not contiguous)."""
+    return contiguous(np.asarray(a)).reshape(-1).view(np.uint8)
+
+
 def array_meta(a) -> list | None:
     """``[shape, dtype name]`` of an array (None for None): what a fingerprint says of a buffer."""
     return None if a is None else [list(a.shape), dtype_name(a.dtype)]
 
 
-def fingerprint(op: str, seq: int, root: int | None = None, sig: Any = None) -> dict:
-    """The cheap per-call identity all ranks must agree on (``sig``: shapes/dtypes to match)."""
-    return {"op": op, "seq": seq, "root": root, "sig": sig}
+def fingerprint(op: str, seq: int, root: int | None = None, sig: Any = None,
+                check: str | None = None) -> dict:
+    """The cheap per-call identity all ranks must agree on (``sig``: shapes/dtypes to match;
+    ``check``: the caller's own string that must match too, left out when None)."""
+    fp = {"op": op, "seq": seq, "root": root, "sig": sig}
+    if check is not None:
+        fp["check"] = check
+    return fp
 
 
 def describe(fp: dict) -> str:
@@ -110,11 +135,13 @@ def describe(fp: dict) -> str:
         parts.append(f"root={fp['root']}")
     if fp.get("sig") is not None:
         parts.append(f"sig={fp['sig']}")
+    if fp.get("check") is not None:
+        parts.append(f"check={fp['check']!r}")
     via = f" via {fp['backend']}" if fp.get("backend") not in (None, "cpu") else ""
     return f"{fp['op']}#{fp['seq']}({', '.join(parts)}){via}"
 
 
-FINGERPRINT_KEYS = ("op", "seq", "root", "sig", "backend")
+FINGERPRINT_KEYS = ("op", "seq", "root", "sig", "backend", "check")
 
 
 def check_fingerprints(headers: list[dict], ranks: list[int]) -> None:
@@ -130,7 +157,9 @@ def check_fingerprints(headers: list[dict], ranks: list[int]) -> None:
             )
             raise CollectiveMismatchError(
                 f"collective mismatch in group {ranks} between rank {ranks[0]} and rank "
-                f"{ranks[i]}: {calls}"
+                f"{ranks[i]}: {calls}",
+                ranks,
+                headers,
             )
 
 
@@ -243,7 +272,12 @@ class Backend(abc.ABC):
     ``ranks`` (global ranks in group order), ``rank`` (this process's index in the group),
     ``global_rank``, ``timeout``, ``warn_after``, the store ``client`` and a key ``prefix``.
     Roots are group indices; point-to-point peers are global ranks. Array arguments are
-    C-contiguous; results are fresh arrays unless a method says it works in place.
+    C-contiguous; results are fresh arrays unless a method says it works in place. ``check``
+    (optional, every collective) is the caller's string folded into the fingerprint.
+
+    A backend writes :meth:`exchange` (the one data-movement primitive), the reductions, broadcast
+    and barrier; gather, scatter, all-gather and all-to-all are written here once, on
+    :meth:`exchange`. A backend overrides one of them only for a native fast path.
     """
 
     name = "?"
@@ -253,42 +287,66 @@ class Backend(abc.ABC):
         self.ctx = ctx
         self._worker: OrderedWorker | None = None
 
+    # --- the data-movement primitive -------------------------------------------------------------
+    @abc.abstractmethod
+    def exchange(self, fp: dict, sends: list) -> list:
+        """A personalised all-to-all: ``sends[i]`` (an array or None) goes to member i, and
+        ``result[j]`` is what member j sent to this one (None when it sent nothing).
+
+        ``fp`` is the call's fingerprint with ``fp["meta"]``, the ``[shape, dtype]`` of each of
+        ``sends`` (:func:`array_meta`): the members agree on the fingerprints (raising
+        :class:`CollectiveMismatchError` on all of them) and learn the shapes they receive from
+        the metadata before any data moves."""
+
+    def move(self, op: str, seq: int, root: int | None, sig: Any, sends: list,
+             check: str | None = None) -> list:
+        """:meth:`exchange` of ``sends`` under the fingerprint of collective ``op`` (``root``: a
+        global rank or None; ``sig``: what else the members must agree on)."""
+        fp = dict(fingerprint(op, seq, root, sig, check), meta=[array_meta(a) for a in sends])
+        return self.exchange(fp, sends)
+
     # --- collectives -----------------------------------------------------------------------------
     @abc.abstractmethod
-    def all_reduce(self, x, op: ReduceOp, seq: int) -> None:
+    def all_reduce(self, x, op: ReduceOp, seq: int, check: str | None = None) -> None:
         """Reduce ``x`` over the group, in place (every member's ``x`` holds the result)."""
 
     @abc.abstractmethod
-    def broadcast(self, x, root: int, seq: int):
+    def broadcast(self, x, root: int, seq: int, check: str | None = None):
         """The root's ``x`` on every member. Non-roots pass a buffer to fill in place (returned)
         or None (a new array is returned; shape and dtype come from the root)."""
 
     @abc.abstractmethod
-    def reduce(self, x, op: ReduceOp, root: int, seq: int) -> None:
+    def reduce(self, x, op: ReduceOp, root: int, seq: int, check: str | None = None) -> None:
         """Reduce ``x`` over the group into the root's ``x`` (in place); other inputs unchanged."""
 
-    @abc.abstractmethod
-    def all_gather(self, x, seq: int) -> list:
+    def all_gather(self, x, seq: int, check: str | None = None) -> list:
         """Every member's array in group order (shapes may differ per member; dtypes may not)."""
+        n = len(self.ctx.ranks)
+        return self.move("all_gather", seq, None, dtype_name(x.dtype), [x] * n, check)
 
-    @abc.abstractmethod
-    def gather(self, x, root: int, seq: int) -> list | None:
+    def gather(self, x, root: int, seq: int, check: str | None = None) -> list | None:
         """Every member's array on the root (group order); None on the others."""
+        sends = [x if j == root else None for j in range(len(self.ctx.ranks))]
+        outs = self.move("gather", seq, self.ctx.ranks[root], dtype_name(x.dtype), sends, check)
+        return outs if self.ctx.rank == root else None
 
-    @abc.abstractmethod
-    def scatter(self, chunks: list | None, root: int, seq: int):
+    def scatter(self, chunks: list | None, root: int, seq: int, check: str | None = None):
         """The root's ``chunks[i]`` to member i (non-roots pass None)."""
+        n = len(self.ctx.ranks)
+        sends = list(chunks) if self.ctx.rank == root else [None] * n
+        return self.move("scatter", seq, self.ctx.ranks[root], None, sends, check)[root]
 
     @abc.abstractmethod
-    def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int):
+    def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int, check: str | None = None):
         """``chunks[i]`` reduced over the group onto member i."""
 
-    @abc.abstractmethod
-    def all_to_all(self, chunks: list, seq: int) -> list:
+    def all_to_all(self, chunks: list, seq: int, check: str | None = None) -> list:
         """``result[j]`` is member j's ``chunks[my index]``."""
+        sig = dtype_name(chunks[0].dtype) if chunks else None
+        return self.move("all_to_all", seq, None, sig, list(chunks), check)
 
     @abc.abstractmethod
-    def barrier(self, seq: int) -> None:
+    def barrier(self, seq: int, check: str | None = None) -> None:
         """Return once every member has entered the barrier."""
 
     # --- point to point (peers are global ranks) ----------------------------------------------

@@ -36,9 +36,9 @@ from minigrad.distributed.comm.providers.base import (
     CollectiveError,
     ReduceOp,
     array_meta,
+    as_bytes,
     dtype_name,
 )
-from minigrad.distributed.comm.providers.cpu.transport import as_bytes
 from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog
 from minigrad.distributed.runtime.store import StoreTimeout
 from minigrad.distributed.runtime.wire import encode_header
@@ -216,10 +216,11 @@ class MpiBackend(Backend):
         MPI = self.MPI
         return [x, getattr(MPI, _MPI_TYPES[name])], getattr(MPI, _MPI_OPS[op])
 
-    def _reduction(self, kind: str, x, op: ReduceOp, seq: int, root: int | None) -> None:
+    def _reduction(self, kind: str, x, op: ReduceOp, seq: int, root: int | None,
+                   check: str | None) -> None:
         sig = [list(x.shape), dtype_name(x.dtype), op.value]
         rank_root = None if root is None else self.ctx.ranks[root]
-        fp = base.fingerprint(kind, seq, rank_root, sig)
+        fp = base.fingerprint(kind, seq, rank_root, sig, check)
         self._agree(fp)
         target = x.astype(np.float32) if x.dtype == np.float16 else x
         buf, mpi_op = self._typed(target, op)
@@ -236,16 +237,16 @@ class MpiBackend(Backend):
             x[...] = target
 
     # --- collectives
-    def all_reduce(self, x, op: ReduceOp, seq: int) -> None:
-        self._reduction("all_reduce", x, op, seq, None)
+    def all_reduce(self, x, op: ReduceOp, seq: int, check: str | None = None) -> None:
+        self._reduction("all_reduce", x, op, seq, None, check)
 
-    def reduce(self, x, op: ReduceOp, root: int, seq: int) -> None:
-        self._reduction("reduce", x, op, seq, root)
+    def reduce(self, x, op: ReduceOp, root: int, seq: int, check: str | None = None) -> None:
+        self._reduction("reduce", x, op, seq, root, check)
 
-    def broadcast(self, x, root: int, seq: int):
+    def broadcast(self, x, root: int, seq: int, check: str | None = None):
         ranks = self.ctx.ranks
         meta = array_meta(x)
-        fp = dict(base.fingerprint("broadcast", seq, ranks[root]), meta=meta)
+        fp = dict(base.fingerprint("broadcast", seq, ranks[root], None, check), meta=meta)
         headers = self._agree(fp)
         base.check_broadcast_buffers(headers, root, ranks, seq)
         if x is None:
@@ -255,12 +256,10 @@ class MpiBackend(Backend):
         self._wait(self.comm.Ibcast([as_bytes(x), self.MPI.BYTE], root=root), what, seq)
         return x
 
-    def _move(self, op, seq, root, sig, sends: list) -> list:
-        """A data-movement collective: member j's ``sends[i]`` arrives as ``result[j]`` on member
-        i. Runs as one ``Ialltoallv`` of bytes after the header round told everyone the shapes."""
-        me = self.ctx.rank
-        fp = dict(base.fingerprint(op, seq, root, sig),
-                  meta=[array_meta(a) for a in sends])
+    def exchange(self, fp: dict, sends: list) -> list:
+        """Member j's ``sends[i]`` arrives as ``result[j]`` on member i: one ``Ialltoallv`` of
+        bytes after the header round told everyone the shapes."""
+        me, seq = self.ctx.rank, fp["seq"]
         headers = self._agree(fp)
         outs = [None if h["meta"][me] is None else np.empty(h["meta"][me][0], h["meta"][me][1])
                 for h in headers]
@@ -282,25 +281,10 @@ class MpiBackend(Backend):
                 as_bytes(o)[...] = recv_flat[d : d + c]
         return outs
 
-    def all_gather(self, x, seq: int) -> list:
-        return self._move("all_gather", seq, None, dtype_name(x.dtype), [x] * len(self.ctx.ranks))
-
-    def gather(self, x, root: int, seq: int):
-        sends = [x if j == root else None for j in range(len(self.ctx.ranks))]
-        outs = self._move("gather", seq, self.ctx.ranks[root], dtype_name(x.dtype), sends)
-        return outs if self.ctx.rank == root else None
-
-    def scatter(self, chunks, root: int, seq: int):
-        sends = list(chunks) if self.ctx.rank == root else [None] * len(self.ctx.ranks)
-        return self._move("scatter", seq, self.ctx.ranks[root], None, sends)[root]
-
-    def all_to_all(self, chunks: list, seq: int) -> list:
-        return self._move("all_to_all", seq, None, dtype_name(chunks[0].dtype), list(chunks))
-
-    def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int):
+    def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int, check: str | None = None):
         me = self.ctx.rank
         metas = [array_meta(c) for c in chunks]
-        fp = base.fingerprint("reduce_scatter", seq, None, [metas, op.value])
+        fp = base.fingerprint("reduce_scatter", seq, None, [metas, op.value], check)
         self._agree(fp)
         widen = chunks[0].dtype == np.float16
         flat = np.concatenate([c.reshape(-1) for c in chunks])
@@ -313,8 +297,9 @@ class MpiBackend(Backend):
         self._wait(self.comm.Ireduce_scatter(send, recv, counts, mpi_op), what, seq)
         return out.astype(chunks[me].dtype, copy=False).reshape(chunks[me].shape)
 
-    def barrier(self, seq: int) -> None:
-        self._agree(base.fingerprint("barrier", seq))  # an all-gather: all leave after all came
+    def barrier(self, seq: int, check: str | None = None) -> None:
+        # an all-gather: all leave after all came
+        self._agree(base.fingerprint("barrier", seq, None, None, check))
 
     # --- point to point
     def send(self, x, dst: int, header: dict) -> None:

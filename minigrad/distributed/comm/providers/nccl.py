@@ -266,18 +266,18 @@ class NcclBackend(Backend):
         return code, getattr(self.nccl, _OP_CODES[op])
 
     # --- collectives
-    def all_reduce(self, x, op: ReduceOp, seq: int) -> None:
+    def all_reduce(self, x, op: ReduceOp, seq: int, check: str | None = None) -> None:
         sig = [list(x.shape), dtype_name(x.dtype), op.value]
-        comm = self._begin(fingerprint("all_reduce", seq, None, sig))
+        comm = self._begin(fingerprint("all_reduce", seq, None, sig, check))
         if x.size:
             dt, code = self._codes(x.dtype, op)
             comm.allReduce(x.data.ptr, x.data.ptr, x.size, dt, code, self._stream(comm).ptr)
         self._end(comm, x)
 
-    def broadcast(self, x, root: int, seq: int):
+    def broadcast(self, x, root: int, seq: int, check: str | None = None):
         ranks = self.ctx.ranks
         box = {"out": x}
-        fp = dict(fingerprint("broadcast", seq, ranks[root]), meta=array_meta(x))
+        fp = dict(fingerprint("broadcast", seq, ranks[root], None, check), meta=array_meta(x))
 
         def on_headers(headers):
             check_broadcast_buffers(headers, root, ranks, seq)
@@ -294,9 +294,9 @@ class NcclBackend(Backend):
         self._end(comm, out)
         return out
 
-    def reduce(self, x, op: ReduceOp, root: int, seq: int) -> None:
+    def reduce(self, x, op: ReduceOp, root: int, seq: int, check: str | None = None) -> None:
         sig = [list(x.shape), dtype_name(x.dtype), op.value]
-        comm = self._begin(fingerprint("reduce", seq, self.ctx.ranks[root], sig))
+        comm = self._begin(fingerprint("reduce", seq, self.ctx.ranks[root], sig, check))
         if x.size:
             dt, code = self._codes(x.dtype, op)
             comm.reduce(x.data.ptr, x.data.ptr, x.size, dt, code, root, self._stream(comm).ptr)
@@ -316,7 +316,7 @@ class NcclBackend(Backend):
         finally:
             nccl.groupEnd()
 
-    def _exchange(self, op, seq, root, sig, sends: list) -> list:
+    def exchange(self, fp: dict, sends: list) -> list:
         """Header exchange, then grouped send/recv; returns the arrays received (per source)."""
         cp, me = self.cp, self.ctx.rank
         outs: list = [None] * len(self.ctx.ranks)
@@ -327,7 +327,6 @@ class NcclBackend(Backend):
                 if m is not None:
                     outs[src] = cp.empty(m[0], dtype=m[1])
 
-        fp = dict(fingerprint(op, seq, root, sig), meta=[array_meta(a) for a in sends])
         comm = self._begin(fp, on_headers)
         if sends[me] is not None:
             with self._stream(comm):  # the copy to itself, ordered like the NCCL kernels
@@ -340,35 +339,22 @@ class NcclBackend(Backend):
         self._end(comm, *sends, *outs)
         return outs
 
-    def all_gather(self, x, seq: int) -> list:
-        sends = [x] * len(self.ctx.ranks)
-        return self._exchange("all_gather", seq, None, dtype_name(x.dtype), sends)
-
-    def gather(self, x, root: int, seq: int):
-        sends = [x if j == root else None for j in range(len(self.ctx.ranks))]
-        outs = self._exchange("gather", seq, self.ctx.ranks[root], dtype_name(x.dtype), sends)
-        return outs if self.ctx.rank == root else None
-
-    def scatter(self, chunks, root: int, seq: int):
-        n = len(self.ctx.ranks)
-        sends = list(chunks) if self.ctx.rank == root else [None] * n
-        return self._exchange("scatter", seq, self.ctx.ranks[root], None, sends)[root]
-
-    def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int):
+    def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int, check: str | None = None):
         cp, me = self.cp, self.ctx.rank
-        sig = [[array_meta(c) for c in chunks], op.value]
+        fp = fingerprint("reduce_scatter", seq, None, [[array_meta(c) for c in chunks], op.value],
+                         check)
         dt, code = self._codes(chunks[0].dtype, op)
         out = cp.empty_like(chunks[me])
         if len({c.shape for c in chunks}) == 1:
             # packed on the caller's stream, *before* _begin orders the NCCL stream after it
             flat = cp.concatenate([c.reshape(-1) for c in chunks])
-            comm = self._begin(fingerprint("reduce_scatter", seq, None, sig))
+            comm = self._begin(fp)
             if out.size:
                 comm.reduceScatter(flat.data.ptr, out.data.ptr, out.size, dt, code,
                                    self._stream(comm).ptr)
             self._end(comm, flat, out)  # the packed copy too: NCCL reads it after we return
             return out
-        comm = self._begin(fingerprint("reduce_scatter", seq, None, sig))
+        comm = self._begin(fp)
         s = self._stream(comm).ptr
         self.nccl.groupStart()  # ragged chunks: one reduce per destination, grouped
         try:
@@ -381,11 +367,8 @@ class NcclBackend(Backend):
         self._end(comm, *chunks, out)
         return out
 
-    def all_to_all(self, chunks: list, seq: int) -> list:
-        return self._exchange("all_to_all", seq, None, dtype_name(chunks[0].dtype), list(chunks))
-
-    def barrier(self, seq: int) -> None:
-        self.host.barrier(seq)
+    def barrier(self, seq: int, check: str | None = None) -> None:
+        self.host.barrier(seq, check)
 
     # --- point to point: the header goes over the host channel, the payload over a pair comm
     def send(self, x, dst: int, header: dict) -> None:

@@ -1,4 +1,5 @@
-"""The ``"cpu"`` backend's collectives, each written once on the transports' ``exchange``.
+"""The ``"cpu"`` backend's collectives, each written once on the transports' ``exchange``
+(gather, scatter, all-gather and all-to-all come from the backend base, on :meth:`exchange`).
 
 Reductions combine the members' inputs in group order, so every rank gets bitwise the same result.
 With more than two members and more than :data:`RS_AG_MIN_BYTES`, all-reduce runs as reduce-scatter
@@ -14,6 +15,7 @@ from minigrad.distributed.comm.providers.base import (
     Backend,
     ReduceOp,
     array_meta,
+    as_bytes,
     check_broadcast_buffers,
     check_fingerprints,
     describe,
@@ -23,11 +25,7 @@ from minigrad.distributed.comm.providers.base import (
 from minigrad.distributed.comm.providers.cpu.p2p import PeerChannels
 from minigrad.distributed.comm.providers.cpu.shm import ShmTransport
 from minigrad.distributed.comm.providers.cpu.tcp import TcpTransport
-from minigrad.distributed.comm.providers.cpu.transport import (
-    LocalTransport,
-    as_bytes,
-    choose_transport,
-)
+from minigrad.distributed.comm.providers.cpu.transport import LocalTransport, choose_transport
 
 # Below 64 KiB the one-round direct exchange wins: the second synchronised round of reduce-scatter
 # + all-gather costs more than reading n-1 small arrays (measured on 3-4 ranks of a 2-core VM).
@@ -102,7 +100,7 @@ class CpuBackend(Backend):
         self.flush()
         return self._run(fp, [None] * len(self.ctx.ranks), on_headers)
 
-    def _collect(self, op, seq, root, sig, sends) -> list:
+    def exchange(self, fp: dict, sends: list) -> list:
         """Exchange, receiving a list of arrays (one per member that addressed this rank)."""
         me = self.ctx.rank
         outs: list = [None] * len(self.ctx.ranks)
@@ -117,15 +115,15 @@ class CpuBackend(Backend):
             for src, (off, mv) in pieces.items():
                 _fill(outs[src], off, mv)
 
-        fp = dict(fingerprint(op, seq, root, sig), meta=[array_meta(a) for a in sends])
         self._run(fp, sends, on_headers, consume)
         return outs
 
     # --- collectives
-    def all_reduce(self, x: np.ndarray, op: ReduceOp, seq: int) -> None:
+    def all_reduce(self, x: np.ndarray, op: ReduceOp, seq: int, check: str | None = None) -> None:
         ufunc = UFUNCS[op]
         n = len(self.ctx.ranks)
-        fp = fingerprint("all_reduce", seq, None, [list(x.shape), dtype_name(x.dtype), op.value])
+        sig = [list(x.shape), dtype_name(x.dtype), op.value]
+        fp = fingerprint("all_reduce", seq, None, sig, check)
         if n > 2 and x.nbytes > RS_AG_MIN_BYTES and x.size >= n:
             self._all_reduce_rs_ag(x, ufunc, fp)
             return
@@ -166,9 +164,10 @@ class CpuBackend(Backend):
 
         self._run(dict(fp, op="all_reduce/gather"), [mine] * n, None, consume_ag)
 
-    def broadcast(self, x: np.ndarray | None, root: int, seq: int) -> np.ndarray:
+    def broadcast(self, x: np.ndarray | None, root: int, seq: int,
+                  check: str | None = None) -> np.ndarray:
         n, me, ranks = len(self.ctx.ranks), self.ctx.rank, self.ctx.ranks
-        fp = dict(fingerprint("broadcast", seq, ranks[root]), meta=array_meta(x))
+        fp = dict(fingerprint("broadcast", seq, ranks[root], None, check), meta=array_meta(x))
         box = {"out": x}
 
         def on_headers(headers):
@@ -185,40 +184,23 @@ class CpuBackend(Backend):
         self._run(fp, sends, on_headers, consume)
         return box["out"]
 
-    def reduce(self, x: np.ndarray, op: ReduceOp, root: int, seq: int) -> None:
+    def reduce(self, x: np.ndarray, op: ReduceOp, root: int, seq: int,
+               check: str | None = None) -> None:
         n = len(self.ctx.ranks)
         sends = [x if j == root else None for j in range(n)]
         sig = [list(x.shape), dtype_name(x.dtype), op.value]
-        outs = self._collect("reduce", seq, self.ctx.ranks[root], sig, sends)
+        outs = self.move("reduce", seq, self.ctx.ranks[root], sig, sends, check)
         if self.ctx.rank == root:
             _reduce_in_order(outs, UFUNCS[op], x)
 
-    def all_gather(self, x: np.ndarray, seq: int) -> list[np.ndarray]:
-        n = len(self.ctx.ranks)
-        return self._collect("all_gather", seq, None, dtype_name(x.dtype), [x] * n)
-
-    def gather(self, x: np.ndarray, root: int, seq: int) -> list | None:
-        n = len(self.ctx.ranks)
-        sends = [x if j == root else None for j in range(n)]
-        outs = self._collect("gather", seq, self.ctx.ranks[root], dtype_name(x.dtype), sends)
-        return outs if self.ctx.rank == root else None
-
-    def scatter(self, chunks: list | None, root: int, seq: int) -> np.ndarray:
-        n = len(self.ctx.ranks)
-        sends = list(chunks) if self.ctx.rank == root else [None] * n
-        return self._collect("scatter", seq, self.ctx.ranks[root], None, sends)[root]
-
-    def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int) -> np.ndarray:
+    def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int,
+                       check: str | None = None) -> np.ndarray:
         sig = [[array_meta(c) for c in chunks], op.value]
-        outs = self._collect("reduce_scatter", seq, None, sig, list(chunks))
+        outs = self.move("reduce_scatter", seq, None, sig, list(chunks), check)
         return _reduce_in_order(outs, UFUNCS[op], np.empty_like(outs[0]))
 
-    def all_to_all(self, chunks: list, seq: int) -> list[np.ndarray]:
-        sig = dtype_name(chunks[0].dtype) if chunks else None
-        return self._collect("all_to_all", seq, None, sig, list(chunks))
-
-    def barrier(self, seq: int) -> None:
-        self._run(fingerprint("barrier", seq), [None] * len(self.ctx.ranks))
+    def barrier(self, seq: int, check: str | None = None) -> None:
+        self._run(fingerprint("barrier", seq, None, None, check), [None] * len(self.ctx.ranks))
 
     # --- point to point
     def _channels(self) -> PeerChannels:

@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from minigrad.distributed.comm.providers.base import CollectiveError
+from minigrad.distributed.comm.providers.base import CollectiveError, as_bytes
 from minigrad.distributed.comm.providers.cpu import shm
 from minigrad.distributed.comm.providers.cpu.tcp import (
     SELECT_INTERVAL,
@@ -30,7 +30,7 @@ from minigrad.distributed.comm.providers.cpu.tcp import (
     connect_authenticated,
     local_ip_towards,
 )
-from minigrad.distributed.comm.providers.cpu.transport import as_bytes, choose_transport
+from minigrad.distributed.comm.providers.cpu.transport import choose_transport
 from minigrad.distributed.comm.providers.waiting import Watchdog
 from minigrad.distributed.runtime.store import StoreTimeout
 from minigrad.distributed.runtime.wire import FRAME, frame_prefix

@@ -17,8 +17,8 @@ import mmap
 import os
 import uuid
 
-from minigrad.distributed.comm.providers.base import CollectiveError
-from minigrad.distributed.comm.providers.cpu.transport import SHM_DIR, as_bytes
+from minigrad.distributed.comm.providers.base import CollectiveError, as_bytes
+from minigrad.distributed.comm.providers.cpu.transport import SHM_DIR
 from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog
 from minigrad.distributed.runtime.settings import SHM_CHUNK_ENV
 from minigrad.distributed.runtime.wire import U64, encode_header

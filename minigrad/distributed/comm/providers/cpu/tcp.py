@@ -15,8 +15,11 @@ import selectors
 import socket
 import struct
 
-from minigrad.distributed.comm.providers.base import CollectiveError, CollectiveTimeoutError
-from minigrad.distributed.comm.providers.cpu.transport import as_bytes
+from minigrad.distributed.comm.providers.base import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    as_bytes,
+)
 from minigrad.distributed.comm.providers.waiting import Watchdog
 from minigrad.distributed.runtime.wire import FRAME, U64, auth_token, encode_header, recv_exact
 

@@ -16,22 +16,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
+from minigrad.distributed.comm.providers.base import as_bytes
 from minigrad.distributed.runtime.settings import TRANSPORT_ENV
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-
-
-def contiguous(a):
-    """A C-contiguous view or copy of a NumPy/CuPy array; 0-d arrays stay 0-d (unlike
-    ``ascontiguousarray``, which turns them into shape (1,))."""
-    return a if a.flags.c_contiguous else a.copy(order="C")
-
-
-def as_bytes(a: np.ndarray) -> np.ndarray:
-    """The bytes of a NumPy array as a flat uint8 view (a copy first if it is not contiguous)."""
-    return contiguous(np.asarray(a)).reshape(-1).view(np.uint8)
 
 
 def choose_transport(ranks: list[int], hosts: list[str]) -> str:
