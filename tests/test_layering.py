@@ -285,6 +285,7 @@ def test_a_seam_is_filled_by_the_layer_above_its_reader():
 DISTRIBUTED_LOOSE_FILES = {
     "__init__.py": "the public API: MegEngine's and PyTorch's names, re-exported",
     "launch.py": "`python -m minigrad.distributed.launch`, torchrun's command path",
+    "flight_recorder.py": "`python -m minigrad.distributed.flight_recorder DIR`, its command path",
 }
 DISTRIBUTED_FOLDERS = [  # bottom-up, as the code depends
     "runtime", "comm", "data_parallel", "mesh",

@@ -79,6 +79,7 @@ from minigrad.distributed.comm.providers.base import (
     ReduceOp,
     Work,
 )
+from minigrad.distributed.comm.recorder import comm_log
 from minigrad.distributed.data_parallel import helper
 from minigrad.distributed.data_parallel.ddp import DistributedDataParallel
 from minigrad.distributed.data_parallel.helper import bcast_list_, make_allreduce_cb, synchronized
@@ -117,6 +118,7 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "comm",
+    "comm_log",
     "destroy_process_group",
     "functional",
     "gather",

@@ -36,12 +36,14 @@ Example::
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import numpy as np
 
 from minigrad.backend.device import as_device, get_default_device_obj
 from minigrad.backend.xp import cupy_or_none, get_array_module, is_cupy_array, on_device_of
+from minigrad.distributed.comm import recorder
 from minigrad.distributed.comm.group import (
     WORLD,
     Group,
@@ -50,7 +52,13 @@ from minigrad.distributed.comm.group import (
     get_world_size,
     resolve_group,
 )
-from minigrad.distributed.comm.providers.base import ReduceOp, Work, contiguous, dtype_name
+from minigrad.distributed.comm.providers.base import (
+    CollectiveError,
+    ReduceOp,
+    Work,
+    contiguous,
+    dtype_name,
+)
 
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
 
@@ -130,6 +138,7 @@ class _Call:
         self.on_device = on_device_of(arrays[0]) if arrays else on_device_of(None)
         self.ctx.flush(keep=self.backend if async_op else None)
         self.seq = self.ctx.next_seq()
+        self.record = recorder.begin(name, self.ctx.ranks, self.seq, arrays, self.backend.name)
 
     def buffer(self, x):
         """A C-contiguous array the backend can read and write, standing for ``x``."""
@@ -149,10 +158,28 @@ class _Call:
             return cupy_or_none().asarray(y)
 
     def execute(self, body: Callable[[], Any], finish: Callable[[Any], Any], async_op: bool):
-        """Run ``body`` on the backend now or asynchronously; ``finish`` runs on this thread."""
+        """Run ``body`` on the backend now or asynchronously; ``finish`` runs on this thread.
+        The call's record (:mod:`.recorder`) gets its end time; a failure dumps the flight
+        recorder."""
+        record = self.record
+
+        def done(result):
+            try:
+                out = finish(result)
+            except CollectiveError as exc:
+                recorder.on_failure(exc)
+                raise
+            record.end = time.time()
+            return out
+
         if async_op:
-            return self.backend.submit(body).then(finish)
-        return finish(self.backend.run(body))
+            return self.backend.submit(body).then(done)
+        try:
+            result = self.backend.run(body)
+        except CollectiveError as exc:
+            recorder.on_failure(exc)
+            raise
+        return done(result)
 
 
 def _avg_divide(x, n: int) -> None:
@@ -409,7 +436,7 @@ def send(x, dst: int, group: Group | None = None, *, tag=None) -> None:
     with_tag=True)`` returns it."""
     check_array("send", x)
     world = _peer("send", int(dst), group)
-    transfer = _send_now(x, int(dst), world, tag)
+    transfer = _logged(_send_now(x, int(dst), world, tag), "send", world, int(dst), x)
     world.peer_worker("send", int(dst)).flush()
     transfer()
 
@@ -420,13 +447,29 @@ def isend(x, dst: int, group: Group | None = None, *, tag=None) -> Work:
     they were sent."""
     check_array("isend", x)
     world = _peer("isend", int(dst), group)
-    return world.peer_worker("send", int(dst)).submit(_send_now(x, int(dst), world, tag))
+    transfer = _logged(_send_now(x, int(dst), world, tag), "isend", world, int(dst), x)
+    return world.peer_worker("send", int(dst)).submit(transfer)
+
+
+def _logged(transfer: Callable[[], None], kind: str, world: GroupContext, dst: int, x):
+    """``transfer`` with its record in the flight recorder / comm log (:mod:`.recorder`)."""
+    record = recorder.begin(kind, (world.global_rank, dst), None, [x], world.route(is_cupy(x)))
+
+    def run() -> None:
+        transfer()
+        record.end = time.time()
+
+    return run
 
 
 def _recv_now(src: int, out, device, world: GroupContext, with_tag: bool = False):
     host = world.backend(world.host_route)
+    start = time.time()
     header, y = host.recv(src)
     y = _received_array(src, out, device, world, header, y)
+    route = header.get("via", world.host_route)
+    record = recorder.begin("recv", (src, world.global_rank), None, [y], route)
+    record.start, record.end = start, time.time()
     return (y, header.get("tag")) if with_tag else y
 
 

@@ -28,6 +28,7 @@ import socket
 from minigrad import seams
 from minigrad.backend import set_default_device
 from minigrad.backend.xp import cupy_or_none
+from minigrad.distributed.comm import recorder
 from minigrad.distributed.comm.providers import (
     SETTINGS,
     Backend,
@@ -408,6 +409,7 @@ def init_process_group(
     st.job = job or hashlib.sha1(f"{master_ip}:{port}".encode()).hexdigest()[:10]
     st.n_groups = 0
     _log.set_rank(rank)
+    recorder.configure(st.job, rank, world_size)
     try:
         _join(client, info, setting, timeout)
         st.initialized = True

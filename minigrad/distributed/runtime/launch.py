@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from minigrad.distributed.comm import recorder
 from minigrad.distributed.comm.providers.cpu import remove_job_segments
 from minigrad.distributed.runtime import store as _store
 from minigrad.distributed.runtime.env import rank_environment
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"terminating the other ranks{_tail(logs[i])}",
                     file=sys.stderr,
                 )
+                kill_tree([p.pid for p in procs], grace=2.0)
+                recorder.report_after_failure(job)  # what each rank did last, if they dumped
                 return 1
             if all(c == 0 for c in codes):
                 return 0

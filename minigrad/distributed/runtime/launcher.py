@@ -37,6 +37,7 @@ from typing import Any, Callable
 from minigrad.backend.device import cuda_initialized, forbid_cuda, probe_gpus
 from minigrad.backend.threads import set_num_threads
 from minigrad.distributed.comm import group as _group
+from minigrad.distributed.comm import recorder
 from minigrad.distributed.comm.providers.cpu import remove_job_segments
 from minigrad.distributed.runtime import env as _env
 from minigrad.distributed.runtime import store as _store
@@ -59,6 +60,8 @@ CUDA_IN_PARENT = (
 )
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
+
+FAILURE_GRACE = 2.0  # seconds the other ranks get to end (and dump) after one failed
 
 class LaunchError(RuntimeError):
     """A rank of a launched job failed; ``.rank`` names it, the message carries its traceback."""
@@ -377,6 +380,15 @@ class launcher:
                 procs.append(p)
                 conns.append(recv_end)
             self._monitor(procs, conns, results)
+        except BaseException:
+            # the others usually fail a moment later (a mismatch raises on every rank; a dead
+            # peer is noticed within the watchdog's check interval): let them write their dumps
+            deadline = time.monotonic() + FAILURE_GRACE
+            for p in procs:
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
+            kill_tree([p.pid for p in procs if p.pid is not None], grace=1.0)
+            recorder.report_after_failure(job)  # what each rank did last, if they dumped
+            raise
         finally:
             kill_tree([p.pid for p in procs if p.pid is not None], grace=1.0)
             for p in procs:

@@ -21,6 +21,7 @@ import os
 import time
 from typing import Callable
 
+from minigrad.distributed.comm import recorder
 from minigrad.distributed.comm.providers.base import CollectiveTimeoutError
 from minigrad.distributed.runtime.log import get_logger
 
@@ -78,9 +79,11 @@ class Watchdog:
             )
         if not self.warned and elapsed >= self.warn_after:
             self.warned = True
+            dumped = recorder.on_watchdog_warning(self.what())
             get_logger().warning(
-                "%s: rank %d has waited %.1f s; rank(s) %s have not arrived (timeout after %g s)",
-                self.what(), self.rank, elapsed, self.missing(), self.timeout,
+                "%s: rank %d has waited %.1f s; rank(s) %s have not arrived (timeout after %g s)"
+                "; flight recorder: %s", self.what(), self.rank, elapsed, self.missing(),
+                self.timeout, dumped,
             )
 
 
