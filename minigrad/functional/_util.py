@@ -6,8 +6,10 @@ import numbers
 
 import numpy as np
 
+from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.recording import is_recording
 from minigrad.autodiff.tensor import Tensor, as_dtype
+from minigrad.backend.dtypes import is_bfloat16, is_floating
 
 FLOAT32 = np.dtype(np.float32)
 FLOAT16 = np.dtype(np.float16)
@@ -100,6 +102,51 @@ def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
     return tensors, None
 
 
+def autocast_low(op: str, *tensors):
+    """The inputs of a matrix product (``linear``, ``matmul``, a convolution, attention) under
+    autocast: float32 and low-precision float inputs are rounded to ``AUTOCAST.low``; the caller
+    checked ``AUTOCAST.enabled``. Returns ``(tensors, result_dtype)`` like
+    :func:`compute_mode_inputs`: the caller computes with the returned tensors and casts its result
+    to ``result_dtype`` when it is not None.
+
+    On the CPU NumPy has no fast float16 product and no bfloat16 one at all, so the rounded inputs
+    go back to float32, the product accumulates in float32 and the result is rounded to the low
+    dtype (what tensor cores do: low-precision inputs, float32 accumulation). On a GPU float16
+    inputs go to CuPy's float16 product (cuBLAS); bfloat16 is refused there (CuPy has no
+    bfloat16 arrays). Others (None, integers, float64) pass unchanged.
+    """
+    low = AUTOCAST.low
+    out = []
+    on_cpu, cast = True, False
+    for t in tensors:
+        if isinstance(t, Tensor) and is_floating(t.dtype) and t.dtype.itemsize <= 4:
+            on_cpu = t._device.kind == "cpu"
+            if not on_cpu and is_bfloat16(low):
+                raise TypeError(
+                    f"{op}: autocast to bfloat16 on {t._device}: CuPy has no bfloat16 arrays; "
+                    "use low_prec_dtype='float16' on a GPU"
+                )
+            if t.dtype != low:
+                t = t.astype(low)
+            if on_cpu:
+                t = t.astype(FLOAT32)
+            cast = True
+        out.append(t)
+    return tuple(out), (low if cast and on_cpu else None)
+
+
+def autocast_high(*tensors):
+    """The inputs of an op on autocast's float32 list (softmax, losses, norms, ``exp``/``log``,
+    ``sum``/``mean``): low-precision float inputs are cast to ``AUTOCAST.high``; the caller checked
+    ``AUTOCAST.enabled``. Other inputs pass unchanged."""
+    high = AUTOCAST.high
+    return tuple(
+        t.astype(high) if isinstance(t, Tensor) and is_floating(t.dtype)
+        and t.dtype.itemsize < high.itemsize else t
+        for t in tensors
+    )
+
+
 def data(x):
     """The backend array of a Tensor, or ``x`` itself for constants."""
     return x._data if isinstance(x, Tensor) else x
@@ -141,6 +188,8 @@ __all__ = [
     "as_tensor",
     "binary_args",
     "accumulate_dtype",
+    "autocast_high",
+    "autocast_low",
     "check_compatible",
     "compute_mode_inputs",
     "data",
