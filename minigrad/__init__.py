@@ -56,7 +56,7 @@ def __getattr__(name: str):
         return value
     raise AttributeError(f"module 'minigrad' has no attribute {name!r}")
 
-float16, float32, float64 = "float16", "float32", "float64"
+float16, float32, float64, bfloat16 = "float16", "float32", "float64", "bfloat16"
 int8, int32, int64, uint8, bool_ = "int8", "int32", "int64", "uint8", "bool"
 
 __version__ = "0.1.0"

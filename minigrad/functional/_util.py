@@ -45,10 +45,13 @@ def binary_args(a, b, op: str, broadcast: bool = True):
     if s is None:
         raise TypeError(f"{op}: unsupported operand None (expected a Tensor, an array or a number)")
     if isinstance(s, numbers.Number) and not isinstance(s, np.ndarray):
-        if isinstance(s, (float, np.floating)) and t._data.dtype.kind != "f":
+        if isinstance(s, (float, np.floating)) and not is_floating(t._data.dtype):
             t = t.astype(FLOAT32)
         if isinstance(s, np.generic):
             s = s.item()
+        if t._data.dtype.kind == "V" and is_floating(t._data.dtype):
+            # bfloat16 (ml_dtypes) promotes a Python float to float32: keep the tensor's dtype
+            s = t.xp.asarray(s, dtype=t._data.dtype)
     else:
         s = Tensor(s, device=t._device)
         check_compatible(op, *((t, s) if ta else (s, t)), broadcast=broadcast)
@@ -78,7 +81,7 @@ def accumulate_dtype(dtype) -> np.dtype:
     """The result dtype of sum/prod/cumsum: floats and 32/64-bit ints keep theirs (NumPy would widen
     int32 to int64); bool and 8/16-bit ints accumulate in int32 so they do not overflow at once."""
     dtype = np.dtype(dtype)
-    if dtype.kind == "f" or (dtype.kind in "iu" and dtype.itemsize >= 4):
+    if is_floating(dtype) or (dtype.kind in "iu" and dtype.itemsize >= 4):
         return dtype
     return np.dtype(np.int32)
 
@@ -89,8 +92,13 @@ def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
     Returns ``(tensors, result_dtype)``: with ``"float32"`` and any float16 input, the inputs cast
     to float32 and float16 as the dtype to cast the result back to; otherwise the inputs unchanged
     and None. Any other mode is an error naming the op (it used to be accepted and ignored).
+    bfloat16 inputs always compute in float32 (NumPy has no bfloat16 product) and the result is
+    rounded to bfloat16.
     """
-    if compute_mode == "default":  # the common case, on every matmul: no work
+    if compute_mode == "default":  # the common case, on every matmul: one dtype test per input
+        for t in tensors:
+            if t._data.dtype.kind == "V" and is_bfloat16(t._data.dtype):
+                return tuple(x.astype(FLOAT32) for x in tensors), t._data.dtype
         return tensors, None
     mode = str(compute_mode).lower()
     if mode not in COMPUTE_MODES:

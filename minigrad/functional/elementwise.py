@@ -228,7 +228,7 @@ def div(x, y) -> Tensor:
     """``x / y``, true division with broadcasting: integer operands are promoted to float32
     first (as in MegEngine). Differentiable in both."""
     x, y = binary_args(x, y, "div")
-    if not any(isinstance(t, Tensor) and t.dtype.kind == "f" for t in (x, y)):
+    if not any(isinstance(t, Tensor) and is_floating(t.dtype) for t in (x, y)):
         x, y = (t.astype(FLOAT32) if isinstance(t, Tensor) else t for t in (x, y))
     return Div()(x, y)
 
