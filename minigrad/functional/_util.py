@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from minigrad.autodiff.autocast import AUTOCAST
+from minigrad.autodiff.autocast import thread_policy
 from minigrad.autodiff.recording import is_recording
 from minigrad.autodiff.tensor import Tensor, as_dtype
 from minigrad.backend.dtypes import is_bfloat16, is_floating
@@ -112,8 +112,8 @@ def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
 
 def autocast_low(op: str, *tensors):
     """The inputs of a matrix product (``linear``, ``matmul``, a convolution, attention) under
-    autocast: float32 and low-precision float inputs are rounded to ``AUTOCAST.low``; the caller
-    checked ``AUTOCAST.enabled``. Returns ``(tensors, result_dtype)`` like
+    autocast: float32 and low-precision float inputs are rounded to the thread's ``low`` dtype;
+    the caller checked ``AUTOCAST.enabled``. Returns ``(tensors, result_dtype)`` like
     :func:`compute_mode_inputs`: the caller computes with the returned tensors and casts its result
     to ``result_dtype`` when it is not None.
 
@@ -123,7 +123,10 @@ def autocast_low(op: str, *tensors):
     inputs go to CuPy's float16 product (cuBLAS); bfloat16 is refused there (CuPy has no
     bfloat16 arrays). Others (None, integers, float64) pass unchanged.
     """
-    low = AUTOCAST.low
+    policy = thread_policy()
+    if policy is None:  # another thread is in autocast, not this one
+        return tensors, None
+    low = policy.low
     out = []
     on_cpu, cast = True, False
     for t in tensors:
@@ -145,9 +148,12 @@ def autocast_low(op: str, *tensors):
 
 def autocast_high(*tensors):
     """The inputs of an op on autocast's float32 list (softmax, losses, norms, ``exp``/``log``,
-    ``sum``/``mean``): low-precision float inputs are cast to ``AUTOCAST.high``; the caller checked
-    ``AUTOCAST.enabled``. Other inputs pass unchanged."""
-    high = AUTOCAST.high
+    ``sum``/``mean``): low-precision float inputs are cast to the thread's ``high`` dtype; the
+    caller checked ``AUTOCAST.enabled``. Other inputs pass unchanged."""
+    policy = thread_policy()
+    if policy is None:  # another thread is in autocast, not this one
+        return tensors
+    high = policy.high
     return tuple(
         t.astype(high) if isinstance(t, Tensor) and is_floating(t.dtype)
         and t.dtype.itemsize < high.itemsize else t

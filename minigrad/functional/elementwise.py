@@ -488,10 +488,9 @@ def _unary(function_class: type[Function], name: str, doc: str, float_input: boo
 
     if autocast_float32:
         def op(x) -> Tensor:
-            x = coerce(x)
             if AUTOCAST.enabled:
-                (x,) = autocast_high(x)
-            return function_class()(x)
+                return function_class()(*autocast_high(coerce(x)))
+            return function_class()(coerce(x))
     else:
         def op(x) -> Tensor:
             return function_class()(coerce(x))

@@ -222,3 +222,21 @@ def test_backward_inside_autocast_runs_with_autocast_off():
 def test_autocast_rejects_non_float_dtypes():
     with pytest.raises(ValueError, match="low_prec_dtype must be a floating dtype, got int32"):
         amp.autocast(low_prec_dtype="int32")
+
+
+def test_autocast_on_a_gpu_uses_float16_products_and_refuses_bfloat16():
+    """On a GPU (the fake CuPy here) the float16 inputs go to CuPy's float16 product directly
+    (no float32 round trip), and bfloat16 is refused with the reason."""
+    from minigrad.testing import fake_cupy
+
+    with fake_cupy.installed(1):
+        x = mg.tensor(_r(2, 3), device="gpu0")
+        w = mg.Parameter(_r(4, 3), device="gpu0")
+        with amp.autocast():
+            y = F.linear(x, w)
+        assert y.dtype == np.float16 and y.device == mg.tensor([0.0], device="gpu0").device
+        expected = x.numpy().astype(np.float16) @ w.numpy().astype(np.float16).T
+        np.testing.assert_allclose(y.numpy(), expected, rtol=2e-3)
+        with amp.autocast(low_prec_dtype="bfloat16"):
+            with pytest.raises(TypeError, match="linear: autocast to bfloat16 on gpu0"):
+                F.linear(x, w)

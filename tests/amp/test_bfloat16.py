@@ -138,3 +138,13 @@ def test_missing_ml_dtypes_is_named(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ml_dtypes)
     with pytest.raises(ImportError, match="bfloat16 needs the ml_dtypes package"):
         mg.tensor([1.0], dtype="bfloat16")
+
+
+def test_bfloat16_on_a_gpu_is_refused_with_a_reason():
+    from minigrad.testing import fake_cupy
+
+    with fake_cupy.installed(1):
+        with pytest.raises(TypeError, match="bfloat16 on gpu0: CuPy has no bfloat16 arrays"):
+            mg.tensor([1.0], dtype="bfloat16", device="gpu0")
+        with pytest.raises(TypeError, match="CuPy has no bfloat16"):
+            mg.tensor(np.ones(2, BF16), device="gpu0")
