@@ -41,6 +41,7 @@ import numpy as np
 
 from minigrad.amp.master_weights import MasterWeights
 from minigrad.autodiff.tensor import Tensor
+from minigrad.backend.dtypes import is_floating
 from minigrad.backend.xp import to_numpy
 from minigrad.distributed.comm.arrays import all_reduce as all_reduce_array
 from minigrad.distributed.comm.collectives import all_gather_object
@@ -66,14 +67,19 @@ class OverflowReport:
     scale_before: float
     scale_after: float | None = None
     consecutive: int = 1
+    #: with ``GradScaler(debug=True)``: per rank, the first module whose forward output held
+    #: inf/nan in this iteration (ranks whose forward stayed finite are left out)
+    first_forward: dict[int, str] = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
         where = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in sorted(
             self.tensors.items()))
         after = "" if self.scale_after is None else f" -> {self.scale_after:g}"
+        forward = "".join(f"; first non-finite forward output on rank {r}: {what}"
+                          for r, what in sorted(self.first_forward.items()))
         return (f"GradScaler: gradient overflow (inf/nan), step skipped on every rank; non-finite "
                 f"gradients of {where}; loss scale {self.scale_before:g}{after}; "
-                f"{self.consecutive} step(s) skipped in a row")
+                f"{self.consecutive} step(s) skipped in a row{forward}")
 
 
 class GradScaler:
@@ -86,6 +92,8 @@ class GradScaler:
     ranks agree on overflow (default: all ranks when distributed). ``max_consecutive_skips``
     (None: never) raises :class:`LossScaleCollapse` after that many skipped steps in a row.
     ``enabled=False`` makes every method a pass-through (scale 1, nothing checked).
+    ``debug=True`` (needs ``module``) checks every sub-module's forward output and adds the first
+    one that held inf/nan to the report (a forward hook per module: slower, for debugging).
 
     Example::
 
@@ -100,7 +108,8 @@ class GradScaler:
     def __init__(self, init_scale: float = 2.0**4, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, *,
                  enabled: bool = True, module: Module | None = None, group=None,
-                 max_consecutive_skips: int | None = 50, warn: bool = True):
+                 max_consecutive_skips: int | None = 50, warn: bool = True,
+                 debug: bool = False):
         if not init_scale > 0:
             raise ValueError(f"GradScaler: init_scale must be > 0, got {init_scale}")
         if not growth_factor > 1.0:
@@ -125,8 +134,32 @@ class GradScaler:
         self.skipped_steps = 0
         self.last_overflow: OverflowReport | None = None
         self._pending: OverflowReport | None = None
+        self._first_forward: str | None = None
         if module is not None:
             self.name_parameters(module)
+        if debug:
+            if module is None:
+                raise ValueError("GradScaler: debug=True needs module= (the model to watch)")
+            for path, sub in module.named_modules():
+                sub.register_forward_hook(self._forward_watcher(path or "(the model)"))
+
+    def _forward_watcher(self, path: str):
+        """A forward hook remembering the first module of an iteration whose output is not
+        finite (hooks run child first, so that is the innermost module where it started)."""
+
+        def hook(module, inputs, output):
+            if self._first_forward is not None:
+                return None
+            outs = output if isinstance(output, (tuple, list)) else (output,)
+            for out in outs:
+                if isinstance(out, Tensor) and is_floating(out.dtype) and not bool(
+                        out.xp.isfinite(out.data).all()):
+                    self._first_forward = (f"{path} ({type(module).__name__}, output "
+                                           f"{out.dtype.name} {tuple(out.shape)})")
+                    break
+            return None
+
+        return hook
 
     # -- naming -----------------------------------------------------------------------------------
     def name_parameters(self, module_or_names) -> "GradScaler":
@@ -243,6 +276,7 @@ class GradScaler:
                     self.scale_factor = before * self.growth_factor
                     self._growth_tracker = 0
         self._found_non_finite, self._pending = False, None
+        self._first_forward = None
         self._unscaled.clear()
         if not found:
             self.consecutive_skips = 0
@@ -276,21 +310,25 @@ class GradScaler:
             if not bool(xp.isfinite(arr).all()):
                 bad.append(self._name(named, i))
             holder.grad = Tensor(_times(arr, inv), device=holder.device)
-        local = {get_rank(): bad} if bad else {}
+        local = {get_rank(): (bad, self._first_forward)} if bad else {}
         if is_distributed():  # every rank skips, or none: agree on the count of bad tensors
             flag = np.array([len(bad)], dtype=np.float64)
             all_reduce_array(flag, group=self.group)
             if flag[0]:  # rare: then every rank learns which tensors, on which rank
                 gathered: list = [None] * get_world_size(self.group)
-                all_gather_object(gathered, bad, group=self.group)
+                all_gather_object(gathered, [bad, self._first_forward], group=self.group)
                 ranks = self.group.ranks if self.group is not None else range(len(gathered))
-                local = {rank: names for rank, names in zip(ranks, gathered) if names}
+                local = {rank: tuple(got) for rank, got in zip(ranks, gathered)
+                         if got[0] or got[1]}
         if local:
             self._found_non_finite = True
             if self._pending is None:
                 self._pending = OverflowReport({}, self.scale_factor)
-            for rank, names in local.items():
-                self._pending.tensors.setdefault(rank, []).extend(names)
+            for rank, (names, first) in local.items():
+                if names:
+                    self._pending.tensors.setdefault(rank, []).extend(names)
+                if first is not None:
+                    self._pending.first_forward.setdefault(rank, first)
         return bool(local)
 
     # -- state ------------------------------------------------------------------------------------

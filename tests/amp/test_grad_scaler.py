@@ -255,6 +255,28 @@ def test_overflow_report_without_a_module_uses_names_or_positions():
     assert scaler.last_overflow.tensors == {0: ["head.w", "tensor 1 (shape (2,), float32)"]}
 
 
+def test_debug_names_the_first_module_whose_forward_overflowed():
+    mg.random.seed(0)
+    net = M.Sequential(M.Linear(3, 4), M.ReLU(), M.Linear(4, 2))
+    gm = ad.GradManager().attach(net.parameters())
+    scaler = amp.GradScaler(module=net, debug=True, warn=False)
+    x = mg.tensor(np.full((1, 3), 1e5, np.float32))  # float16 products overflow in layer 0
+    with gm:
+        with amp.autocast():
+            out = net(x)
+        scaler.backward(gm, out.astype("float32").sum())
+    report = scaler.last_overflow
+    assert report.first_forward == {0: "0 (Linear, output float16 (1, 4))"}
+    assert "first non-finite forward output on rank 0: 0 (Linear" in str(report)
+    with gm:  # a clean iteration afterwards reports nothing
+        with amp.autocast():
+            out = net(mg.tensor(X[None]))
+        scaler.backward(gm, out.astype("float32").sum())
+    assert scaler.last_overflow is report and scaler.consecutive_skips == 0
+    with pytest.raises(ValueError, match="debug=True needs module="):
+        amp.GradScaler(debug=True)
+
+
 def test_too_many_consecutive_skips_raise():
     net, bad, gm = _net_with_overflow_in("0.bias")
     scaler = amp.GradScaler(module=net, max_consecutive_skips=3, warn=False)
@@ -311,3 +333,40 @@ def test_two_ranks_skip_together_when_only_rank_1_overflows():
     assert r0[1] == r1[1] and set(r0[1]) == {1}  # both ranks' reports: found on rank 1
     assert "0.weight" in r0[1][1]
     assert r0[0] is None and r1[0] is None
+
+
+def _tensor_parallel_worker():
+    import minigrad.distributed as dist
+    from minigrad.distributed import tensor_parallel as tp
+
+    dist.init_parallel(dict(tensor=dict(size=2, mode="1d")))
+    tp.reset_layout()
+    rank = dist.get_rank()
+    mg.random.seed(0)
+    net = M.Sequential(tp.Linear(3, 8), M.ReLU(), tp.Linear(8, 2))  # column, then row parallel
+    opt = optim.SGD(net.parameters(), lr=0.1)
+    gm = ad.GradManager().attach(net.parameters())
+    scaler = amp.GradScaler(module=net, warn=False)
+    shard = dict(net.named_parameters())["0.weight"]
+    scales, moved = [], []
+    for step in range(3):
+        before = [np.array(p.numpy(), copy=True) for p in net.parameters()]
+        with gm:
+            loss = net(mg.tensor(X[None])).sum()
+            if rank == 1 and step == 1:  # rank 1's shard of the first weight overflows
+                poison = np.zeros(shard.shape, np.float32)
+                poison.reshape(-1)[0] = np.inf
+                loss = loss + (shard * mg.tensor(poison)).sum()
+            scaler.backward(gm, loss)
+        opt.step().clear_grad()
+        moved.append(any(not np.array_equal(b, p.numpy()) for b, p in zip(before,
+                                                                         net.parameters())))
+        scales.append(scaler.scale_factor)
+    return scales, moved, dict(scaler.last_overflow.tensors)
+
+
+def test_tensor_parallel_ranks_skip_together_when_one_shard_overflows():
+    (s0, m0, r0), (s1, m1, r1) = run_workers(_tensor_parallel_worker, 2, timeout=120)
+    assert s0 == s1 == [16, 8, 8]
+    assert m0 == m1 == [True, False, True]
+    assert r0 == r1 == {1: ["0.weight"]}
