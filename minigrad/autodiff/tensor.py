@@ -60,6 +60,8 @@ def as_dtype(dtype) -> np.dtype | None:
 def _default_dtype(data) -> np.dtype | None:
     """Python data gets float32/int32/bool like MegEngine; arrays keep their dtype."""
     if hasattr(data, "dtype"):
+        if data.dtype.kind == "V":
+            is_floating(data.dtype)  # notes a bfloat16 array (backend.dtypes.SEEN)
         return None
     if isinstance(data, bool):
         return np.dtype(bool)

@@ -9,7 +9,7 @@ import numpy as np
 from minigrad.autodiff.autocast import thread_policy
 from minigrad.autodiff.recording import is_recording
 from minigrad.autodiff.tensor import Tensor, as_dtype
-from minigrad.backend.dtypes import is_bfloat16, is_floating
+from minigrad.backend.dtypes import SEEN, is_bfloat16, is_floating
 
 FLOAT32 = np.dtype(np.float32)
 FLOAT16 = np.dtype(np.float16)
@@ -95,7 +95,9 @@ def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
     bfloat16 inputs always compute in float32 (NumPy has no bfloat16 product) and the result is
     rounded to bfloat16.
     """
-    if compute_mode == "default":  # the common case, on every matmul: one dtype test per input
+    if compute_mode == "default":  # the common case, on every matmul: one slot read
+        if not SEEN.bfloat16:
+            return tensors, None
         for t in tensors:
             if t._data.dtype.kind == "V" and is_bfloat16(t._data.dtype):
                 return tuple(x.astype(FLOAT32) for x in tensors), t._data.dtype

@@ -148,3 +148,20 @@ def test_bfloat16_on_a_gpu_is_refused_with_a_reason():
             mg.tensor([1.0], dtype="bfloat16", device="gpu0")
         with pytest.raises(TypeError, match="CuPy has no bfloat16"):
             mg.tensor(np.ones(2, BF16), device="gpu0")
+
+
+def test_a_bfloat16_array_made_outside_minigrad_is_noticed_in_a_fresh_process():
+    """The products skip their bfloat16 test until minigrad has met bfloat16 (``dtypes.SEEN``):
+    an ml_dtypes array wrapped as the first thing of a process must switch it on."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import numpy as np, ml_dtypes, minigrad as mg, minigrad.functional as F\n"
+            "a = mg.tensor(np.ones((2, 2), ml_dtypes.bfloat16))\n"
+            "print(F.matmul(a, a).dtype, F.linear(a, a).dtype)\n")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+                         check=True).stdout
+    assert out.split() == ["bfloat16", "bfloat16"]
