@@ -111,6 +111,7 @@ def in_process(before: str, rounds: int, n: int) -> dict:
     import minigrad as mg
     import minigrad.autodiff as ad
     import minigrad.functional as F
+    from minigrad.functional._util import compute_mode_inputs
 
     x = mg.tensor(np.ones((4, 4), np.float32))
     w = mg.Parameter(np.ones((4, 4), np.float32))
@@ -122,6 +123,9 @@ def in_process(before: str, rounds: int, n: int) -> dict:
         "softmax": (old_function(before, "minigrad.functional.softmax_family", "softmax"),
                     F.softmax, (w,)),
         "exp": (old_function(before, "minigrad.functional.elementwise", "exp"), F.exp, (w,)),
+        "compute_mode_inputs (bfloat16 test of the products)": (
+            old_function(before, "minigrad.functional._util", "compute_mode_inputs"),
+            compute_mode_inputs, ("matmul", "default", x, w)),
     }
     table = {}
     for name, (old, new, args) in pairs.items():
