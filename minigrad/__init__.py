@@ -22,7 +22,7 @@ from minigrad import backend  # isort: split
 from minigrad import aliases  # noqa: F401  (installs MegEngine's import paths: minigrad.aliases)
 
 # isort: split
-import minigrad.device as device
+import minigrad.device as device  # MegEngine's module paths, served by minigrad.aliases
 import minigrad.random as random
 import minigrad.tensor  # noqa: F401  (imported before the line below makes mg.tensor the class)
 from minigrad import autodiff, functional
@@ -56,7 +56,7 @@ def __getattr__(name: str):
         return value
     raise AttributeError(f"module 'minigrad' has no attribute {name!r}")
 
-float16, float32, float64 = "float16", "float32", "float64"
+float16, float32, float64, bfloat16 = "float16", "float32", "float64", "bfloat16"
 int8, int32, int64, uint8, bool_ = "int8", "int32", "int64", "uint8", "bool"
 
 __version__ = "0.1.0"

@@ -46,6 +46,7 @@ from safetensors.numpy import save as _st_save
 from minigrad import seams
 from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.device import as_device
+from minigrad.backend.dtypes import bfloat16, is_bfloat16
 from minigrad.backend.xp import to_numpy
 from minigrad.megengine_checkpoint import (
     MegEngineCheckpointError,
@@ -119,7 +120,20 @@ def _tensor_node(t: Tensor, key: str) -> dict:
     node = {"tensor": key, "device": str(t.device)}
     if isinstance(t, Parameter):
         node["parameter"] = True
+    if is_bfloat16(t.dtype):
+        node["dtype"] = "bfloat16"
     return node
+
+
+def _bits(arr: np.ndarray) -> np.ndarray:
+    """What the container stores for ``arr``: a bfloat16 array as its 16-bit patterns (uint16;
+    the NumPy side of safetensors has no BF16), everything else as it is. The structure node
+    records ``"dtype": "bfloat16"`` so that loading views the bits back."""
+    return arr.view(np.uint16) if is_bfloat16(arr.dtype) else arr
+
+
+def _from_bits(arr: np.ndarray, node: dict) -> np.ndarray:
+    return arr.view(bfloat16()) if node.get("dtype") == "bfloat16" else arr
 
 
 class _Encoder:
@@ -154,8 +168,10 @@ class _Encoder:
         if isinstance(obj, Tensor) and obj.is_global:
             return self._global(obj, path)
         if isinstance(obj, Tensor):
-            return _tensor_node(obj, self._array(obj, to_numpy(obj.data)))
+            return _tensor_node(obj, self._array(obj, _bits(to_numpy(obj.data))))
         if isinstance(obj, np.ndarray):
+            if is_bfloat16(obj.dtype):
+                return {"ndarray": self._array(obj, _bits(obj)), "dtype": "bfloat16"}
             if obj.dtype.kind not in _ARRAY_KINDS:
                 return self._fallback(obj, path)
             return {"ndarray": self._array(obj, _native(obj))}
@@ -315,7 +331,8 @@ class _Decoder:
         if "tensor" in node:
             return self._tensor(node)
         if "ndarray" in node:
-            return self._shared(("nd", node["ndarray"]), lambda: self._get(node["ndarray"]).copy())
+            return self._shared(("nd", node["ndarray"]),
+                                lambda: _from_bits(self._get(node["ndarray"]), node).copy())
         if "npscalar" in node:
             return self._get(node["npscalar"])[()]
         if "float" in node:
@@ -352,7 +369,7 @@ class _Decoder:
         cls = Parameter if node.get("parameter") else Tensor
 
         def make():
-            return cls(self._get(node["tensor"]), device=device)
+            return cls(_from_bits(self._get(node["tensor"]), node), device=device)
 
         return self._shared(("t", node["tensor"], str(device), cls.__name__), make)
 

@@ -32,6 +32,7 @@ from minigrad import seams
 from minigrad.autodiff.recording import STATE, shares_recording
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.device import get_default_device_obj
+from minigrad.backend.dtypes import is_floating
 
 
 class Function:
@@ -107,7 +108,8 @@ class Function:
                     raise self._device_mismatch(inputs)
                 if may_record:
                     data = x._data
-                    if data.dtype.kind == "f":  # only float inputs get gradients
+                    # only float inputs get gradients (bfloat16 is kind "V": the second test)
+                    if data.dtype.kind == "f" or is_floating(data.dtype):
                         node = x._node
                         if node is not None and (
                             node._tape is tape or shares_recording(node._tape, tape)
@@ -183,11 +185,11 @@ class Function:
         n_out = self._n_out = len(outputs)
         if n_out == 1:
             y = outputs[0]
-            if y._data.dtype.kind == "f":
+            if y._data.dtype.kind == "f" or is_floating(y._data.dtype):
                 y._node = self  # its _out_idx is 0 already (_wrap)
             return
         for i, t in enumerate(outputs):
-            if t._data.dtype.kind == "f":
+            if t._data.dtype.kind == "f" or is_floating(t._data.dtype):
                 t._node = self
                 t._out_idx = i
 

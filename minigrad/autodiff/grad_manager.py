@@ -22,6 +22,7 @@ import contextlib
 import weakref
 from typing import Callable
 
+from minigrad.autodiff.autocast import autocast_off
 from minigrad.autodiff.engine import (
     WeightPass,
     run_backward,
@@ -30,6 +31,7 @@ from minigrad.autodiff.engine import (
 )
 from minigrad.autodiff.recording import STATE, Recording, recording_for
 from minigrad.autodiff.tensor import Tensor
+from minigrad.backend.dtypes import is_floating
 
 
 class _WithRecords:
@@ -79,7 +81,7 @@ class GradManager(_WithRecords):
         for t in tensors:
             if not isinstance(t, Tensor):
                 raise TypeError(f"GradManager.attach: expected Tensors, got {type(t).__name__}")
-            if t.dtype.kind != "f":
+            if not is_floating(t.dtype):
                 raise TypeError(
                     f"GradManager.attach: only float tensors can have gradients, got dtype "
                     f"{t.dtype} (shape {t.shape})"
@@ -327,10 +329,12 @@ class GradManager(_WithRecords):
     @contextlib.contextmanager
     def _backward_context(self, rec: Recording):
         """While a pass runs: ``get_backwarding_grad_manager()`` is this manager, and ops are
-        recorded only for the managers that see this backward (entered before it)."""
+        recorded only for the managers that see this backward (entered before it), and autocast
+        is off (gradient ops run in the dtypes of the recorded forward)."""
         STATE.backwarding.append(self)
         try:
-            with recording_for(tuple(r for r in STATE.tape if r.level < rec.level)):
+            with recording_for(tuple(r for r in STATE.tape if r.level < rec.level)), \
+                    autocast_off():
                 yield
         finally:
             STATE.backwarding.pop()

@@ -27,6 +27,7 @@ from minigrad import seams
 from minigrad.autodiff.recording import is_recording
 from minigrad.backend.device import Device, as_device, get_default_device_obj
 from minigrad.backend.device_checks import raise_deferred_errors
+from minigrad.backend.dtypes import is_floating, parse_extra_dtype
 from minigrad.backend.xp import cupy_or_none, get_array_module, to_numpy
 
 _F = seams.FUNCTIONAL.value  # minigrad.functional once it is imported (minigrad.seams)
@@ -44,17 +45,23 @@ _DTYPE_ALIASES = {"float": "float32", "int": "int32", "half": "float16", "double
 
 
 def as_dtype(dtype) -> np.dtype | None:
-    """Normalise a dtype spec (``"float32"``, ``np.float32``, ``mg.float32``) to ``np.dtype``."""
+    """Normalise a dtype spec (``"float32"``, ``np.float32``, ``mg.float32``, ``"bfloat16"``) to
+    ``np.dtype``; ``"bfloat16"`` comes from ``ml_dtypes`` (see ``minigrad.backend.dtypes``)."""
     if dtype is None:
         return None
     if isinstance(dtype, str):
         dtype = _DTYPE_ALIASES.get(dtype, dtype)
+        extra = parse_extra_dtype(dtype)
+        if extra is not None:
+            return extra
     return np.dtype(dtype)
 
 
 def _default_dtype(data) -> np.dtype | None:
     """Python data gets float32/int32/bool like MegEngine; arrays keep their dtype."""
     if hasattr(data, "dtype"):
+        if data.dtype.kind == "V":
+            is_floating(data.dtype)  # notes a bfloat16 array (backend.dtypes.SEEN)
         return None
     if isinstance(data, bool):
         return np.dtype(bool)
@@ -578,7 +585,7 @@ class Parameter(Tensor):
 
     def __init__(self, data=None, dtype=None, device=None, name: str | None = None):
         super().__init__(data, dtype=dtype, device=device, name=name)
-        if self.dtype.kind != "f":
+        if not is_floating(self.dtype):
             if dtype is not None:
                 raise TypeError(f"Parameter: parameters must be float, got dtype {self.dtype}")
             self._data = self._data.astype(np.float32)

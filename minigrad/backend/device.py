@@ -21,6 +21,7 @@ import numpy as np
 
 from minigrad import seams
 from minigrad.backend.device_checks import raise_deferred_errors
+from minigrad.backend.dtypes import is_bfloat16
 from minigrad.backend.transfer import host_to_device
 from minigrad.backend.xp import (
     cupy_import_error,
@@ -200,6 +201,11 @@ class Device:
             if is_cupy_array(array):
                 array = cupy_or_none().asnumpy(array)
             return np.asarray(array, dtype=dtype)
+        if _is_bfloat16(dtype) or (dtype is None and _is_bfloat16(getattr(array, "dtype", None))):
+            raise TypeError(
+                f"bfloat16 on {self}: CuPy has no bfloat16 arrays; keep bfloat16 tensors on the "
+                "CPU, or use float16 on a GPU (amp.autocast(low_prec_dtype='float16'))"
+            )
         cp = self._xp
         with self._context:
             if isinstance(array, cp.ndarray):
@@ -413,3 +419,8 @@ def get_default_device() -> str:
 def get_default_device_obj() -> Device:
     name = _default_name or os.environ.get("MINIGRAD_DEFAULT_DEVICE") or "xpux"
     return as_device(name)
+
+
+def _is_bfloat16(dtype) -> bool:
+    """Whether ``dtype`` (an ``np.dtype``, None or anything else) is bfloat16."""
+    return isinstance(dtype, np.dtype) and is_bfloat16(dtype)

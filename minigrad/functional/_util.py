@@ -6,8 +6,10 @@ import numbers
 
 import numpy as np
 
+from minigrad.autodiff.autocast import thread_policy
 from minigrad.autodiff.recording import is_recording
 from minigrad.autodiff.tensor import Tensor, as_dtype
+from minigrad.backend.dtypes import SEEN, is_bfloat16, is_floating
 
 FLOAT32 = np.dtype(np.float32)
 FLOAT16 = np.dtype(np.float16)
@@ -43,10 +45,13 @@ def binary_args(a, b, op: str, broadcast: bool = True):
     if s is None:
         raise TypeError(f"{op}: unsupported operand None (expected a Tensor, an array or a number)")
     if isinstance(s, numbers.Number) and not isinstance(s, np.ndarray):
-        if isinstance(s, (float, np.floating)) and t._data.dtype.kind != "f":
+        if isinstance(s, (float, np.floating)) and not is_floating(t._data.dtype):
             t = t.astype(FLOAT32)
         if isinstance(s, np.generic):
             s = s.item()
+        if t._data.dtype.kind == "V" and is_floating(t._data.dtype):
+            # bfloat16 (ml_dtypes) promotes a Python float to float32: keep the tensor's dtype
+            s = t.xp.asarray(s, dtype=t._data.dtype)
     else:
         s = Tensor(s, device=t._device)
         check_compatible(op, *((t, s) if ta else (s, t)), broadcast=broadcast)
@@ -76,7 +81,7 @@ def accumulate_dtype(dtype) -> np.dtype:
     """The result dtype of sum/prod/cumsum: floats and 32/64-bit ints keep theirs (NumPy would widen
     int32 to int64); bool and 8/16-bit ints accumulate in int32 so they do not overflow at once."""
     dtype = np.dtype(dtype)
-    if dtype.kind == "f" or (dtype.kind in "iu" and dtype.itemsize >= 4):
+    if is_floating(dtype) or (dtype.kind in "iu" and dtype.itemsize >= 4):
         return dtype
     return np.dtype(np.int32)
 
@@ -87,8 +92,15 @@ def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
     Returns ``(tensors, result_dtype)``: with ``"float32"`` and any float16 input, the inputs cast
     to float32 and float16 as the dtype to cast the result back to; otherwise the inputs unchanged
     and None. Any other mode is an error naming the op (it used to be accepted and ignored).
+    bfloat16 inputs always compute in float32 (NumPy has no bfloat16 product) and the result is
+    rounded to bfloat16.
     """
-    if compute_mode == "default":  # the common case, on every matmul: no work
+    if compute_mode == "default":  # the common case, on every matmul: one slot read
+        if not SEEN.bfloat16:
+            return tensors, None
+        for t in tensors:
+            if t._data.dtype.kind == "V" and is_bfloat16(t._data.dtype):
+                return tuple(x.astype(FLOAT32) for x in tensors), t._data.dtype
         return tensors, None
     mode = str(compute_mode).lower()
     if mode not in COMPUTE_MODES:
@@ -98,6 +110,57 @@ def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
     if mode == "float32" and any(t.dtype == FLOAT16 for t in tensors):
         return tuple(t.astype(FLOAT32) for t in tensors), FLOAT16
     return tensors, None
+
+
+def autocast_low(op: str, *tensors):
+    """The inputs of a matrix product (``linear``, ``matmul``, a convolution, attention) under
+    autocast: float32 and low-precision float inputs are rounded to the thread's ``low`` dtype;
+    the caller checked ``AUTOCAST.enabled``. Returns ``(tensors, result_dtype)`` like
+    :func:`compute_mode_inputs`: the caller computes with the returned tensors and casts its result
+    to ``result_dtype`` when it is not None.
+
+    On the CPU NumPy has no fast float16 product and no bfloat16 one at all, so the rounded inputs
+    go back to float32, the product accumulates in float32 and the result is rounded to the low
+    dtype (what tensor cores do: low-precision inputs, float32 accumulation). On a GPU float16
+    inputs go to CuPy's float16 product (cuBLAS); bfloat16 is refused there (CuPy has no
+    bfloat16 arrays). Others (None, integers, float64) pass unchanged.
+    """
+    policy = thread_policy()
+    if policy is None:  # another thread is in autocast, not this one
+        return tensors, None
+    low = policy.low
+    out = []
+    on_cpu, cast = True, False
+    for t in tensors:
+        if isinstance(t, Tensor) and is_floating(t.dtype) and t.dtype.itemsize <= 4:
+            on_cpu = t._device.kind == "cpu"
+            if not on_cpu and is_bfloat16(low):
+                raise TypeError(
+                    f"{op}: autocast to bfloat16 on {t._device}: CuPy has no bfloat16 arrays; "
+                    "use low_prec_dtype='float16' on a GPU"
+                )
+            if t.dtype != low:
+                t = t.astype(low)
+            if on_cpu:
+                t = t.astype(FLOAT32)
+            cast = True
+        out.append(t)
+    return tuple(out), (low if cast and on_cpu else None)
+
+
+def autocast_high(*tensors):
+    """The inputs of an op on autocast's float32 list (softmax, losses, norms, ``exp``/``log``,
+    ``sum``/``mean``): low-precision float inputs are cast to the thread's ``high`` dtype; the
+    caller checked ``AUTOCAST.enabled``. Other inputs pass unchanged."""
+    policy = thread_policy()
+    if policy is None:  # another thread is in autocast, not this one
+        return tensors
+    high = policy.high
+    return tuple(
+        t.astype(high) if isinstance(t, Tensor) and is_floating(t.dtype)
+        and t.dtype.itemsize < high.itemsize else t
+        for t in tensors
+    )
 
 
 def data(x):
@@ -141,6 +204,8 @@ __all__ = [
     "as_tensor",
     "binary_args",
     "accumulate_dtype",
+    "autocast_high",
+    "autocast_low",
     "check_compatible",
     "compute_mode_inputs",
     "data",

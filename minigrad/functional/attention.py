@@ -14,10 +14,11 @@ import math
 
 import numpy as np
 
+from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
-from minigrad.functional._util import recording_backward
+from minigrad.functional._util import autocast_low, recording_backward
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import linear, matmul
 from minigrad.functional.reduction import sum as _sum
@@ -203,12 +204,19 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
             f"q[-1] == k[-1] and k[-2] == v[-2])"
         )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    result_dtype = None
+    if AUTOCAST.enabled:  # low-precision inputs (see minigrad.autodiff.autocast)
+        (q, k, v), result_dtype = autocast_low(op, q, k, v)
+        mask = attn_mask
+        if isinstance(mask, Tensor) and mask.dtype.kind != "b" and mask.dtype != q.dtype:
+            attn_mask = mask.astype(q.dtype)  # a float mask adds in the product's dtype
     if dropout_p > 0.0:
         bias = attention_bias(q.shape[-2], k.shape[-2], attn_mask, is_causal, like=q)
-        return matmul(dropout(_weights(q, k, bias, scale), dropout_p, training=True), v)
-    # without dropout the fused kernel applies causality itself: no (L, S) mask array
-    bias = attention_bias(q.shape[-2], k.shape[-2], attn_mask, False, like=q)
-    return _Attention()(q, k, v, bias, scale, bool(is_causal))
+        out = matmul(dropout(_weights(q, k, bias, scale), dropout_p, training=True), v)
+    else:  # without dropout the fused kernel applies causality itself: no (L, S) mask array
+        bias = attention_bias(q.shape[-2], k.shape[-2], attn_mask, False, like=q)
+        out = _Attention()(q, k, v, bias, scale, bool(is_causal))
+    return out if result_dtype is None else out.astype(result_dtype)
 
 
 def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_proj_bias=None,

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
-from minigrad.functional._util import compute_mode_inputs
+from minigrad.functional._util import autocast_low, compute_mode_inputs
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import matmul
 from minigrad.functional.shape import reshape
@@ -206,6 +207,8 @@ def _add_bias(op: str, out: Tensor, bias) -> Tensor:
     bias = _bias_vector(op, bias, out.shape[1])
     if bias is None:
         return out
+    if AUTOCAST.enabled and bias.dtype != out.dtype:  # the product's dtype, not a promotion
+        bias = bias.astype(out.dtype)
     return out + reshape(bias, (1, out.shape[1]) + (1,) * (out.ndim - 2))
 
 
@@ -223,6 +226,8 @@ def _conv_args(op, inp, weight, stride, padding, dilation, groups, conv_mode, co
     and the dtype to cast the result back to (None: keep it)."""
     _check_mode(op, conv_mode)
     (inp, weight), result_dtype = compute_mode_inputs(op, compute_mode, _f(inp), _f(weight))
+    if AUTOCAST.enabled:  # low-precision inputs (see minigrad.autodiff.autocast)
+        (inp, weight), result_dtype = autocast_low(op, inp, weight)
     weight = _group_weight(op, weight, groups)
     _check_input(op, inp)
     stride, padding = _pair(stride, "stride", op), _pair(padding, "padding", op)

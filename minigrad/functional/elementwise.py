@@ -11,12 +11,15 @@ import math
 
 import numpy as np
 
+from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function, dispatches
 from minigrad.autodiff.tensor import Tensor, as_dtype
 from minigrad.backend.device import as_device
+from minigrad.backend.dtypes import is_floating
 from minigrad.backend.xp import erf as erf_kernel
 from minigrad.functional._util import (
     FLOAT32,
+    autocast_high,
     binary_args,
     check_compatible,
     data,
@@ -225,7 +228,7 @@ def div(x, y) -> Tensor:
     """``x / y``, true division with broadcasting: integer operands are promoted to float32
     first (as in MegEngine). Differentiable in both."""
     x, y = binary_args(x, y, "div")
-    if not any(isinstance(t, Tensor) and t.dtype.kind == "f" for t in (x, y)):
+    if not any(isinstance(t, Tensor) and is_floating(t.dtype) for t in (x, y)):
         x, y = (t.astype(FLOAT32) if isinstance(t, Tensor) else t for t in (x, y))
     return Div()(x, y)
 
@@ -467,7 +470,8 @@ def _t(x) -> Tensor:
 def _f(x) -> Tensor:
     """Tensor with a float dtype (integer inputs to float math become float32, as in MegEngine)."""
     x = _t(x)
-    return x if x._data.dtype.kind == "f" else x.astype(FLOAT32)
+    dtype = x._data.dtype
+    return x if dtype.kind == "f" or is_floating(dtype) else x.astype(FLOAT32)
 
 
 def neg(x) -> Tensor:
@@ -475,13 +479,21 @@ def neg(x) -> Tensor:
     return Neg()(_t(x))
 
 
-def _unary(function_class: type[Function], name: str, doc: str, float_input: bool = True):
+def _unary(function_class: type[Function], name: str, doc: str, float_input: bool = True,
+           autocast_float32: bool = False):
     """The public op ``name(x)``: ``x`` made a tensor (a float one when ``float_input``: integer
-    input becomes float32, as in MegEngine), then one node."""
+    input becomes float32, as in MegEngine), then one node. ``autocast_float32``: under autocast
+    a low-precision input is computed in float32 (see ``minigrad.autodiff.autocast``)."""
     coerce = _f if float_input else _t
 
-    def op(x) -> Tensor:
-        return function_class()(coerce(x))
+    if autocast_float32:
+        def op(x) -> Tensor:
+            if AUTOCAST.enabled:
+                return function_class()(*autocast_high(coerce(x)))
+            return function_class()(coerce(x))
+    else:
+        def op(x) -> Tensor:
+            return function_class()(coerce(x))
 
     return _public(op, name, doc)
 
@@ -491,10 +503,11 @@ exp = _unary(Exp, "exp", """``e ** x`` elementwise.
     Example::
 
         F.exp(mg.tensor([0.0, 1.0]))   # Tensor([1., 2.7182817])
-    """)
-log = _unary(Log, "log", "The natural logarithm elementwise (``-inf`` at 0, NaN below).")
-log1p = _unary(Log1p, "log1p", "``log(1 + x)``, accurate for tiny ``x``.")
-expm1 = _unary(Expm1, "expm1", "``e ** x - 1``, accurate for tiny ``x``.")
+    """, autocast_float32=True)
+log = _unary(Log, "log", "The natural logarithm elementwise (``-inf`` at 0, NaN below).",
+             autocast_float32=True)
+log1p = _unary(Log1p, "log1p", "``log(1 + x)``, accurate for tiny ``x``.", autocast_float32=True)
+expm1 = _unary(Expm1, "expm1", "``e ** x - 1``, accurate for tiny ``x``.", autocast_float32=True)
 sqrt = _unary(Sqrt, "sqrt", "The square root elementwise.")
 sin = _unary(Sin, "sin", "The sine elementwise (radians).")
 cos = _unary(Cos, "cos", "The cosine elementwise (radians).")
@@ -632,7 +645,7 @@ class AsType(Function):
         return x._data.astype(dtype)
 
     def backward(self, dy):
-        return (dy.astype(self.src) if self.src.kind == "f" else None), None
+        return (dy.astype(self.src) if is_floating(self.src) else None), None
 
 
 class Copy(Function):

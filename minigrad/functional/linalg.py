@@ -7,9 +7,11 @@ import re
 
 import numpy as np
 
+from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Tensor
 from minigrad.functional._util import (
+    autocast_low,
     binary_args,
     check_compatible,
     compute_mode_inputs,
@@ -77,6 +79,8 @@ def matmul(inp1, inp2, transpose_a: bool = False, transpose_b: bool = False,
             f"matmul: batch dimensions of shapes {a.shape} and {b.shape} cannot be broadcast"
         ) from None
     (a, b), result_dtype = compute_mode_inputs("matmul", compute_mode, a, b)
+    if AUTOCAST.enabled:  # low-precision inputs (see minigrad.autodiff.autocast)
+        (a, b), result_dtype = autocast_low("matmul", a, b)
     squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
     if squeeze_a:
         a = reshape(a, (1, a.shape[0]))
@@ -154,6 +158,9 @@ def einsum(equation: str, *args) -> Tensor:
         raise ValueError(f"einsum: spec {spec!r} names {len(terms)} operands, got {len(operands)}")
     xs = [x if isinstance(x, Tensor) else Tensor(x) for x in operands]
     check_compatible("einsum", *xs, broadcast=False)
+    result_dtype = None
+    if AUTOCAST.enabled:  # low-precision inputs (see minigrad.autodiff.autocast)
+        xs, result_dtype = autocast_low("einsum", *xs)
     sizes: dict[str, int] = {}
     for term, x in zip(terms, xs, strict=True):
         if not _SUBSCRIPT.match(term) or len(set(term)) != len(term):
@@ -163,7 +170,8 @@ def einsum(equation: str, *args) -> Tensor:
         for c, n in zip(term, x.shape, strict=True):
             if sizes.setdefault(c, n) != n:
                 raise ValueError(f"einsum: subscript {c!r} has sizes {sizes[c]} and {n}")
-    return Einsum()(spec, *xs)
+    out = Einsum()(spec, *xs)
+    return out if result_dtype is None else out.astype(result_dtype)
 
 
 class Linear(Function):
@@ -201,6 +209,10 @@ def linear(inp, weight, bias=None, compute_mode: str = "default") -> Tensor:
         y = F.linear(x, w, b)   # x (N, 784), w (10, 784), b (10,): (N, 10)
     """
     (inp, weight), result_dtype = compute_mode_inputs("linear", compute_mode, _f(inp), _f(weight))
+    if AUTOCAST.enabled:  # low-precision inputs (see minigrad.autodiff.autocast)
+        if bias is not None and not isinstance(bias, Tensor):
+            bias = Tensor(bias, dtype=weight.dtype, device=weight._device)
+        (inp, weight, bias), result_dtype = autocast_low("linear", inp, weight, bias)
     if weight.ndim != 2 or inp.ndim == 0 or inp.shape[-1] != weight.shape[-1]:
         raise ValueError(
             f"linear: input has {inp.shape[-1] if inp.ndim else 0} features (shape {inp.shape}) "

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.device_checks import check_range
 from minigrad.backend.xp import to_numpy
-from minigrad.functional._util import recording_backward
+from minigrad.functional._util import autocast_high, recording_backward
 from minigrad.functional.elementwise import _f, exp, log, log1p, relu
 from minigrad.functional.elementwise import abs as _abs
 from minigrad.functional.reduction import sum as _sum
@@ -49,6 +50,8 @@ def _float_pair(op: str, pred, label):
     pred = _f(pred)
     label = label if isinstance(label, Tensor) else Tensor(label, device=pred._device)
     label = _f(label)
+    if AUTOCAST.enabled:  # losses compute in float32 (see minigrad.autodiff.autocast)
+        pred, label = autocast_high(pred, label)
     if pred.shape != label.shape:
         raise ValueError(f"{op}: pred shape {pred.shape} and label shape {label.shape} differ")
     return pred, label
@@ -99,6 +102,8 @@ def cross_entropy(pred, label, axis: int = 1, with_logits: bool = True, label_sm
     op = "cross_entropy"
     _check_reduction(reduction, op)
     pred = _f(pred)
+    if AUTOCAST.enabled:  # losses compute in float32 (see minigrad.autodiff.autocast)
+        (pred,) = autocast_high(pred)
     label = label if isinstance(label, Tensor) else Tensor(np.asarray(label), device=pred._device)
     if label.dtype.kind not in "iu":
         raise TypeError(f"{op}: label must be an integer tensor, got dtype {label.dtype}")

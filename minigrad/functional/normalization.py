@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import numbers
 
+from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
 from minigrad.backend.xp import get_array_module, on_device_of
-from minigrad.functional._util import data, recording_backward
+from minigrad.functional._util import autocast_high, data, recording_backward
 from minigrad.functional.elementwise import _f, sqrt
 from minigrad.functional.reduction import mean
 from minigrad.functional.reduction import sum as _sum
@@ -149,6 +150,8 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
     """
     op = "batch_norm"
     inp = _f(inp)
+    if AUTOCAST.enabled:  # norms compute in float32 (see minigrad.autodiff.autocast)
+        (inp,) = autocast_high(inp)
     if inp.ndim < 2:
         raise ValueError(f"{op}: expected an input (N, C, ...), got shape {inp.shape}")
     c, nd = inp.shape[1], inp.ndim
@@ -192,6 +195,8 @@ def layer_norm(inp, normalized_shape, affine: bool = True, weight=None, bias=Non
     result is scaled by ``weight`` and shifted by ``bias`` (both of shape ``normalized_shape``)."""
     op = "layer_norm"
     inp = _f(inp)
+    if AUTOCAST.enabled:  # norms compute in float32 (see minigrad.autodiff.autocast)
+        (inp,) = autocast_high(inp)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(shape)
     if k == 0 or inp.shape[inp.ndim - k :] != shape:
@@ -220,6 +225,8 @@ def group_norm(inp, num_groups: int, affine: bool = True, weight=None, bias=None
     ``weight``/``bias`` are per channel, (C,) or (1, C, 1, 1)."""
     op = "group_norm"
     inp = _f(inp)
+    if AUTOCAST.enabled:  # norms compute in float32 (see minigrad.autodiff.autocast)
+        (inp,) = autocast_high(inp)
     if inp.ndim < 2:
         raise ValueError(f"{op}: expected an input (N, C, ...), got shape {inp.shape}")
     n, c = inp.shape[:2]
@@ -249,6 +256,8 @@ def instance_norm(inp, affine: bool = True, weight=None, bias=None, eps: float =
     """
     op = "instance_norm"
     inp = _f(inp)
+    if AUTOCAST.enabled:  # norms compute in float32 (see minigrad.autodiff.autocast)
+        (inp,) = autocast_high(inp)
     if inp.ndim < 3:
         raise ValueError(f"{op}: expected an input (N, C, spatial...), got shape {inp.shape}")
     if affine and (weight is None or bias is None):

@@ -6,9 +6,15 @@ compositions.
 
 from __future__ import annotations
 
+from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function, dispatches
 from minigrad.autodiff.tensor import Tensor
-from minigrad.functional._util import accumulate_dtype, normalize_axis, recording_backward
+from minigrad.functional._util import (
+    accumulate_dtype,
+    autocast_high,
+    normalize_axis,
+    recording_backward,
+)
 from minigrad.functional.elementwise import _f, _t, exp, log, sqrt, where
 from minigrad.functional.elementwise import abs as _abs
 from minigrad.functional.shape import broadcast_to, expand_dims, reshape, transpose
@@ -102,6 +108,8 @@ def sum(inp, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
         F.sum(x, axis=1, keepdims=True)   # x (N, C) -> (N, 1)
     """
     x = _t(inp)
+    if AUTOCAST.enabled:  # sums of many elements in float32 (see minigrad.autodiff.autocast)
+        (x,) = autocast_high(x)
     axes = normalize_axis(axis, x.ndim, "sum")
     return Sum()(x, axes, keepdims)
 
@@ -114,6 +122,8 @@ def mean(inp, axis=None, keepdims: bool = False) -> Tensor:
         loss = F.mean((pred - label) ** 2)
     """
     x = _f(inp)
+    if AUTOCAST.enabled:  # sums of many elements in float32 (see minigrad.autodiff.autocast)
+        (x,) = autocast_high(x)
     axes = normalize_axis(axis, x.ndim, "mean")
     n = 1
     for a in axes:

@@ -8,10 +8,11 @@ every attention layer.
 
 from __future__ import annotations
 
+from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
-from minigrad.functional._util import recording_backward
+from minigrad.functional._util import autocast_high, recording_backward
 from minigrad.functional.elementwise import _f, exp
 from minigrad.functional.reduction import sum as _sum
 
@@ -66,12 +67,16 @@ def softmax(inp, axis: int | None = None) -> Tensor:
         probs = F.softmax(logits, axis=1)   # each row sums to 1
     """
     inp = _f(inp)
+    if AUTOCAST.enabled:  # float32 (see minigrad.autodiff.autocast)
+        (inp,) = autocast_high(inp)
     return Softmax()(inp, _axis(inp, axis, "softmax"))
 
 
 def logsoftmax(inp, axis: int | None = None) -> Tensor:
     """``x - logsumexp(x)`` along ``axis`` (default: the last); stable for large logits."""
     inp = _f(inp)
+    if AUTOCAST.enabled:  # float32 (see minigrad.autodiff.autocast)
+        (inp,) = autocast_high(inp)
     return LogSoftmax()(inp, _axis(inp, axis, "logsoftmax"))
 
 

@@ -36,6 +36,7 @@ import math
 
 import numpy as np
 
+from minigrad.backend.dtypes import is_floating
 from minigrad.backend.xp import get_array_module
 
 __all__ = [
@@ -101,21 +102,26 @@ def backend_for(array):
     return module
 
 
+def _is_half(a) -> bool:
+    dtype = getattr(a, "dtype", None)
+    return dtype is not None and dtype.itemsize == 2 and is_floating(dtype)
+
+
 def _contiguous(a):
     return a if a.flags.c_contiguous else a.copy()
 
 
 def _half_in_float32(fn):
-    """Run ``fn`` on float32 copies of its float16 array arguments (the kernels compute in float32
-    or float64) and hand float32 array results back as float16."""
+    """Run ``fn`` on float32 copies of its 2-byte float (float16, bfloat16) array arguments (the
+    kernels compute in float32 or float64) and hand float32 array results back in that dtype."""
 
     @functools.wraps(fn)
     def wrapper(*args):
-        if not any(getattr(a, "dtype", None) == "float16" for a in args):
+        half = next((a.dtype for a in args if _is_half(a)), None)
+        if half is None:
             return fn(*args)
-        out = fn(*(a.astype("float32") if getattr(a, "dtype", None) == "float16" else a
-                   for a in args))
-        back = [r.astype("float16") if getattr(r, "dtype", None) == "float32" else r
+        out = fn(*(a.astype("float32") if _is_half(a) else a for a in args))
+        back = [r.astype(half) if getattr(r, "dtype", None) == "float32" else r
                 for r in (out if isinstance(out, tuple) else (out,))]
         return tuple(back) if isinstance(out, tuple) else back[0]
 
