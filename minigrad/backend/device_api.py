@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import os
+import tracemalloc
 
 from minigrad.backend import device as _backend
 from minigrad.backend.xp import cupy_or_none
@@ -37,12 +38,14 @@ __all__ = [
     "get_cudnn_version",
     "get_default_device",
     "get_device_count",
+    "get_max_allocated_memory",
     "get_mem_status_bytes",
     "get_reserved_memory",
     "is_atlas_available",
     "is_cambricon_available",
     "is_cuda_available",
     "is_rocm_available",
+    "reset_max_memory_stats",
     "set_default_device",
     "what_is_xpu",
 ]
@@ -98,8 +101,46 @@ def get_mem_status_bytes(device=None) -> tuple[int, int]:
     return int(total), int(free)
 
 
+def _host_tracing(what: str) -> None:
+    if not tracemalloc.is_tracing():
+        raise RuntimeError(
+            f"{what}: host memory is counted by tracemalloc, which is off; call "
+            "mg.device.reset_max_memory_stats('cpu0') (or run a Profiler with "
+            "profile_memory=True) to start counting"
+        )
+
+
+def reset_max_memory_stats(device=None) -> None:
+    """Start the peak of :func:`get_max_allocated_memory` afresh. On a CPU device this starts
+    Python's ``tracemalloc`` if it is not running (NumPy reports its array memory to it; counting
+    costs time, so it is off until asked for)."""
+    dev = as_device(device)
+    if dev.kind != "cpu":
+        raise ValueError(f"reset_max_memory_stats: {dev}: peaks are kept for the host only; "
+                         "sample get_allocated_memory on a GPU")
+    if not tracemalloc.is_tracing():
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+
+
+def get_max_allocated_memory(device=None) -> int:
+    """The most bytes live arrays held on a CPU ``device`` since
+    :func:`reset_max_memory_stats` (Python objects included: tracemalloc counts every
+    allocation of the process)."""
+    dev = as_device(device)
+    if dev.kind != "cpu":
+        raise ValueError(f"get_max_allocated_memory: {dev}: peaks are kept for the host only; "
+                         "sample get_allocated_memory on a GPU")
+    _host_tracing("get_max_allocated_memory")
+    return tracemalloc.get_traced_memory()[1]
+
+
 def get_allocated_memory(device=None) -> int:
-    """Bytes held by live arrays in CuPy's memory pool on a GPU ``device``."""
+    """Bytes held by live arrays: in CuPy's memory pool on a GPU ``device``; on a CPU device
+    the bytes tracemalloc counts (after :func:`reset_max_memory_stats` started it)."""
+    if as_device(device).kind == "cpu":
+        _host_tracing("get_allocated_memory")
+        return tracemalloc.get_traced_memory()[0]
     dev = _gpu(device, "get_allocated_memory")
     cp = _cuda("get_allocated_memory")
     with dev.context():

@@ -15,6 +15,12 @@ file is there, ``<path>/merged.chrome_timeline.json`` with all ranks side by sid
 wall-clock microseconds, so ranks on one host line up. :meth:`Profiler.summary` is a table of the
 ops that took the most time.
 
+With ``profile_memory=True`` each module's end adds a counter event of the bytes in use (host
+memory through ``tracemalloc``, which NumPy reports to; on a GPU also CuPy's pool), and
+``peak_host_bytes`` / ``peak_gpu_bytes`` hold the peaks of the run (the host's also through
+``mg.device.get_max_allocated_memory("cpu0")``). Counting host memory slows every allocation, so
+it is off unless asked for.
+
 Example::
 
     from minigrad.utils.profiler import Profiler
@@ -31,11 +37,14 @@ import json
 import os
 import threading
 import time
+import tracemalloc
 from collections import defaultdict
 from typing import Callable
 
 from minigrad import seams
 from minigrad.autodiff.tensor import Tensor
+from minigrad.backend import device_api
+from minigrad.backend.device import get_default_device_obj
 
 MERGE_WAIT = 120.0  # seconds rank 0 waits for the other ranks' files before merging what is there
 
@@ -57,8 +66,10 @@ class Profiler:
     """
 
     def __init__(self, path: str = "profile", format: str = "chrome_timeline.json",
-                 model=None, **kwargs):
-        self.path, self.format = path, format
+                 model=None, profile_memory: bool = False, **kwargs):
+        self.path, self.format, self.profile_memory = path, format, profile_memory
+        self.peak_host_bytes = self.peak_gpu_bytes = None
+        self._stop_tracing = False
         self._names = {id(m): name or type(m).__name__ for name, m in model.named_modules()} \
             if model is not None else {}
         self.events: list[dict] = []
@@ -95,6 +106,18 @@ class Profiler:
         finally:
             name = self._names.get(id(module), type(module).__name__)
             self._add(name, "module", start, {"class": type(module).__name__})
+            if self.profile_memory:
+                self._memory_sample()
+
+    def _memory_sample(self) -> None:
+        counts = {"host": device_api.get_allocated_memory("cpu0")}
+        gpu = get_default_device_obj()
+        if gpu.kind == "gpu":
+            counts["gpu"] = device_api.get_allocated_memory(gpu)
+            self.peak_gpu_bytes = max(self.peak_gpu_bytes or 0, counts["gpu"])
+        with self._lock:
+            self.events.append({"name": "memory (bytes)", "ph": "C", "ts": _now_us(),
+                                "pid": self.rank, "tid": threading.get_ident(), "args": counts})
 
     def event(self, name: str, category: str, start: float, end: float, **args) -> None:
         """Add an event measured elsewhere (``start``/``end``: ``time.time()`` seconds), e.g. a
@@ -125,12 +148,19 @@ class Profiler:
         """Begin recording (``with Profiler(...)`` calls this)."""
         if seams.TRACER.value is not None:
             raise RuntimeError("Profiler: another profiler is already running in this process")
+        if self.profile_memory:
+            self._stop_tracing = not tracemalloc.is_tracing()
+            device_api.reset_max_memory_stats("cpu0")
         self._previous = seams.TRACER.install(self)
         return self
 
     def stop(self) -> None:
         """Stop recording and write this rank's trace (and, on rank 0, the merged one)."""
         seams.TRACER.install(self._previous)
+        if self.profile_memory:
+            self.peak_host_bytes = device_api.get_max_allocated_memory("cpu0")
+            if self._stop_tracing:
+                tracemalloc.stop()
         self.dump()
 
     def __enter__(self) -> "Profiler":

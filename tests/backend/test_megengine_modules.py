@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import minigrad.device as device
+import numpy as np
 import pytest
 
 import minigrad as mg
@@ -49,12 +50,30 @@ def test_default_device_round_trip():
 
 
 def test_memory_status_on_the_cpu():
-    """get_mem_status_bytes returns (total, free); on a CPU device that is host memory. The pool
-    statistics exist only on GPUs and say so."""
+    """get_mem_status_bytes returns (total, free); on a CPU device that is host memory. Host
+    allocation statistics come from tracemalloc, off until reset_max_memory_stats starts it."""
+    import tracemalloc
+
     total, free = device.get_mem_status_bytes("cpu0")
     assert total >= free > 0
-    with pytest.raises(ValueError, match="get_allocated_memory: cpu0 is a CPU device"):
-        device.get_allocated_memory("cpu0")
+    was_tracing = tracemalloc.is_tracing()
+    tracemalloc.stop()
+    try:
+        with pytest.raises(RuntimeError, match="get_allocated_memory: host memory is counted by "
+                                               "tracemalloc, which is off"):
+            device.get_allocated_memory("cpu0")
+        device.reset_max_memory_stats("cpu0")
+        before = device.get_allocated_memory("cpu0")
+        big = np.ones(1 << 20)  # 8 MiB, reported by NumPy to tracemalloc
+        assert device.get_allocated_memory("cpu0") - before >= big.nbytes
+        del big
+        assert device.get_max_allocated_memory("cpu0") - before >= 8 << 20
+        assert device.get_allocated_memory("cpu0") - before < 1 << 20
+        device.reset_max_memory_stats("cpu0")
+        assert device.get_max_allocated_memory("cpu0") - before < 1 << 20
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
     device.coalesce_free_memory()  # harmless everywhere
 
 

@@ -141,3 +141,43 @@ def test_pipeline_actions_are_the_engines_own_timeline(tmp_path):
         names = [e["name"] for e in spans if e["cat"] == "pipeline"]
         assert names == [a if mb is None else f"{a} mb{mb}" for a, mb in timeline]
         assert any(n.startswith("F mb") for n in names)
+
+
+class Grow(M.Module):
+    """Makes an 8 MiB temporary: the memory counter must see it."""
+
+    def forward(self, x):
+        big = mg.tensor(np.ones((1 << 20,), np.float64))
+        return x + big.sum()
+
+
+def test_memory_counters_and_the_host_peak(tmp_path):
+    import tracemalloc
+
+    was_tracing = tracemalloc.is_tracing()
+    net = M.Sequential(M.Linear(3, 3), Grow())
+    with Profiler(str(tmp_path), profile_memory=True) as prof:
+        net(mg.tensor(np.ones((2, 3), np.float32)))
+    assert prof.peak_host_bytes >= 8 << 20
+    assert tracemalloc.is_tracing() == was_tracing  # put back as it was
+    trace = load(tmp_path / "rank0.chrome_timeline.json")
+    counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
+    assert len(counters) == 3 and all(e["args"]["host"] >= 0 for e in counters)  # 3 modules
+
+
+def _collectives_on_the_timeline(path):
+    x = np.ones(5, np.float32)
+    with Profiler(path):
+        dist.all_reduce(x)
+        dist.broadcast(x, src=0)
+    return x.tolist()
+
+
+def test_collectives_are_on_the_timeline(tmp_path):
+    run_workers(_collectives_on_the_timeline, 2, str(tmp_path))
+    for rank in (0, 1):
+        spans = check_trace_format(load(tmp_path / f"rank{rank}.chrome_timeline.json"), {rank})
+        coll = [e for e in spans if e["cat"] == "collective"]
+        assert [e["name"] for e in coll] == ["all_reduce", "broadcast"]
+        assert coll[0]["args"]["bytes"] == 20 and coll[0]["args"]["group"] == [0, 1]
+        assert coll[0]["args"]["seq"] < coll[1]["args"]["seq"]

@@ -169,7 +169,7 @@ class _Call:
             except CollectiveError as exc:
                 recorder.on_failure(exc)
                 raise
-            record.end = time.time()
+            recorder.finish(record)
             return out
 
         if async_op:
@@ -457,7 +457,7 @@ def _logged(transfer: Callable[[], None], kind: str, world: GroupContext, dst: i
 
     def run() -> None:
         transfer()
-        record.end = time.time()
+        recorder.finish(record)
 
     return run
 
@@ -469,7 +469,8 @@ def _recv_now(src: int, out, device, world: GroupContext, with_tag: bool = False
     y = _received_array(src, out, device, world, header, y)
     route = header.get("via", world.host_route)
     record = recorder.begin("recv", (src, world.global_rank), None, [y], route)
-    record.start, record.end = start, time.time()
+    record.start = start
+    recorder.finish(record)
     return (y, header.get("tag")) if with_tag else y
 
 

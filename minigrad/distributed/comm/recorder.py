@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections import defaultdict
 
+from minigrad import seams
 from minigrad.distributed.runtime.log import get_logger
 
 RING_SIZE = int(os.environ.get("MINIGRAD_FLIGHT_RECORDER_SIZE", "256"))
@@ -166,6 +167,17 @@ def begin(kind: str, group, seq, arrays, provider: str) -> CallRecord:
     if comm_log.records is not None:
         comm_log.records.append(record)
     return record
+
+
+def finish(record: CallRecord) -> None:
+    """The call of ``record`` ended: note the time, and put it on the profiler's timeline when
+    one runs (category "collective", or "p2p" for messages)."""
+    record.end = time.time()
+    tracer = seams.TRACER.value
+    if tracer is not None:
+        tracer.event(record.kind, "p2p" if record.seq is None else "collective", record.start,
+                     record.end, group=list(record.group), seq=record.seq, bytes=record.nbytes,
+                     shapes=[list(s) for s in record.shapes])
 
 
 def recent() -> list[CallRecord]:
