@@ -156,7 +156,10 @@ def _pair(name: str, owner: str, value: int | Sequence[int]) -> tuple[int, int]:
 
 
 class Normalize(VisionTransform):
-    """``(image - mean) / std`` in float32; ``mean``/``std`` are scalars or per-channel."""
+    """``(image - mean) / std`` in float32; ``mean``/``std`` are scalars or per-channel (the last
+    axis). Besides HWC/HW images it accepts flat or tabular samples of any rank, such as a
+    flattened MNIST digit ``(784,)``, as MegEngine does (a 1-D ``mean`` then has one value per
+    feature)."""
 
     def __init__(self, mean: float | Sequence[float] = 0.0, std: float | Sequence[float] = 1.0,
                  order: Sequence[str] | None = None) -> None:
@@ -168,13 +171,21 @@ class Normalize(VisionTransform):
         if np.any(self.std == 0):
             raise ValueError(f"Normalize: std must be non-zero, got {self.std.tolist()}")
 
+    def _check(self, image: Any) -> np.ndarray:
+        if not isinstance(image, np.ndarray) or image.ndim == 0:
+            got = getattr(image, "shape", type(image).__name__)
+            raise ValueError(f"Normalize: expected an image or a flat sample array, got {got}")
+        return image
+
     def _apply_image(self, image: np.ndarray, params: Any) -> np.ndarray:
-        channels = image.shape[-1] if image.ndim == 3 else 1
+        channels = 1 if image.ndim == 2 else image.shape[-1]
+        what = "the HWC image has" if image.ndim == 3 else "the sample has"
+        unit = "channels" if image.ndim >= 2 else "features"
         for name, v in (("mean", self.mean), ("std", self.std)):
             if v.ndim == 1 and v.shape[0] not in (1, channels):
                 raise ValueError(
-                    f"Normalize: {name} has {v.shape[0]} values but the HWC image has {channels} "
-                    f"channels (shape {image.shape})"
+                    f"Normalize: {name} has {v.shape[0]} values but {what} {channels} {unit} "
+                    f"(shape {image.shape})"
                 )
         return (image.astype(np.float32) - self.mean) / self.std
 
