@@ -22,7 +22,9 @@ from minigrad import backend  # isort: split
 from minigrad import aliases  # noqa: F401  (installs MegEngine's import paths: minigrad.aliases)
 
 # isort: split
+import minigrad.config as config
 import minigrad.device as device
+import minigrad.logger as logger
 import minigrad.random as random
 import minigrad.tensor  # noqa: F401  (imported before the line below makes mg.tensor the class)
 from minigrad import autodiff, functional
@@ -40,6 +42,7 @@ from minigrad.backend.allocator import tune_malloc_unless_disabled
 from minigrad.functional import creation as _creation
 from minigrad.functional.creation import *  # noqa: F403  (mg.zeros, mg.arange... as MegEngine)
 from minigrad.functional.random import rand, randint, randn
+from minigrad.logger import get_logger
 from minigrad.serialization import load, save
 
 tune_malloc_unless_disabled()
@@ -68,14 +71,17 @@ __all__ = [
     "Tensor",
     "autodiff",
     "backend",
+    "config",
     "device",
     "enable_grad",
     "functional",
     "get_default_device",
     "get_device_count",
+    "get_logger",
     "get_num_threads",
     "is_cuda_available",
     "load",
+    "logger",
     "no_grad",
     "rand",
     "randint",

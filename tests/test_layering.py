@@ -27,12 +27,13 @@ PACKAGE = ROOT / "minigrad"
 
 # The layer order; a module belongs to the layer of the longest prefix that names it.
 LAYERS = [
-    ("minigrad.seams", "minigrad.aliases", "minigrad.backend"),
+    ("minigrad.seams", "minigrad.aliases", "minigrad.backend", "minigrad.config",
+     "minigrad.logger"),
     ("minigrad.autodiff",),
     ("minigrad.functional",),
     ("minigrad.module",),
     ("minigrad.optimizer", "minigrad.data", "minigrad.serialization",
-     "minigrad.megengine_checkpoint"),
+     "minigrad.megengine_checkpoint", "minigrad.hub"),
     ("minigrad.distributed",),
     ("minigrad.testing",),
 ]

@@ -8,6 +8,7 @@ import numpy as np
 
 from minigrad.autodiff.recording import is_recording
 from minigrad.autodiff.tensor import Tensor, as_dtype
+from minigrad.config import default_compute_mode
 
 FLOAT32 = np.dtype(np.float32)
 FLOAT16 = np.dtype(np.float16)
@@ -87,9 +88,12 @@ def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
     Returns ``(tensors, result_dtype)``: with ``"float32"`` and any float16 input, the inputs cast
     to float32 and float16 as the dtype to cast the result back to; otherwise the inputs unchanged
     and None. Any other mode is an error naming the op (it used to be accepted and ignored).
+    ``"default"`` follows ``mg.config.compute_mode`` ("default" unless a program sets it).
     """
-    if compute_mode == "default":  # the common case, on every matmul: no work
-        return tensors, None
+    if compute_mode == "default":  # the common case, on every matmul: one dict lookup
+        compute_mode = default_compute_mode()  # mg.config.compute_mode
+        if compute_mode == "default":
+            return tensors, None
     mode = str(compute_mode).lower()
     if mode not in COMPUTE_MODES:
         raise ValueError(
