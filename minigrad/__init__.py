@@ -52,7 +52,9 @@ _GLOBAL_VIEW = ("Graph", "placement", "sbp")  # OneFlow's names, from the distri
 
 def __getattr__(name: str):
     """``mg.placement``, ``mg.sbp`` and ``mg.Graph`` (global tensors) load the distributed runtime
-    on first use, so that ``import minigrad`` alone stays light."""
+    on first use, so that ``import minigrad`` alone stays light; so does ``mg.hub``."""
+    if name == "hub":
+        return importlib.import_module("minigrad.hub")
     if name in _GLOBAL_VIEW:
         value = getattr(importlib.import_module("minigrad.distributed.global_tensor"), name)
         globals()[name] = value
