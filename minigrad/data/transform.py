@@ -41,6 +41,10 @@ __all__ = [
     "SaturationTransform",
     "HueTransform",
     "ColorJitter",
+    "ShortestEdgeResize",
+    "RandomResize",
+    "GaussianNoise",
+    "Lighting",
 ]
 
 
@@ -569,3 +573,138 @@ class ColorJitter(VisionTransform):
         for part, params in steps:
             image = part._apply_image(image, params)
         return image
+
+
+# -- MegEngine's scale augmentations, noise and PCA lighting -----------------------------------
+
+
+def _interpolation(owner: str, interpolation: str | int) -> str:
+    interp = _CV2_INTERPOLATION.get(interpolation, interpolation)
+    if interp not in ("bilinear", "nearest"):
+        raise ValueError(f"{owner}: interpolation must be 'bilinear' or 'nearest' (or OpenCV's "
+                         f"codes 1 and 0), got {interpolation!r}")
+    return interp
+
+
+class ShortestEdgeResize(VisionTransform):
+    """Resize so that the shorter side becomes a size drawn from ``min_size`` while the longer
+    side stays at most ``max_size`` (aspect ratio kept), the detection-style scale augmentation.
+
+    ``min_size`` is an int or a sequence; with ``sample_style="range"`` the size is drawn
+    uniformly from the integers in ``[min_size[0], min_size[-1]]``, with ``"choice"`` it is one of
+    the values. ``interpolation``: ``"bilinear"`` or ``"nearest"`` (or OpenCV's 1 and 0); masks use
+    nearest."""
+
+    def __init__(self, min_size: int | Sequence[int], max_size: int,
+                 sample_style: str = "range", interpolation: str | int = "bilinear",
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        sizes = (min_size,) if np.isscalar(min_size) else tuple(min_size)
+        if not sizes or any(int(v) != v or v <= 0 for v in sizes):
+            raise ValueError(f"ShortestEdgeResize: min_size must be positive ints, got "
+                             f"{min_size!r}")
+        if sample_style not in ("range", "choice"):
+            raise ValueError(f"ShortestEdgeResize: sample_style must be 'range' or 'choice', got "
+                             f"{sample_style!r}")
+        if int(max_size) != max_size or max_size <= 0:
+            raise ValueError(f"ShortestEdgeResize: max_size must be a positive int, got "
+                             f"{max_size!r}")
+        self.min_size, self.max_size = tuple(int(v) for v in sizes), int(max_size)
+        self.sample_style = sample_style
+        self.interpolation = _interpolation("ShortestEdgeResize", interpolation)
+
+    def _params(self, image: np.ndarray) -> tuple[int, int]:
+        if self.sample_style == "range":
+            size = np.random.randint(self.min_size[0], self.min_size[-1] + 1)
+        else:
+            size = self.min_size[np.random.randint(len(self.min_size))]
+        h, w = image.shape[:2]
+        scale = size / min(h, w)
+        th, tw = h * scale, w * scale
+        if max(th, tw) > self.max_size:
+            shrink = self.max_size / max(th, tw)
+            th, tw = th * shrink, tw * shrink
+        return max(1, int(round(th))), max(1, int(round(tw)))
+
+    def _apply_image(self, image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        return _resize(image, *shape, self.interpolation)
+
+    def _apply_mask(self, mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        return _resize(mask, *shape, "nearest")
+
+
+class RandomResize(VisionTransform):
+    """Scale both sides by one factor drawn uniformly from ``scale_range`` (sizes rounded to the
+    nearest pixel); masks use nearest."""
+
+    def __init__(self, scale_range: Sequence[float], interpolation: str | int = "bilinear",
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        lo, hi = scale_range
+        if not 0 < lo <= hi:
+            raise ValueError(f"RandomResize: scale_range must be (min, max) with 0 < min <= max, "
+                             f"got {tuple(scale_range)}")
+        self.scale_range = (float(lo), float(hi))
+        self.interpolation = _interpolation("RandomResize", interpolation)
+
+    def _params(self, image: np.ndarray) -> tuple[int, int]:
+        scale = np.random.uniform(*self.scale_range)
+        h, w = image.shape[:2]
+        return max(1, int(h * scale + 0.5)), max(1, int(w * scale + 0.5))
+
+    def _apply_image(self, image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        return _resize(image, *shape, self.interpolation)
+
+    def _apply_mask(self, mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        return _resize(mask, *shape, "nearest")
+
+
+class GaussianNoise(VisionTransform):
+    """Add Gaussian noise ``N(mean, std) * 255`` to every pixel (``mean``/``std`` scalars or
+    per-channel, in units of the full 8-bit range) and clip to [0, 255], keeping the dtype."""
+
+    def __init__(self, mean: float | Sequence[float] = 0.0, std: float | Sequence[float] = 1.0,
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        self.mean = np.asarray(mean, dtype=np.float32)
+        self.std = np.asarray(std, dtype=np.float32)
+        if np.any(self.std < 0):
+            raise ValueError(f"GaussianNoise: std must be >= 0, got {self.std.tolist()}")
+
+    def _params(self, image: np.ndarray) -> np.ndarray:
+        return np.random.normal(size=image.shape).astype(np.float32)
+
+    def _apply_image(self, image: np.ndarray, unit: np.ndarray) -> np.ndarray:
+        noise = (unit * self.std + self.mean) * 255
+        return _to_dtype(image.astype(np.float32) + noise, image.dtype)
+
+
+#: ImageNet's RGB colour covariance (AlexNet's PCA lighting), rows and columns in BGR order, for
+#: pixel values in [0, 1]: eigenvalues and the matching eigenvectors (columns).
+LIGHTING_EIGVAL = np.array([0.2175, 0.0188, 0.0045])
+LIGHTING_EIGVEC = np.array([[-0.5836, -0.6948, 0.4203],
+                            [-0.5808, -0.0045, -0.8140],
+                            [-0.5675, 0.7192, 0.4009]])
+
+
+class Lighting(VisionTransform):
+    """AlexNet's PCA colour augmentation: add ``eigvec @ (alpha * eigval) * 255`` to every pixel
+    of a BGR image, ``alpha`` three draws from ``N(0, scale)`` per sample, then clip to [0, 255]
+    keeping the dtype. ``scale=0`` leaves images unchanged."""
+
+    def __init__(self, scale: float, order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        if scale < 0:
+            raise ValueError(f"Lighting: scale must be >= 0, got {scale}")
+        self.scale = float(scale)
+
+    def _params(self, image: np.ndarray) -> np.ndarray:
+        return np.random.normal(scale=self.scale, size=3) if self.scale else np.zeros(3)
+
+    def _apply_image(self, image: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+        if self.scale == 0:
+            return image
+        if image.ndim != 3 or image.shape[-1] != 3:
+            raise ValueError(f"Lighting: expected a 3-channel BGR image, got shape {image.shape}")
+        shift = (LIGHTING_EIGVEC @ (alpha * LIGHTING_EIGVAL) * 255).astype(np.float32)
+        return _to_dtype(image.astype(np.float32) + shift, image.dtype)
