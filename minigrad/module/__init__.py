@@ -18,7 +18,7 @@ from minigrad.module.embedding import Embedding
 from minigrad.module.identity import Flatten, Identity
 from minigrad.module.linear import Linear
 from minigrad.module.loss import CrossEntropyLoss, MSELoss
-from minigrad.module.module import HookHandler, Module
+from minigrad.module.module import HookHandler, Module, StateDictKeyError
 from minigrad.module.normalization import (
     BatchNorm1d,
     BatchNorm2d,
@@ -66,6 +66,7 @@ __all__ = [
     "MSELoss",
     "MaxPool2d",
     "Module",
+    "StateDictKeyError",
     "MultiHeadAttention",
     "ReLU",
     "SelfAttention",
