@@ -139,7 +139,10 @@ class ProcessTopology:
         """Every slice of the grid along ``axes``: the groups of ranks that differ only in those
         coordinates. Slices are ordered by the fixed coordinates (row-major), and the ranks within
         a slice row-major over the varying axes — so group rank ``i`` along a single axis has
-        coordinate ``i`` on it."""
+        coordinate ``i`` on it. An axis the topology does not have gives ``[]``, as in DeepSpeed
+        (``get_axis_comm_lists("model")`` of a pipe x data topology)."""
+        if axes and any(a not in self.axes for a in axes):
+            return []
         self._check_axes("get_axis_comm_lists", axes)
         varying = [a for a in self.axes if a in axes]
         fixed = [a for a in self.axes if a not in axes]
@@ -184,6 +187,7 @@ class ProcessTopology:
     def group_ranks(self, *axes: str, rank: int | None = None) -> list[int]:
         """The global ranks of ``rank``'s slice along ``axes`` (default: this process's rank),
         without creating any process group."""
+        self._check_axes("group_ranks", axes)
         me = get_rank() if rank is None else rank
         for ranks in self.get_axis_comm_lists(*axes):
             if me in ranks:
