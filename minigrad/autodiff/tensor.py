@@ -387,6 +387,34 @@ class Tensor:
 
     _reset = set_value
 
+    def reset_zero(self) -> "Tensor":
+        """Fill with zeros in place (MegEngine's ``reset_zero``); shape, dtype and device kept."""
+        with self._device.context():
+            self._data = self.xp.zeros(self.shape, self.dtype)
+        return self
+
+    @property
+    def format(self) -> str:
+        """MegEngine's memory-format tag: always ``"default"`` (minigrad keeps one layout)."""
+        return "default"
+
+    def __deepcopy__(self, memo) -> "Tensor":
+        """An independent copy (``copy.deepcopy(model)`` for an EMA copy, say): same class,
+        data, device, name and gradient, a frozen parameter still frozen; not attached to any
+        GradManager and cut from any graph."""
+        if type(self) not in (Tensor, Parameter):
+            raise TypeError(f"copy.deepcopy: a {type(self).__name__} cannot be deep-copied; copy "
+                            "its local piece (to_local()) or the module before to_global")
+        with self._device.context():
+            out = type(self)(self._data.copy(), device=self._device, name=self.name)
+        memo[id(self)] = out
+        if self.grad is not None:
+            out.grad = self.grad.__deepcopy__(memo) if isinstance(self.grad, Tensor) else (
+                self.grad.copy())
+        if isinstance(self, Parameter) and not self.requires_grad:
+            out.requires_grad_(False)
+        return out
+
     def set_(self, source) -> "Tensor":
         """Point this tensor at ``source`` (a backend array on its device, same shape and dtype)
         without copying: PyTorch's ``set_``. For memory another layer owns and fills, e.g. the
@@ -549,6 +577,18 @@ class Tensor:
 
     def __xor__(self, other):
         return _F.logical_xor(self, other)
+
+    def __lshift__(self, other):
+        return _F.left_shift(self, other)
+
+    def __rlshift__(self, other):
+        return _F.left_shift(_F.full_like(self, other), self)
+
+    def __rshift__(self, other):
+        return _F.right_shift(self, other)
+
+    def __rrshift__(self, other):
+        return _F.right_shift(_F.full_like(self, other), self)
 
     def __lt__(self, other):
         return _F.less(self, other)
