@@ -1,6 +1,6 @@
 """``minigrad.module`` (imported as ``M``): the ``Module`` base class and the standard layers."""
 
-from minigrad.module import init
+from minigrad.module import graph, init
 from minigrad.module.activation import (
     GELU,
     LeakyReLU,
@@ -79,6 +79,7 @@ __all__ = [
     "TransformerBlock",
     "TransformerLM",
     "TransformerLayers",
+    "graph",
     "init",
 ]
 

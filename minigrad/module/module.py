@@ -31,6 +31,7 @@ import minigrad.functional as F
 from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.xp import to_numpy
 from minigrad.logger import get_logger
+from minigrad.module.graph import GraphModule
 
 _log = get_logger("minigrad.module")
 
@@ -248,6 +249,17 @@ class Module:
         for p in self.parameters():
             if p.grad is not None:
                 p.grad = F.zeros_like(p.grad)
+
+    def to(self, target) -> Any:
+        """OneFlow's ``module.to(nn.graph.GraphModule)``: the module's graph settings
+        (:class:`~minigrad.module.graph.GraphModule`, whose ``set_stage`` marks a pipeline
+        stage). Moving a module to a device is not done in place here: build it on the device
+        (``mg.set_default_device``) instead."""
+        if target is GraphModule:
+            return GraphModule(self)
+        raise TypeError(f"{type(self).__name__}.to: expected nn.graph.GraphModule, got "
+                        f"{target!r}; build the module on its device instead "
+                        "(mg.set_default_device)")
 
     def to_global(self, placement, sbp) -> "Module":
         """OneFlow's ``Module.to_global``: make every parameter and buffer a global tensor on
