@@ -305,3 +305,30 @@ def test_random_factories_in_one_process():
     assert 0.0 <= u.numpy().min() and u.numpy().max() < 1.0
     with pytest.raises(ValueError, match=r"randint: high \(1\) must be greater than low \(1\)"):
         mg.randint(1, 1, (2,))
+
+
+def test_cuda_placement_without_gpus_runs_on_the_cpu_with_one_warning(monkeypatch):
+    """OneFlow programs say placement("cuda", ...); on a machine without GPUs they run on the
+    CPU, with one warning per process (as the launcher does for ranks)."""
+    import importlib
+    import warnings
+
+    placement_module = importlib.import_module("minigrad.distributed.global_tensor.placement")
+
+    monkeypatch.setattr(placement_module, "is_cuda_available", lambda: False)
+    monkeypatch.setattr(placement_module, "_NO_GPU_NOTED", [False])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = mg.placement("cuda", [0])
+        mg.placement("gpu", [0])
+        mg.placement("cpu", [0])
+    notes = [w for w in caught if "no usable CUDA device" in str(w.message)]
+    assert len(notes) == 1 and notes[0].filename == __file__  # points at the user's line
+    x = mg.randn(4, 2, placement=p, sbp=mg.sbp.broadcast)
+    assert x.to_local().device == "cpu0" and x.placement == p
+    monkeypatch.setattr(placement_module, "is_cuda_available", lambda: True)
+    monkeypatch.setattr(placement_module, "_NO_GPU_NOTED", [False])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mg.placement("cuda", [0])
+    assert not [w for w in caught if "CUDA" in str(w.message)]
