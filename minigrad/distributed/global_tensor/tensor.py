@@ -82,7 +82,9 @@ def _placement_of(name: str, inputs):
 
 def _plan(rule, op, args, placement):
     """Input and output nd-SBPs from a rule's 1-D decisions, one mesh dimension at a time."""
-    per_dim = [rule.sbp(op, args, [x.sbp[d] if isinstance(x, Tensor) else None for x in args])
+    sizes = getattr(rule.sbp, "takes_mesh_size", False)  # a rule that needs the rank count
+    per_dim = [rule.sbp(op, args, [x.sbp[d] if isinstance(x, Tensor) else None for x in args],
+                        **({"mesh_size": placement.mesh_shape[d]} if sizes else {}))
                for d in range(placement.ndim)]
     ins = [None if not isinstance(x, Tensor) else tuple(dim[0][i] for dim in per_dim)
            for i, x in enumerate(args)]
