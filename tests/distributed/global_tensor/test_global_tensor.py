@@ -332,3 +332,39 @@ def test_cuda_placement_without_gpus_runs_on_the_cpu_with_one_warning(monkeypatc
         warnings.simplefilter("always")
         mg.placement("cuda", [0])
     assert not [w for w in caught if "CUDA" in str(w.message)]
+
+
+def _to_local_gradients():
+    rank = dist.get_rank()
+    P = mg.placement("cpu", [0, 1])
+    out = {}
+    for case in ("grad_sbp", "grad_placements", "replicated loss", "default"):
+        y = mg.tensor(np.ones(3), dtype="float64", placement=P, sbp=B)
+        gm = ad.GradManager().attach([y])
+        weight = 2.0 if case == "replicated loss" else 1.0 + rank  # W_0 = 1, W_1 = 2
+        try:
+            with gm:
+                if case in ("grad_sbp", "grad_placements"):
+                    local = y.to_local(**{case: PS})
+                else:
+                    local = y.to_local()
+                gm.backward((local * weight).sum())
+            out[case] = y.grad.to_local().tolist()
+        except RuntimeError as exc:
+            out[case] = str(exc)
+    return out
+
+
+def test_to_local_gradient_layout_and_disagreeing_ranks():
+    """2 ranks, loss = sum(W_r * y.to_local()) with W_0 = 1, W_1 = 2: the contributions sum with
+    grad_sbp (or DTensor's grad_placements) = partial_sum; by default the backward raises on every
+    rank instead of keeping rank 0's gradient; a replicated loss keeps working by default."""
+    for out in run_workers(_to_local_gradients, 2):
+        assert out["grad_sbp"] == [3.0, 3.0, 3.0]
+        assert out["grad_placements"] == [3.0, 3.0, 3.0]
+        assert out["replicated loss"] == [2.0, 2.0, 2.0]
+        message = out["default"]
+        assert isinstance(message, str), message
+        assert "ranks [0, 1] computed different gradients for the broadcast tensor of shape (3,)" \
+            in message
+        assert "to_local(grad_sbp=mg.sbp.partial_sum)" in message
