@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "RandomResize",
     "GaussianNoise",
     "Lighting",
+    "TorchTransformCompose",
 ]
 
 
@@ -708,3 +710,39 @@ class Lighting(VisionTransform):
             raise ValueError(f"Lighting: expected a 3-channel BGR image, got shape {image.shape}")
         shift = (LIGHTING_EIGVEC @ (alpha * LIGHTING_EIGVAL) * 255).astype(np.float32)
         return _to_dtype(image.astype(np.float32) + shift, image.dtype)
+
+
+def _swap_colour_order(image: np.ndarray) -> np.ndarray:
+    """BGR <-> RGB of a 3-channel HWC or CHW array (anything else is returned as it is)."""
+    if image.ndim == 3 and image.shape[-1] == 3:
+        return np.ascontiguousarray(image[..., ::-1])
+    if image.ndim == 3 and image.shape[0] == 3:
+        return np.ascontiguousarray(image[::-1])
+    return image
+
+
+class TorchTransformCompose(VisionTransform):
+    """Run torchvision transforms (``transforms``: a callable on a PIL image, e.g.
+    ``torchvision.transforms.Compose([...])``) on the BGR uint8 image of a sample, as MegEngine
+    does: the image goes to PIL in RGB order and what comes back (a PIL image or an array,
+    HWC or CHW) returns to BGR. Needs Pillow (and torchvision for its transforms)."""
+
+    def __init__(self, transforms, order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        if not callable(transforms):
+            raise TypeError(f"TorchTransformCompose: transforms must be callable (a torchvision "
+                            f"Compose), got {type(transforms).__name__}")
+        self.transforms = transforms
+
+    def _apply_image(self, image: np.ndarray, params: Any) -> np.ndarray:
+        try:
+            pil = importlib.import_module("PIL.Image")
+        except ImportError:
+            raise ImportError("TorchTransformCompose needs Pillow (pip install pillow) to hand "
+                              "images to torchvision transforms") from None
+        out = self.transforms(pil.fromarray(_swap_colour_order(image).astype(np.uint8)))
+        if isinstance(out, pil.Image):
+            out = np.array(out, dtype=np.uint8)
+        elif hasattr(out, "numpy") and not isinstance(out, np.ndarray):
+            out = out.numpy()  # a torch tensor (ToTensor): CHW
+        return _swap_colour_order(np.asarray(out))

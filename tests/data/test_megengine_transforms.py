@@ -196,3 +196,39 @@ def test_lighting_adds_one_pca_colour_shift_per_sample():
     shift_rgb = eigvec_rgb @ (alpha * np.array([0.2175, 0.0188, 0.0045])) * 255
     np.testing.assert_allclose(out - img, np.broadcast_to(shift_rgb[::-1], img.shape), atol=1e-3)
     assert Lighting(0).apply(img) is img
+
+
+def test_torch_transform_compose_hands_rgb_to_pil_and_returns_bgr(monkeypatch):
+    """MegEngine's TorchTransformCompose: BGR -> PIL (RGB) -> torchvision transforms -> BGR.
+    Pillow is not installed here, so a minimal stand-in records what it is given."""
+    import sys
+    import types
+
+    seen = []
+
+    class FakeImage:
+        def __init__(self, array):
+            self.array = array
+
+        def __array__(self, dtype=None, copy=None):
+            return self.array.astype(dtype or self.array.dtype)
+
+    module = types.ModuleType("PIL.Image")
+    module.Image = FakeImage
+    module.fromarray = lambda a: seen.append(a.copy()) or FakeImage(a)
+    package = types.ModuleType("PIL")
+    package.Image = module
+    monkeypatch.setitem(sys.modules, "PIL", package)
+    monkeypatch.setitem(sys.modules, "PIL.Image", module)
+    from minigrad.data.transform import TorchTransformCompose
+
+    flip = TorchTransformCompose(lambda im: FakeImage(im.array[:, ::-1]))  # a PIL-level op
+    out, label = flip.apply((IMG, 7))
+    np.testing.assert_array_equal(seen[0], IMG[..., ::-1])  # PIL got RGB
+    np.testing.assert_array_equal(out, IMG[:, ::-1])        # back in BGR, flipped
+    assert label == 7
+    to_chw = TorchTransformCompose(lambda im: np.asarray(im).transpose(2, 0, 1) / 255.0)
+    chw = to_chw.apply(IMG)
+    np.testing.assert_allclose(chw, IMG.transpose(2, 0, 1) / 255.0)  # CHW, BGR order again
+    with pytest.raises(TypeError, match="transforms must be callable"):
+        TorchTransformCompose([1, 2])
