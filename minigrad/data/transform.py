@@ -246,7 +246,11 @@ class Pad(VisionTransform):
 
 
 class RandomCrop(VisionTransform):
-    """Pad by ``padding_size`` on every side, then crop ``output_size`` at a random position."""
+    """Pad by ``padding_size`` on every side, then crop ``output_size`` at a random position.
+    An image still smaller than ``output_size`` after that padding is padded further (with
+    ``padding_value``, masks with ``padding_maskvalue``) so that it sits at a random position in
+    the crop, as MegEngine does (``RandomCrop((150, 120), padding_size=10)`` of a 100 x 100
+    image gives 150 x 120)."""
 
     def __init__(self, output_size: int | Sequence[int], padding_size: int = 0,
                  padding_value: float | Sequence[float] = 0, padding_maskvalue: int = 0,
@@ -258,27 +262,31 @@ class RandomCrop(VisionTransform):
         self.padding_size = int(padding_size)
         self.padding_value, self.padding_maskvalue = padding_value, padding_maskvalue
 
-    def _params(self, image: np.ndarray) -> tuple[int, int]:
+    def _params(self, image: np.ndarray) -> tuple[int, int, int, int]:
+        """(y, x) of the crop in the padded image, and the extra (top, left) padding of an image
+        smaller than the crop (the bottom and right take the rest)."""
         h, w = (n + 2 * self.padding_size for n in image.shape[:2])
         oh, ow = self.output_size
-        if oh > h or ow > w:
-            raise ValueError(
-                f"RandomCrop: output_size {self.output_size} is larger than the padded image "
-                f"({h}, {w})"
-            )
-        return np.random.randint(h - oh + 1), np.random.randint(w - ow + 1)
+        top = np.random.randint(oh - h + 1) if oh > h else 0
+        left = np.random.randint(ow - w + 1) if ow > w else 0
+        y = np.random.randint(h - oh + 1) if h >= oh else 0
+        x = np.random.randint(w - ow + 1) if w >= ow else 0
+        return y, x, top, left
 
-    def _crop(self, image: np.ndarray, params: tuple[int, int], value: Any) -> np.ndarray:
+    def _crop(self, image: np.ndarray, params, value: Any) -> np.ndarray:
         p = self.padding_size
-        if p:
-            image = _pad(image, p, p, p, p, value)
-        y, x = params
-        return image[y:y + self.output_size[0], x:x + self.output_size[1]].copy()
+        y, x, top, left = params
+        h, w = image.shape[0] + 2 * p, image.shape[1] + 2 * p
+        oh, ow = self.output_size
+        bottom, right = max(0, oh - h - top), max(0, ow - w - left)
+        if p or top or left or bottom or right:
+            image = _pad(image, p + top, p + bottom, p + left, p + right, value)
+        return image[y:y + oh, x:x + ow].copy()
 
-    def _apply_image(self, image: np.ndarray, params: tuple[int, int]) -> np.ndarray:
+    def _apply_image(self, image: np.ndarray, params) -> np.ndarray:
         return self._crop(image, params, self.padding_value)
 
-    def _apply_mask(self, mask: np.ndarray, params: tuple[int, int]) -> np.ndarray:
+    def _apply_mask(self, mask: np.ndarray, params) -> np.ndarray:
         return self._crop(mask, params, self.padding_maskvalue)
 
 

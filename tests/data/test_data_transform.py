@@ -72,8 +72,17 @@ def test_random_crop_is_a_window_of_the_padded_image_and_varies():
         assert hits, "crop is not a window of the padded image"
         seen.add(hits[0])
     assert len(seen) > 10  # covers many of the 20 positions
-    with pytest.raises(ValueError, match="larger than the padded image"):
-        RandomCrop(9).apply(IMG)
+    # larger than the padded image: padded further, the image at a random place inside
+    np.random.seed(2)
+    corners = set()
+    for _ in range(30):
+        big = RandomCrop((9, 7), padding_value=200).apply(IMG)  # IMG is 6 x 5
+        assert big.shape == (9, 7, 3)
+        hits = [(y, x) for y in range(4) for x in range(3)
+                if np.array_equal(big[y:y + 6, x:x + 5], IMG)]
+        assert hits and (big == 200).all(axis=-1).sum() == 9 * 7 - 6 * 5
+        corners.add(hits[0])
+    assert len(corners) > 4
 
 
 def test_random_crop_and_flip_keep_image_and_mask_aligned():
