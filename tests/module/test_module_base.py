@@ -198,3 +198,15 @@ def test_load_state_dict_from_a_function_of_name_and_tensor():
     for name, t in m.named_tensors():
         expected = 2.0 if name.endswith("bias") else before[name]
         np.testing.assert_array_equal(t.numpy(), np.broadcast_to(expected, t.shape))
+
+
+def test_conv_repr_lists_only_arguments_that_differ_from_the_defaults():
+    """MegEngine's repr (its test_repr_basic): kernel size always, the rest when not default."""
+    assert repr(M.Conv2d(3, 128, 3, padding=1, bias=False)) == (
+        "Conv2d(3, 128, kernel_size=(3, 3), padding=(1, 1), bias=False)")
+    assert repr(M.Conv2d(3, 128, 3, dilation=2, bias=False)) == (
+        "Conv2d(3, 128, kernel_size=(3, 3), dilation=(2, 2), bias=False)")
+    assert repr(M.Conv2d(256, 256, 3, 1, 0, groups=256, bias=False)) == (
+        "Conv2d(256, 256, kernel_size=(3, 3), groups=256, bias=False)")
+    assert repr(M.Conv2d(256, 256, 1)) == "Conv2d(256, 256, kernel_size=(1, 1))"
+    assert repr(M.Conv2d(4, 4, 3, stride=2)) == "Conv2d(4, 4, kernel_size=(3, 3), stride=(2, 2))"
