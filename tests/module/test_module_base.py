@@ -210,3 +210,9 @@ def test_conv_repr_lists_only_arguments_that_differ_from_the_defaults():
         "Conv2d(256, 256, kernel_size=(3, 3), groups=256, bias=False)")
     assert repr(M.Conv2d(256, 256, 1)) == "Conv2d(256, 256, kernel_size=(1, 1))"
     assert repr(M.Conv2d(4, 4, 3, stride=2)) == "Conv2d(4, 4, kernel_size=(3, 3), stride=(2, 2))"
+
+
+def test_pool_repr_shows_the_stride_in_effect():
+    assert repr(M.MaxPool2d(kernel_size=2, padding=0)) == (
+        "MaxPool2d(kernel_size=2, stride=2, padding=0)")
+    assert "stride=3" in repr(M.AvgPool2d(3))
