@@ -22,7 +22,9 @@ from minigrad import backend  # isort: split
 from minigrad import aliases  # noqa: F401  (installs MegEngine's import paths: minigrad.aliases)
 
 # isort: split
+import minigrad.config as config
 import minigrad.device as device  # MegEngine's module paths, served by minigrad.aliases
+import minigrad.logger as logger
 import minigrad.random as random
 import minigrad.tensor  # noqa: F401  (imported before the line below makes mg.tensor the class)
 from minigrad import autodiff, functional
@@ -40,6 +42,7 @@ from minigrad.backend.allocator import tune_malloc_unless_disabled
 from minigrad.functional import creation as _creation
 from minigrad.functional.creation import *  # noqa: F403  (mg.zeros, mg.arange... as MegEngine)
 from minigrad.functional.random import rand, randint, randn
+from minigrad.logger import get_logger
 from minigrad.serialization import load, save
 
 tune_malloc_unless_disabled()
@@ -49,7 +52,9 @@ _GLOBAL_VIEW = ("Graph", "placement", "sbp")  # OneFlow's names, from the distri
 
 def __getattr__(name: str):
     """``mg.placement``, ``mg.sbp`` and ``mg.Graph`` (global tensors) load the distributed runtime
-    on first use, so that ``import minigrad`` alone stays light."""
+    on first use, so that ``import minigrad`` alone stays light; so does ``mg.hub``."""
+    if name == "hub":
+        return importlib.import_module("minigrad.hub")
     if name in _GLOBAL_VIEW:
         value = getattr(importlib.import_module("minigrad.distributed.global_tensor"), name)
         globals()[name] = value
@@ -68,14 +73,17 @@ __all__ = [
     "Tensor",
     "autodiff",
     "backend",
+    "config",
     "device",
     "enable_grad",
     "functional",
     "get_default_device",
     "get_device_count",
+    "get_logger",
     "get_num_threads",
     "is_cuda_available",
     "load",
+    "logger",
     "no_grad",
     "rand",
     "randint",

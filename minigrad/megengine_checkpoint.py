@@ -170,8 +170,8 @@ def _allowlist() -> dict[tuple[str, str], Any]:
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, file):
-        super().__init__(file)
+    def __init__(self, file, encoding: str = "ASCII"):
+        super().__init__(file, encoding=encoding)
         self._allowed = _allowlist()
 
     def find_class(self, module: str, name: str):
@@ -220,11 +220,15 @@ def _convert(obj, make_tensor, memo: dict):
     return out
 
 
-def load_megengine(f, make_tensor: Callable[[np.ndarray, str, bool], Any] | None = None) -> Any:
+def load_megengine(f, make_tensor: Callable[[np.ndarray, str, bool], Any] | None = None,
+                   encoding: str = "ASCII") -> Any:
     """Read a checkpoint written by ``megengine.save`` from a path, a binary file object or bytes,
     without running code from it (see the module docstring). NumPy arrays and plain containers come
     back as they were; MegEngine tensors become ``make_tensor(array, device_name, is_parameter)``
-    (default: a minigrad Tensor/Parameter on the device it was saved from)."""
+    (default: a minigrad Tensor/Parameter on the device it was saved from).
+
+    ``encoding`` decodes Python 2 ``str`` objects, as in :func:`pickle.load`: ``"latin1"`` reads
+    Python 2 pickles of NumPy arrays, such as the CIFAR batch files, with the same allowlist."""
     if isinstance(f, (bytes, bytearray)):
         payload = bytes(f)
     elif hasattr(f, "read"):
@@ -233,7 +237,7 @@ def load_megengine(f, make_tensor: Callable[[np.ndarray, str, bool], Any] | None
         with open(f, "rb") as handle:
             payload = handle.read()
     try:
-        raw = _RestrictedUnpickler(io.BytesIO(payload)).load()
+        raw = _RestrictedUnpickler(io.BytesIO(payload), encoding).load()
     except RefusedPickleError:
         raise
     except Exception as exc:  # truncated, not a pickle, a rebuilder given nonsense

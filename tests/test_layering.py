@@ -27,12 +27,13 @@ PACKAGE = ROOT / "minigrad"
 
 # The layer order; a module belongs to the layer of the longest prefix that names it.
 LAYERS = [
-    ("minigrad.seams", "minigrad.aliases", "minigrad.backend"),
+    ("minigrad.seams", "minigrad.aliases", "minigrad.backend", "minigrad.config",
+     "minigrad.logger"),
     ("minigrad.autodiff",),
     ("minigrad.functional",),
     ("minigrad.module",),
     ("minigrad.optimizer", "minigrad.data", "minigrad.serialization",
-     "minigrad.megengine_checkpoint", "minigrad.utils"),
+     "minigrad.megengine_checkpoint", "minigrad.utils", "minigrad.hub"),
     ("minigrad.distributed",),
     ("minigrad.amp",),  # GradScaler agrees on overflow over process groups
     ("minigrad.testing",),

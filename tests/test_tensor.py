@@ -407,3 +407,31 @@ def test_operators_with_none_raise_type_error(op):
 def test_tensor_backward_outside_a_recording_raises():
     with pytest.raises(RuntimeError, match="Tensor.backward: this tensor"):
         (mg.tensor([1.0]) * 2).backward()
+
+
+def test_megengine_tensor_methods_user_code_reads():
+    """``reset_zero``, ``format``, ``<<``/``>>`` and ``copy.deepcopy`` (an EMA copy of a model)."""
+    import copy
+
+    import minigrad.module as M
+
+    t = mg.tensor(np.array([1, 2, 4], dtype=np.int32))
+    np.testing.assert_array_equal((t << 2).numpy(), [4, 8, 16])
+    np.testing.assert_array_equal((t >> 1).numpy(), [0, 1, 2])
+    np.testing.assert_array_equal((1 << t).numpy(), [2, 4, 16])
+    np.testing.assert_array_equal((16 >> t).numpy(), [8, 4, 1])
+    assert t.format == "default"
+    w = mg.Parameter(np.ones((2, 2), np.float32))
+    assert w.reset_zero() is w and w.dtype == np.float32
+    np.testing.assert_array_equal(w.numpy(), np.zeros((2, 2)))
+    net = M.Sequential(M.Linear(2, 3), M.BatchNorm1d(3))
+    net[0].bias.requires_grad_(False)
+    net[0].weight.grad = mg.tensor(np.full((3, 2), 5.0, np.float32))
+    ema = copy.deepcopy(net)
+    assert type(ema[0].weight) is mg.Parameter and ema[0].weight is not net[0].weight
+    for (name, a), (_, b) in zip(net.named_tensors(), ema.named_tensors(), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=name)
+    assert not ema[0].bias.requires_grad and ema[0].weight.requires_grad
+    np.testing.assert_array_equal(ema[0].weight.grad.numpy(), 5.0)
+    ema[0].weight.reset_zero()
+    assert net[0].weight.numpy().any()  # independent storage

@@ -30,7 +30,7 @@ from minigrad.autodiff.engine import (
     run_backward_weight,
 )
 from minigrad.autodiff.recording import STATE, Recording, recording_for
-from minigrad.autodiff.tensor import Tensor
+from minigrad.autodiff.tensor import Tensor, is_frozen, mark_attached
 from minigrad.backend.dtypes import is_floating
 
 
@@ -93,7 +93,7 @@ class GradManager(_WithRecords):
             key = id(t)
             ref = weakref.ref(t, lambda _r, key=key, att=self._attached: att.pop(key, None))
             self._attached[key] = (ref, list(callbacks))
-            t._requires_grad = True
+            mark_attached(t)
         return self
 
     def attached_tensors(self) -> list:
@@ -306,7 +306,7 @@ class GradManager(_WithRecords):
 
         def on_leaf(tensor, grad):
             entry = self._attached.get(id(tensor))
-            if entry is None or entry[0]() is not tensor:
+            if entry is None or entry[0]() is not tensor or is_frozen(tensor):
                 return
             for cb in entry[1]:
                 grad = cb(tensor, grad)

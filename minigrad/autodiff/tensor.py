@@ -20,6 +20,7 @@ tensor, sbp, logical)``), and a global tensor is a subclass that sets the class-
 from __future__ import annotations
 
 import numbers
+import weakref
 
 import numpy as np
 
@@ -202,7 +203,14 @@ class Tensor:
 
     @property
     def requires_grad(self) -> bool:
-        """True for a tensor attached to a GradManager or produced by an op of a live recording."""
+        """True for a tensor attached to a GradManager or produced by an op of a live recording
+        (a :class:`Parameter` is True from the start, until frozen: see
+        :meth:`Parameter.requires_grad_`)."""
+        return self._in_graph()
+
+    def _in_graph(self) -> bool:
+        """Attached to a GradManager, or produced by an op of a live recording: gradients may
+        flow to or through this tensor right now."""
         node = self._node
         return self._requires_grad or (node is not None and node.is_live)
 
@@ -386,6 +394,34 @@ class Tensor:
 
     _reset = set_value
 
+    def reset_zero(self) -> "Tensor":
+        """Fill with zeros in place (MegEngine's ``reset_zero``); shape, dtype and device kept."""
+        with self._device.context():
+            self._data = self.xp.zeros(self.shape, self.dtype)
+        return self
+
+    @property
+    def format(self) -> str:
+        """MegEngine's memory-format tag: always ``"default"`` (minigrad keeps one layout)."""
+        return "default"
+
+    def __deepcopy__(self, memo) -> "Tensor":
+        """An independent copy (``copy.deepcopy(model)`` for an EMA copy, say): same class,
+        data, device, name and gradient, a frozen parameter still frozen; not attached to any
+        GradManager and cut from any graph."""
+        if type(self) not in (Tensor, Parameter):
+            raise TypeError(f"copy.deepcopy: a {type(self).__name__} cannot be deep-copied; copy "
+                            "its local piece (to_local()) or the module before to_global")
+        with self._device.context():
+            out = type(self)(self._data.copy(), device=self._device, name=self.name)
+        memo[id(self)] = out
+        if self.grad is not None:
+            out.grad = self.grad.__deepcopy__(memo) if isinstance(self.grad, Tensor) else (
+                self.grad.copy())
+        if isinstance(self, Parameter) and not self.requires_grad:
+            out.requires_grad_(False)
+        return out
+
     def set_(self, source) -> "Tensor":
         """Point this tensor at ``source`` (a backend array on its device, same shape and dtype)
         without copying: PyTorch's ``set_``. For memory another layer owns and fills, e.g. the
@@ -428,7 +464,7 @@ class Tensor:
         return _F.getitem(self, index)
 
     def __setitem__(self, index, value) -> None:
-        if self.requires_grad and is_recording():
+        if self._in_graph() and is_recording():
             raise RuntimeError(
                 "Tensor.__setitem__: cannot modify a tensor in place while it is being recorded "
                 "for gradients; use F.where / F.scatter instead"
@@ -549,6 +585,18 @@ class Tensor:
     def __xor__(self, other):
         return _F.logical_xor(self, other)
 
+    def __lshift__(self, other):
+        return _F.left_shift(self, other)
+
+    def __rlshift__(self, other):
+        return _F.left_shift(_F.full_like(self, other), self)
+
+    def __rshift__(self, other):
+        return _F.right_shift(self, other)
+
+    def __rrshift__(self, other):
+        return _F.right_shift(_F.full_like(self, other), self)
+
     def __lt__(self, other):
         return _F.less(self, other)
 
@@ -590,8 +638,55 @@ class Parameter(Tensor):
                 raise TypeError(f"Parameter: parameters must be float, got dtype {self.dtype}")
             self._data = self._data.astype(np.float32)
 
+    @property
+    def requires_grad(self) -> bool:
+        """True unless frozen by ``requires_grad_(False)``: parameters are trainable by default, as
+        in PyTorch, so ``[p for p in net.parameters() if p.requires_grad]`` selects them before
+        any GradManager is attached. A frozen parameter gets no gradient, even when attached."""
+        return not is_frozen(self)
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Parameter":
+        """Freeze (False) or unfreeze (True) this parameter in place; returns it (PyTorch's
+        method). Frozen, it takes no part in recordings, so no GradManager computes or delivers
+        its gradient; unfrozen, a GradManager it is attached to does again."""
+        key = id(self)
+        entry = _FROZEN.get(key)
+        frozen = entry is not None and entry[0]() is self
+        if requires_grad and frozen:
+            del _FROZEN[key]
+            self._requires_grad = self._requires_grad or entry[1][0]
+        elif not requires_grad and not frozen:
+            ref = weakref.ref(self, lambda _r, key=key: _FROZEN.pop(key, None))
+            _FROZEN[key] = (ref, [self._requires_grad])
+            self._requires_grad = False
+        return self
+
     def __repr__(self) -> str:
         return "Parameter" + super().__repr__()[len("Tensor") :]
+
+
+#: Parameters frozen by ``requires_grad_(False)``: id -> (weak reference, [was attached]).
+_FROZEN: dict[int, tuple[weakref.ref, list[bool]]] = {}
+
+
+def is_frozen(t: Tensor) -> bool:
+    """True for a Parameter frozen by ``requires_grad_(False)``."""
+    entry = _FROZEN.get(id(t))
+    return entry is not None and entry[0]() is t
+
+
+def mark_attached(t: Tensor) -> None:
+    """Let gradients flow to ``t`` (a GradManager attaches it); a frozen parameter only remembers
+    it, and joins recordings when it is unfrozen."""
+    entry = _FROZEN.get(id(t))
+    if entry is not None and entry[0]() is t:
+        entry[1][0] = True
+    else:
+        t._requires_grad = True
 
 
 def _check_placement(placement, op: str) -> None:

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,11 @@ __all__ = [
     "SaturationTransform",
     "HueTransform",
     "ColorJitter",
+    "ShortestEdgeResize",
+    "RandomResize",
+    "GaussianNoise",
+    "Lighting",
+    "TorchTransformCompose",
 ]
 
 
@@ -156,7 +162,10 @@ def _pair(name: str, owner: str, value: int | Sequence[int]) -> tuple[int, int]:
 
 
 class Normalize(VisionTransform):
-    """``(image - mean) / std`` in float32; ``mean``/``std`` are scalars or per-channel."""
+    """``(image - mean) / std`` in float32; ``mean``/``std`` are scalars or per-channel (the last
+    axis). Besides HWC/HW images it accepts flat or tabular samples of any rank, such as a
+    flattened MNIST digit ``(784,)``, as MegEngine does (a 1-D ``mean`` then has one value per
+    feature)."""
 
     def __init__(self, mean: float | Sequence[float] = 0.0, std: float | Sequence[float] = 1.0,
                  order: Sequence[str] | None = None) -> None:
@@ -168,13 +177,21 @@ class Normalize(VisionTransform):
         if np.any(self.std == 0):
             raise ValueError(f"Normalize: std must be non-zero, got {self.std.tolist()}")
 
+    def _check(self, image: Any) -> np.ndarray:
+        if not isinstance(image, np.ndarray) or image.ndim == 0:
+            got = getattr(image, "shape", type(image).__name__)
+            raise ValueError(f"Normalize: expected an image or a flat sample array, got {got}")
+        return image
+
     def _apply_image(self, image: np.ndarray, params: Any) -> np.ndarray:
-        channels = image.shape[-1] if image.ndim == 3 else 1
+        channels = 1 if image.ndim == 2 else image.shape[-1]
+        what = "the HWC image has" if image.ndim == 3 else "the sample has"
+        unit = "channels" if image.ndim >= 2 else "features"
         for name, v in (("mean", self.mean), ("std", self.std)):
             if v.ndim == 1 and v.shape[0] not in (1, channels):
                 raise ValueError(
-                    f"Normalize: {name} has {v.shape[0]} values but the HWC image has {channels} "
-                    f"channels (shape {image.shape})"
+                    f"Normalize: {name} has {v.shape[0]} values but {what} {channels} {unit} "
+                    f"(shape {image.shape})"
                 )
         return (image.astype(np.float32) - self.mean) / self.std
 
@@ -229,7 +246,11 @@ class Pad(VisionTransform):
 
 
 class RandomCrop(VisionTransform):
-    """Pad by ``padding_size`` on every side, then crop ``output_size`` at a random position."""
+    """Pad by ``padding_size`` on every side, then crop ``output_size`` at a random position.
+    An image still smaller than ``output_size`` after that padding is padded further (with
+    ``padding_value``, masks with ``padding_maskvalue``) so that it sits at a random position in
+    the crop, as MegEngine does (``RandomCrop((150, 120), padding_size=10)`` of a 100 x 100
+    image gives 150 x 120)."""
 
     def __init__(self, output_size: int | Sequence[int], padding_size: int = 0,
                  padding_value: float | Sequence[float] = 0, padding_maskvalue: int = 0,
@@ -241,27 +262,31 @@ class RandomCrop(VisionTransform):
         self.padding_size = int(padding_size)
         self.padding_value, self.padding_maskvalue = padding_value, padding_maskvalue
 
-    def _params(self, image: np.ndarray) -> tuple[int, int]:
+    def _params(self, image: np.ndarray) -> tuple[int, int, int, int]:
+        """(y, x) of the crop in the padded image, and the extra (top, left) padding of an image
+        smaller than the crop (the bottom and right take the rest)."""
         h, w = (n + 2 * self.padding_size for n in image.shape[:2])
         oh, ow = self.output_size
-        if oh > h or ow > w:
-            raise ValueError(
-                f"RandomCrop: output_size {self.output_size} is larger than the padded image "
-                f"({h}, {w})"
-            )
-        return np.random.randint(h - oh + 1), np.random.randint(w - ow + 1)
+        top = np.random.randint(oh - h + 1) if oh > h else 0
+        left = np.random.randint(ow - w + 1) if ow > w else 0
+        y = np.random.randint(h - oh + 1) if h >= oh else 0
+        x = np.random.randint(w - ow + 1) if w >= ow else 0
+        return y, x, top, left
 
-    def _crop(self, image: np.ndarray, params: tuple[int, int], value: Any) -> np.ndarray:
+    def _crop(self, image: np.ndarray, params, value: Any) -> np.ndarray:
         p = self.padding_size
-        if p:
-            image = _pad(image, p, p, p, p, value)
-        y, x = params
-        return image[y:y + self.output_size[0], x:x + self.output_size[1]].copy()
+        y, x, top, left = params
+        h, w = image.shape[0] + 2 * p, image.shape[1] + 2 * p
+        oh, ow = self.output_size
+        bottom, right = max(0, oh - h - top), max(0, ow - w - left)
+        if p or top or left or bottom or right:
+            image = _pad(image, p + top, p + bottom, p + left, p + right, value)
+        return image[y:y + oh, x:x + ow].copy()
 
-    def _apply_image(self, image: np.ndarray, params: tuple[int, int]) -> np.ndarray:
+    def _apply_image(self, image: np.ndarray, params) -> np.ndarray:
         return self._crop(image, params, self.padding_value)
 
-    def _apply_mask(self, mask: np.ndarray, params: tuple[int, int]) -> np.ndarray:
+    def _apply_mask(self, mask: np.ndarray, params) -> np.ndarray:
         return self._crop(mask, params, self.padding_maskvalue)
 
 
@@ -558,3 +583,174 @@ class ColorJitter(VisionTransform):
         for part, params in steps:
             image = part._apply_image(image, params)
         return image
+
+
+# -- MegEngine's scale augmentations, noise and PCA lighting -----------------------------------
+
+
+def _interpolation(owner: str, interpolation: str | int) -> str:
+    interp = _CV2_INTERPOLATION.get(interpolation, interpolation)
+    if interp not in ("bilinear", "nearest"):
+        raise ValueError(f"{owner}: interpolation must be 'bilinear' or 'nearest' (or OpenCV's "
+                         f"codes 1 and 0), got {interpolation!r}")
+    return interp
+
+
+class ShortestEdgeResize(VisionTransform):
+    """Resize so that the shorter side becomes a size drawn from ``min_size`` while the longer
+    side stays at most ``max_size`` (aspect ratio kept), the detection-style scale augmentation.
+
+    ``min_size`` is an int or a sequence; with ``sample_style="range"`` the size is drawn
+    uniformly from the integers in ``[min_size[0], min_size[-1]]``, with ``"choice"`` it is one of
+    the values. ``interpolation``: ``"bilinear"`` or ``"nearest"`` (or OpenCV's 1 and 0); masks use
+    nearest."""
+
+    def __init__(self, min_size: int | Sequence[int], max_size: int,
+                 sample_style: str = "range", interpolation: str | int = "bilinear",
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        sizes = (min_size,) if np.isscalar(min_size) else tuple(min_size)
+        if not sizes or any(int(v) != v or v <= 0 for v in sizes):
+            raise ValueError(f"ShortestEdgeResize: min_size must be positive ints, got "
+                             f"{min_size!r}")
+        if sample_style not in ("range", "choice"):
+            raise ValueError(f"ShortestEdgeResize: sample_style must be 'range' or 'choice', got "
+                             f"{sample_style!r}")
+        if int(max_size) != max_size or max_size <= 0:
+            raise ValueError(f"ShortestEdgeResize: max_size must be a positive int, got "
+                             f"{max_size!r}")
+        self.min_size, self.max_size = tuple(int(v) for v in sizes), int(max_size)
+        self.sample_style = sample_style
+        self.interpolation = _interpolation("ShortestEdgeResize", interpolation)
+
+    def _params(self, image: np.ndarray) -> tuple[int, int]:
+        if self.sample_style == "range":
+            size = np.random.randint(self.min_size[0], self.min_size[-1] + 1)
+        else:
+            size = self.min_size[np.random.randint(len(self.min_size))]
+        h, w = image.shape[:2]
+        scale = size / min(h, w)
+        th, tw = h * scale, w * scale
+        if max(th, tw) > self.max_size:
+            shrink = self.max_size / max(th, tw)
+            th, tw = th * shrink, tw * shrink
+        return max(1, int(round(th))), max(1, int(round(tw)))
+
+    def _apply_image(self, image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        return _resize(image, *shape, self.interpolation)
+
+    def _apply_mask(self, mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        return _resize(mask, *shape, "nearest")
+
+
+class RandomResize(VisionTransform):
+    """Scale both sides by one factor drawn uniformly from ``scale_range`` (sizes rounded to the
+    nearest pixel); masks use nearest."""
+
+    def __init__(self, scale_range: Sequence[float], interpolation: str | int = "bilinear",
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        lo, hi = scale_range
+        if not 0 < lo <= hi:
+            raise ValueError(f"RandomResize: scale_range must be (min, max) with 0 < min <= max, "
+                             f"got {tuple(scale_range)}")
+        self.scale_range = (float(lo), float(hi))
+        self.interpolation = _interpolation("RandomResize", interpolation)
+
+    def _params(self, image: np.ndarray) -> tuple[int, int]:
+        scale = np.random.uniform(*self.scale_range)
+        h, w = image.shape[:2]
+        return max(1, int(h * scale + 0.5)), max(1, int(w * scale + 0.5))
+
+    def _apply_image(self, image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        return _resize(image, *shape, self.interpolation)
+
+    def _apply_mask(self, mask: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+        return _resize(mask, *shape, "nearest")
+
+
+class GaussianNoise(VisionTransform):
+    """Add Gaussian noise ``N(mean, std) * 255`` to every pixel (``mean``/``std`` scalars or
+    per-channel, in units of the full 8-bit range) and clip to [0, 255], keeping the dtype."""
+
+    def __init__(self, mean: float | Sequence[float] = 0.0, std: float | Sequence[float] = 1.0,
+                 order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        self.mean = np.asarray(mean, dtype=np.float32)
+        self.std = np.asarray(std, dtype=np.float32)
+        if np.any(self.std < 0):
+            raise ValueError(f"GaussianNoise: std must be >= 0, got {self.std.tolist()}")
+
+    def _params(self, image: np.ndarray) -> np.ndarray:
+        return np.random.normal(size=image.shape).astype(np.float32)
+
+    def _apply_image(self, image: np.ndarray, unit: np.ndarray) -> np.ndarray:
+        noise = (unit * self.std + self.mean) * 255
+        return _to_dtype(image.astype(np.float32) + noise, image.dtype)
+
+
+#: ImageNet's RGB colour covariance (AlexNet's PCA lighting), rows and columns in BGR order, for
+#: pixel values in [0, 1]: eigenvalues and the matching eigenvectors (columns).
+LIGHTING_EIGVAL = np.array([0.2175, 0.0188, 0.0045])
+LIGHTING_EIGVEC = np.array([[-0.5836, -0.6948, 0.4203],
+                            [-0.5808, -0.0045, -0.8140],
+                            [-0.5675, 0.7192, 0.4009]])
+
+
+class Lighting(VisionTransform):
+    """AlexNet's PCA colour augmentation: add ``eigvec @ (alpha * eigval) * 255`` to every pixel
+    of a BGR image, ``alpha`` three draws from ``N(0, scale)`` per sample, then clip to [0, 255]
+    keeping the dtype. ``scale=0`` leaves images unchanged."""
+
+    def __init__(self, scale: float, order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        if scale < 0:
+            raise ValueError(f"Lighting: scale must be >= 0, got {scale}")
+        self.scale = float(scale)
+
+    def _params(self, image: np.ndarray) -> np.ndarray:
+        return np.random.normal(scale=self.scale, size=3) if self.scale else np.zeros(3)
+
+    def _apply_image(self, image: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+        if self.scale == 0:
+            return image
+        if image.ndim != 3 or image.shape[-1] != 3:
+            raise ValueError(f"Lighting: expected a 3-channel BGR image, got shape {image.shape}")
+        shift = (LIGHTING_EIGVEC @ (alpha * LIGHTING_EIGVAL) * 255).astype(np.float32)
+        return _to_dtype(image.astype(np.float32) + shift, image.dtype)
+
+
+def _swap_colour_order(image: np.ndarray) -> np.ndarray:
+    """BGR <-> RGB of a 3-channel HWC or CHW array (anything else is returned as it is)."""
+    if image.ndim == 3 and image.shape[-1] == 3:
+        return np.ascontiguousarray(image[..., ::-1])
+    if image.ndim == 3 and image.shape[0] == 3:
+        return np.ascontiguousarray(image[::-1])
+    return image
+
+
+class TorchTransformCompose(VisionTransform):
+    """Run torchvision transforms (``transforms``: a callable on a PIL image, e.g.
+    ``torchvision.transforms.Compose([...])``) on the BGR uint8 image of a sample, as MegEngine
+    does: the image goes to PIL in RGB order and what comes back (a PIL image or an array,
+    HWC or CHW) returns to BGR. Needs Pillow (and torchvision for its transforms)."""
+
+    def __init__(self, transforms, order: Sequence[str] | None = None) -> None:
+        super().__init__(order)
+        if not callable(transforms):
+            raise TypeError(f"TorchTransformCompose: transforms must be callable (a torchvision "
+                            f"Compose), got {type(transforms).__name__}")
+        self.transforms = transforms
+
+    def _apply_image(self, image: np.ndarray, params: Any) -> np.ndarray:
+        try:
+            pil = importlib.import_module("PIL.Image")
+        except ImportError:
+            raise ImportError("TorchTransformCompose needs Pillow (pip install pillow) to hand "
+                              "images to torchvision transforms") from None
+        out = self.transforms(pil.fromarray(_swap_colour_order(image).astype(np.uint8)))
+        if isinstance(out, pil.Image):
+            out = np.array(out, dtype=np.uint8)
+        elif hasattr(out, "numpy") and not isinstance(out, np.ndarray):
+            out = out.numpy()  # a torch tensor (ToTensor): CHW
+        return _swap_colour_order(np.asarray(out))

@@ -5,12 +5,17 @@ them by keyword runs unchanged (``tests/functional/test_megengine_signatures.py`
 Elementwise, reduction, shape and linear-algebra ops live at the top level; neural-network ops
 are in ``F.nn`` and also re-exported here (``F.relu``, ``F.conv2d``), as MegEngine does.
 
+``F.distributed`` (MegEngine's differentiable collectives) is there too, as MegEngine loads it
+with ``megengine.functional``; it is imported on first use, so ``import minigrad.functional``
+alone never loads the distributed runtime.
+
 Example::
 
     import minigrad.functional as F
     y = F.relu(F.linear(x, w, b))
 """
 
+import importlib
 import sys
 
 from minigrad import seams
@@ -236,6 +241,15 @@ __all__ = [
     "zeros",
     "zeros_like",
 ]
+
+
+def __getattr__(name: str):
+    """``F.distributed``: imports MegEngine's path ``minigrad.functional.distributed`` (an alias of
+    the distributed package's collectives, see :mod:`minigrad.aliases`) on first use only."""
+    if name == "distributed":
+        return importlib.import_module(f"{__name__}.distributed")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Tensor's operators and methods delegate to this module (a seam: see minigrad.seams)
 seams.FUNCTIONAL.install(sys.modules[__name__])

@@ -10,6 +10,7 @@ from minigrad.autodiff.autocast import thread_policy
 from minigrad.autodiff.recording import is_recording
 from minigrad.autodiff.tensor import Tensor, as_dtype
 from minigrad.backend.dtypes import SEEN, is_bfloat16, is_floating
+from minigrad.config import default_compute_mode
 
 FLOAT32 = np.dtype(np.float32)
 FLOAT16 = np.dtype(np.float16)
@@ -93,9 +94,12 @@ def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
     to float32 and float16 as the dtype to cast the result back to; otherwise the inputs unchanged
     and None. Any other mode is an error naming the op (it used to be accepted and ignored).
     bfloat16 inputs always compute in float32 (NumPy has no bfloat16 product) and the result is
-    rounded to bfloat16.
+    rounded to bfloat16. ``"default"`` follows ``mg.config.compute_mode`` ("default" unless a
+    program sets it).
     """
-    if compute_mode == "default":  # the common case, on every matmul: one slot read
+    if compute_mode == "default":  # the common case, on every matmul: one dict lookup
+        compute_mode = default_compute_mode()  # mg.config.compute_mode
+    if compute_mode == "default":
         if not SEEN.bfloat16:
             return tensors, None
         for t in tensors:

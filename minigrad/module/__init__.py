@@ -1,6 +1,6 @@
 """``minigrad.module`` (imported as ``M``): the ``Module`` base class and the standard layers."""
 
-from minigrad.module import init
+from minigrad.module import graph, init
 from minigrad.module.activation import (
     GELU,
     LeakyReLU,
@@ -18,7 +18,7 @@ from minigrad.module.embedding import Embedding
 from minigrad.module.identity import Flatten, Identity
 from minigrad.module.linear import Linear
 from minigrad.module.loss import CrossEntropyLoss, MSELoss
-from minigrad.module.module import HookHandler, Module
+from minigrad.module.module import HookHandler, Module, StateDictKeyError
 from minigrad.module.normalization import (
     BatchNorm1d,
     BatchNorm2d,
@@ -74,10 +74,12 @@ __all__ = [
     "SyncBatchNorm",
     "Sigmoid",
     "Softmax",
+    "StateDictKeyError",
     "Tanh",
     "TransformerBlock",
     "TransformerLM",
     "TransformerLayers",
+    "graph",
     "init",
 ]
 

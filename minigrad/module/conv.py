@@ -108,13 +108,18 @@ class _ConvNd(Module):
             )
 
     def extra_repr(self) -> str:
-        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-             f"stride={self.stride}, padding={self.padding}")
+        """MegEngine's form: the channels and kernel size, then only the arguments that differ
+        from their defaults (``Conv2d(3, 128, kernel_size=(3, 3), padding=(1, 1), bias=False)``)."""
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+        if any(v != 1 for v in self.stride):
+            s += f", stride={self.stride}"
+        if any(self.padding):
+            s += f", padding={self.padding}"
         if any(d != 1 for d in self.dilation):
             s += f", dilation={self.dilation}"
         if self.groups != 1:
             s += f", groups={self.groups}"
-        return s + f", bias={self.bias is not None}"
+        return s if self.bias is not None else s + ", bias=False"
 
 
 class Conv1d(_ConvNd):

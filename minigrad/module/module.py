@@ -31,6 +31,20 @@ import minigrad.functional as F
 from minigrad import seams
 from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.xp import to_numpy
+from minigrad.logger import get_logger
+from minigrad.module.graph import GraphModule
+
+_log = get_logger("minigrad.module")
+
+
+class StateDictKeyError(KeyError, ValueError):
+    """``load_state_dict(strict=True)`` found names missing from the state dict or not used by
+    the module (a ``KeyError``, as in MegEngine; also a ``ValueError``, as minigrad raised before).
+    """
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""
+
 
 # Attributes of the base class itself; they never hold tensors, so the scan skips them.
 _INTERNAL = frozenset({"training", "name", "_forward_pre_hooks", "_forward_hooks"})
@@ -182,15 +196,30 @@ class Module:
         """Direct sub-modules (one level)."""
         return _values(self.named_children())
 
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
-        """This module (named ``prefix``) and every sub-module, depth first."""
+    def named_modules(self, prefix: str = "", with_parent: bool = False) -> Iterator[tuple]:
+        """This module (named ``prefix``) and every sub-module, depth first: ``(name, module)``,
+        or with ``with_parent`` (MegEngine's) ``(name, module, parent)``, the parent being the
+        module whose attribute holds it (None for this module itself)."""
+        if with_parent:
+            yield prefix, self, None
+            yield from self._modules_with_parent(_dot(prefix), {id(self)})
+            return
         yield prefix, self
         for name, obj in self._walk(_dot(prefix), True, {id(self)}):
             if isinstance(obj, Module):
                 yield name, obj
 
-    def modules(self) -> Iterator["Module"]:
-        """This module and every sub-module, depth first."""
+    def _modules_with_parent(self, prefix: str, seen: set) -> Iterator[tuple]:
+        for name, obj in self._walk(prefix, False, seen):
+            if isinstance(obj, Module):
+                yield name, obj, self
+                yield from obj._modules_with_parent(name + ".", seen)
+
+    def modules(self, with_parent: bool = False) -> Iterator:
+        """This module and every sub-module, depth first; with ``with_parent``
+        ``(module, parent)`` pairs (see :meth:`named_modules`)."""
+        if with_parent:
+            return (item[1:] for item in self.named_modules(with_parent=True))
         return _values(self.named_modules())
 
     def apply(self, fn: Callable[["Module"], Any]) -> "Module":
@@ -221,6 +250,17 @@ class Module:
         for p in self.parameters():
             if p.grad is not None:
                 p.grad = F.zeros_like(p.grad)
+
+    def to(self, target) -> Any:
+        """OneFlow's ``module.to(nn.graph.GraphModule)``: the module's graph settings
+        (:class:`~minigrad.module.graph.GraphModule`, whose ``set_stage`` marks a pipeline
+        stage). Moving a module to a device is not done in place here: build it on the device
+        (``mg.set_default_device``) instead."""
+        if target is GraphModule:
+            return GraphModule(self)
+        raise TypeError(f"{type(self).__name__}.to: expected nn.graph.GraphModule, got "
+                        f"{target!r}; build the module on its device instead "
+                        "(mg.set_default_device)")
 
     def to_global(self, placement, sbp) -> "Module":
         """OneFlow's ``Module.to_global``: make every parameter and buffer a global tensor on
@@ -270,14 +310,24 @@ class Module:
         module's logical entries of ``state`` (a copy of the caller's) by the local values to
         load. The default leaves ``state`` as it is."""
 
-    def load_state_dict(self, state_dict: dict, strict: bool = True) -> "Module":
+    def load_state_dict(self, state_dict: dict | Callable, strict: bool = True) -> "Module":
         """Copy values (NumPy arrays or Tensors) into the parameters and buffers by name.
 
-        With ``strict`` every name must match both ways; shape mismatches are always an error,
-        except that a 1-D ``(C,)`` value fills a tensor whose other axes have size 1 (MegEngine
-        stores the ``(1, C, 1, 1)`` tensors of norm layers as ``(C,)``). All problems are reported
-        in one message, and nothing is modified unless everything checks out.
+        As in MegEngine: with ``strict`` every name must match both ways, and names missing from
+        ``state_dict`` or left unused by the module raise :class:`StateDictKeyError` (a
+        ``KeyError``); with ``strict=False`` they are skipped, and a warning on the
+        ``minigrad.module`` logger names them. ``state_dict`` may also be a function ``(name,
+        tensor) -> value or None`` asked for every tensor (None leaves it as it is). Shape
+        mismatches are always an error (``ValueError``), except that a 1-D ``(C,)`` value fills a
+        tensor whose other axes have size 1 (MegEngine stores the ``(1, C, 1, 1)`` tensors of norm
+        layers as ``(C,)``). All problems are reported in one message, and nothing is modified
+        unless everything checks out.
         """
+        own = OrderedDict(self.named_tensors())
+        if callable(state_dict) and not isinstance(state_dict, dict):
+            asked = ((k, state_dict(k, t)) for k, t in own.items())
+            state_dict = {k: v for k, v in asked if v is not None}
+            strict = False  # what the function leaves out stays as it is
         if not isinstance(state_dict, dict):
             raise TypeError(
                 f"{type(self).__name__}.load_state_dict: expected a dict of name -> array, got "
@@ -286,14 +336,14 @@ class Module:
         state_dict = dict(state_dict)  # the hooks replace entries; the caller's dict stays
         for prefix, module in self.named_modules():
             module.state_from_logical(state_dict, _dot(prefix))
-        own = OrderedDict(self.named_tensors())
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
         problems = []
         if strict and missing:
-            problems.append(f"missing keys: {missing}")
+            problems.append(f"missing keys: {missing} (Missing params violate `strict=True`)")
         if strict and unexpected:
-            problems.append(f"unexpected keys: {unexpected}")
+            problems.append(f"unexpected keys: {unexpected} (Unused params violate "
+                            "`strict=True`)")
         updates = []
         for name, t in own.items():
             if name not in state_dict:
@@ -310,9 +360,11 @@ class Module:
                 continue
             updates.append((t, value))
         if problems:
-            raise ValueError(
-                f"{type(self).__name__}.load_state_dict: " + "; ".join(problems)
-            )
+            error = StateDictKeyError if strict and (missing or unexpected) else ValueError
+            raise error(f"{type(self).__name__}.load_state_dict: " + "; ".join(problems))
+        if not strict and (missing or unexpected):
+            _log.warning("%s.load_state_dict(strict=False): missing keys %s, unused keys %s",
+                         type(self).__name__, missing, unexpected)
         for t, value in updates:
             t.set_value(value.data if isinstance(value, Tensor) else value)
         return self

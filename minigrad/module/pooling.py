@@ -30,7 +30,8 @@ class MaxPool2d(Module):
         return F.max_pool2d(x, self.kernel_size, self.stride, self.padding)
 
     def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+        stride = self.kernel_size if self.stride is None else self.stride  # the one in effect
+        return f"kernel_size={self.kernel_size}, stride={stride}, padding={self.padding}"
 
 
 class AvgPool2d(Module):
@@ -52,7 +53,8 @@ class AvgPool2d(Module):
         return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, mode=self.mode)
 
     def extra_repr(self) -> str:
-        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+        stride = self.kernel_size if self.stride is None else self.stride  # the one in effect
+        return (f"kernel_size={self.kernel_size}, stride={stride}, padding={self.padding}, "
                 f"mode={self.mode!r}")
 
 

@@ -108,3 +108,23 @@ def test_functional_distributed_is_an_alias_loaded_only_on_request():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_functional_distributed_is_an_attribute_of_functional_loaded_on_first_use():
+    """MegEngine code writes ``F.distributed.all_reduce_sum`` after ``import
+    megengine.functional as F`` only: the attribute loads the collectives then, not before."""
+    code = ("import sys, minigrad.functional as F\n"
+            "assert 'minigrad.distributed' not in sys.modules\n"
+            "FD = F.distributed\n"
+            "import minigrad.distributed.functional as DF\n"
+            "assert FD is DF and F.distributed.all_reduce_sum is DF.all_reduce_sum\n"
+            "try:\n"
+            "    F.no_such_op\n"
+            "except AttributeError as exc:\n"
+            "    assert 'no_such_op' in str(exc)\n"
+            "else:\n"
+            "    raise AssertionError('F.no_such_op did not raise')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -72,8 +72,17 @@ def test_random_crop_is_a_window_of_the_padded_image_and_varies():
         assert hits, "crop is not a window of the padded image"
         seen.add(hits[0])
     assert len(seen) > 10  # covers many of the 20 positions
-    with pytest.raises(ValueError, match="larger than the padded image"):
-        RandomCrop(9).apply(IMG)
+    # larger than the padded image: padded further, the image at a random place inside
+    np.random.seed(2)
+    corners = set()
+    for _ in range(30):
+        big = RandomCrop((9, 7), padding_value=200).apply(IMG)  # IMG is 6 x 5
+        assert big.shape == (9, 7, 3)
+        hits = [(y, x) for y in range(4) for x in range(3)
+                if np.array_equal(big[y:y + 6, x:x + 5], IMG)]
+        assert hits and (big == 200).all(axis=-1).sum() == 9 * 7 - 6 * 5
+        corners.add(hits[0])
+    assert len(corners) > 4
 
 
 def test_random_crop_and_flip_keep_image_and_mask_aligned():
@@ -161,4 +170,20 @@ def test_center_crop_compose_and_apply_batch():
     with pytest.raises(TypeError, match="not a Transform"):
         Compose([lambda x: x])
     with pytest.raises(ValueError, match=r"expected an HWC \(or HW\) image"):
-        Normalize().apply((np.zeros(3), 1))
+        CenterCrop(1).apply((np.zeros(3), 1))  # geometric transforms need an image
+    with pytest.raises(ValueError, match=r"expected an image or a flat sample"):
+        Normalize().apply((np.float32(3), 1))
+
+
+def test_normalize_accepts_flat_and_tabular_samples():
+    """MegEngine's beginner tutorials normalise flattened digits ``(784,)`` and feature rows."""
+    flat = RNG.integers(0, 256, size=(784,), dtype=np.uint8)
+    out, label = Normalize(33.3, 78.6).apply((flat, 7))
+    assert out.shape == (784,) and out.dtype == np.float32 and label == 7
+    np.testing.assert_allclose(out, (flat.astype(np.float64) - 33.3) / 78.6, atol=1e-6)
+    rows = RNG.normal(size=(4,)).astype(np.float32)
+    mean, std = [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 4.0, 8.0]
+    np.testing.assert_allclose(Normalize(mean, std).apply(rows),
+                               (rows - np.array(mean)) / np.array(std), rtol=1e-6)
+    with pytest.raises(ValueError, match="mean has 3 values but the sample has 4 features"):
+        Normalize([1.0, 2.0, 3.0]).apply(rows)

@@ -11,12 +11,16 @@ from minigrad.data.transform import (
     BrightnessTransform,
     ColorJitter,
     ContrastTransform,
+    GaussianNoise,
     HueTransform,
+    Lighting,
     PseudoTransform,
+    RandomResize,
     RandomResizedCrop,
     RandomVerticalFlip,
     Resize,
     SaturationTransform,
+    ShortestEdgeResize,
 )
 
 RNG = np.random.default_rng(3)
@@ -128,3 +132,103 @@ def test_color_jitter():
     for img, label in outs:
         assert img.dtype == np.uint8 and img.shape == IMG.shape and label == 7
     assert not np.array_equal(outs[0][0], outs[1][0])
+
+
+# -- ShortestEdgeResize, RandomResize, GaussianNoise, Lighting -------------------------------------
+
+
+def test_shortest_edge_resize_draws_the_short_side_and_caps_the_long_one():
+    img = RNG.integers(0, 256, size=(30, 60, 3), dtype=np.uint8)
+    mask = RNG.integers(0, 4, size=(30, 60), dtype=np.uint8)
+    np.random.seed(4)
+    size = np.random.randint(10, 21)  # the draw the transform makes
+    np.random.seed(4)
+    out, out_mask = ShortestEdgeResize((10, 20), max_size=1000,
+                                       order=("image", "mask")).apply((img, mask))
+    assert out.shape == (size, 2 * size, 3) and out_mask.shape == (size, 2 * size)
+    np.testing.assert_array_equal(out, Resize((size, 2 * size)).apply(img))
+    assert set(np.unique(out_mask)) <= set(np.unique(mask))  # nearest: no blended labels
+    # long side capped: short side 40 would make the long one 80 > 50
+    assert ShortestEdgeResize(40, max_size=50).apply(img).shape == (25, 50, 3)
+    seen = {ShortestEdgeResize([16, 24], 1000, sample_style="choice").apply(img).shape[0]
+            for _ in range(40)}
+    assert seen == {16, 24}
+    with pytest.raises(ValueError, match="sample_style must be 'range' or 'choice'"):
+        ShortestEdgeResize(8, 16, sample_style="log")
+
+
+def test_random_resize_scales_both_sides_by_one_factor():
+    img = RNG.integers(0, 256, size=(10, 20, 3), dtype=np.uint8)
+    np.random.seed(1)
+    scale = np.random.uniform(0.5, 2.0)
+    np.random.seed(1)
+    out = RandomResize((0.5, 2.0)).apply(img)
+    shape = (int(10 * scale + 0.5), int(20 * scale + 0.5))
+    assert out.shape[:2] == shape
+    np.testing.assert_array_equal(out, Resize(shape).apply(img))
+    with pytest.raises(ValueError, match="scale_range must be"):
+        RandomResize((2.0, 1.0))
+
+
+def test_gaussian_noise_adds_scaled_normal_noise_and_clips():
+    img = np.full((4, 5, 3), 128, np.uint8)
+    np.random.seed(2)
+    unit = np.random.normal(size=img.shape)
+    np.random.seed(2)
+    out = GaussianNoise(mean=[0.0, 0.1, 0.0], std=0.05).apply(img)
+    ref = np.clip(np.rint(128 + (unit * 0.05 + np.array([0.0, 0.1, 0.0])) * 255), 0, 255)
+    assert out.dtype == np.uint8
+    np.testing.assert_allclose(out, ref, atol=1)  # float32 noise vs float64 reference
+    bright = GaussianNoise(mean=2.0, std=0.0).apply(img)
+    assert (bright == 255).all()  # clipped, not wrapped
+
+
+def test_lighting_adds_one_pca_colour_shift_per_sample():
+    img = RNG.uniform(50, 200, size=(3, 4, 3)).astype(np.float32)
+    np.random.seed(5)
+    alpha = np.random.normal(scale=0.1, size=3)
+    np.random.seed(5)
+    out = Lighting(0.1).apply(img)
+    # ImageNet's PCA in RGB order (AlexNet), applied to a BGR image
+    eigvec_rgb = np.array([[-0.5675, 0.7192, 0.4009],
+                           [-0.5808, -0.0045, -0.8140],
+                           [-0.5836, -0.6948, 0.4203]])
+    shift_rgb = eigvec_rgb @ (alpha * np.array([0.2175, 0.0188, 0.0045])) * 255
+    np.testing.assert_allclose(out - img, np.broadcast_to(shift_rgb[::-1], img.shape), atol=1e-3)
+    assert Lighting(0).apply(img) is img
+
+
+def test_torch_transform_compose_hands_rgb_to_pil_and_returns_bgr(monkeypatch):
+    """MegEngine's TorchTransformCompose: BGR -> PIL (RGB) -> torchvision transforms -> BGR.
+    Pillow is not installed here, so a minimal stand-in records what it is given."""
+    import sys
+    import types
+
+    seen = []
+
+    class FakeImage:
+        def __init__(self, array):
+            self.array = array
+
+        def __array__(self, dtype=None, copy=None):
+            return self.array.astype(dtype or self.array.dtype)
+
+    module = types.ModuleType("PIL.Image")
+    module.Image = FakeImage
+    module.fromarray = lambda a: seen.append(a.copy()) or FakeImage(a)
+    package = types.ModuleType("PIL")
+    package.Image = module
+    monkeypatch.setitem(sys.modules, "PIL", package)
+    monkeypatch.setitem(sys.modules, "PIL.Image", module)
+    from minigrad.data.transform import TorchTransformCompose
+
+    flip = TorchTransformCompose(lambda im: FakeImage(im.array[:, ::-1]))  # a PIL-level op
+    out, label = flip.apply((IMG, 7))
+    np.testing.assert_array_equal(seen[0], IMG[..., ::-1])  # PIL got RGB
+    np.testing.assert_array_equal(out, IMG[:, ::-1])        # back in BGR, flipped
+    assert label == 7
+    to_chw = TorchTransformCompose(lambda im: np.asarray(im).transpose(2, 0, 1) / 255.0)
+    chw = to_chw.apply(IMG)
+    np.testing.assert_allclose(chw, IMG.transpose(2, 0, 1) / 255.0)  # CHW, BGR order again
+    with pytest.raises(TypeError, match="transforms must be callable"):
+        TorchTransformCompose([1, 2])

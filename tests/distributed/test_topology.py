@@ -73,8 +73,11 @@ def test_bad_arguments_name_the_problem():
         topo.get_coord(4)
     with pytest.raises(ValueError, match="unknown axes"):
         topo.filter_match(model=0)
+    assert topo.get_axis_comm_lists("model") == []  # DeepSpeed: an unknown axis has no lists
     with pytest.raises(ValueError, match="expected one or more of the axes"):
-        topo.get_axis_comm_lists("model")
+        topo.group_ranks("model", rank=0)
+    with pytest.raises(ValueError, match="expected one or more of the axes"):
+        topo.get_axis_comm_lists()
     with pytest.raises(RuntimeError, match="needs 4 ranks"):
         topo.group("data")
 
@@ -107,3 +110,50 @@ def _wrong_world():
 def test_group_on_a_job_of_the_wrong_size_raises_on_every_rank():
     with pytest.raises(dist.LaunchError, match="needs 3 ranks, but the job has 2"):
         run_workers(_wrong_world, 2)
+
+
+def _grid_facts(topology_args):
+    from minigrad.distributed.pipeline import PipelineParallelGrid
+
+    topo = None if topology_args is None else ProcessTopology(*topology_args)
+    grid = PipelineParallelGrid(topo)
+    x = np.array([float(dist.get_rank())])
+    return {
+        "stage": grid.get_stage_id(), "dp_id": grid.get_data_parallel_id(),
+        "first": grid.is_first_stage, "last": grid.is_last_stage,
+        "sizes": (grid.get_pipe_parallel_world_size(), grid.get_data_parallel_world_size(),
+                  grid.get_slice_parallel_world_size(), grid.get_model_parallel_world_size()),
+        "dp_ranks": grid.get_data_parallel_group().ranks,
+        "pp_ranks": grid.get_pipe_parallel_group().ranks,
+        "model_ranks": grid.get_model_parallel_group().ranks,
+        "slice": (grid.get_slice_parallel_rank(), grid.get_slice_parallel_group().ranks),
+        "next": grid.stage_to_global((grid.get_stage_id() + 1) % grid.pipe_parallel_size),
+        "p2p": grid.p2p_groups,
+        "dp_sum": comm.all_reduce(x.copy(), group=grid.get_data_parallel_group())[0],
+    }
+
+
+def test_pipeline_parallel_grid_pipe_data():
+    """DeepSpeed's PipelineParallelGrid on pipe=2 x data=2: rank = stage * 2 + replica."""
+    out = run_workers(_grid_facts, 4, (["pipe", "data"], [2, 2]))
+    for rank, f in enumerate(out):
+        stage, replica = divmod(rank, 2)
+        assert (f["stage"], f["dp_id"]) == (stage, replica)
+        assert (f["first"], f["last"]) == (stage == 0, stage == 1)
+        assert f["sizes"] == (2, 2, 1, 2)
+        assert f["dp_ranks"] == [2 * stage, 2 * stage + 1]
+        assert f["pp_ranks"] == [replica, 2 + replica] == f["model_ranks"]
+        assert f["slice"] == (0, [rank])
+        assert f["next"] == (rank + 2) % 4
+        assert f["p2p"] == [[0, 2], [1, 3], [2, 0], [3, 1]]
+        assert f["dp_sum"] == 4 * stage + 1
+
+
+def test_pipeline_parallel_grid_default_topology_and_model_axis():
+    # no topology: 4 ranks = primes 2, 2 -> pipe 2, data 2
+    assert [f["stage"] for f in run_workers(_grid_facts, 4, None)] == [0, 0, 1, 1]
+    out = run_workers(_grid_facts, 4, (["pipe", "data", "model"], [2, 1, 2]))
+    for rank, f in enumerate(out):
+        assert f["sizes"] == (2, 1, 2, 4)
+        assert f["slice"] == (rank % 2, [rank - rank % 2, rank - rank % 2 + 1])
+        assert f["model_ranks"] == [0, 1, 2, 3] and f["dp_ranks"] == [rank]

@@ -1,5 +1,6 @@
 """Module base class: attribute discovery, hooks, modes and state dicts."""
 
+import logging
 from collections import OrderedDict
 
 import numpy as np
@@ -147,3 +148,71 @@ def test_repr_lists_children():
     text = repr(M.Sequential(M.Linear(2, 3), M.ReLU()))
     assert "(0): Linear(in_features=2, out_features=3, bias=True)" in text
     assert "(1): ReLU()" in text
+
+
+def test_named_modules_with_parent_as_megengine():
+    """MegEngine code replaces layers in place: ``for name, m, parent in
+    net.named_modules(with_parent=True): setattr(parent, name.split('.')[-1], new)``."""
+    net = M.Sequential(M.Linear(2, 3), M.Sequential(M.ReLU(), M.Linear(3, 1)))
+    items = list(net.named_modules(with_parent=True))
+    assert [name for name, _, _ in items] == [name for name, _ in net.named_modules()]
+    assert items[0] == ("", net, None)
+    parents = {name: parent for name, _, parent in items}
+    inner = [m for name, m in net.named_modules() if name == "1"][0]
+    assert parents["0"] is net and parents["1"] is net
+    assert parents["1.0"] is inner and parents["1.1"] is inner
+    assert [(m, p) for m, p in net.modules(with_parent=True)] == [(m, p) for _, m, p in items]
+    # used the MegEngine way: swap every ReLU for a Sigmoid through its parent
+    for name, m, parent in list(net.named_modules(with_parent=True)):
+        if isinstance(m, M.ReLU):
+            setattr(parent, name.split(".")[-1], M.Sigmoid())
+    assert [type(m).__name__ for m in net.modules()].count("Sigmoid") == 1
+
+
+def test_load_state_dict_key_errors_are_key_errors_and_non_strict_warns(caplog):
+    m = Nested()
+    sd = m.state_dict()
+    sd["extra"] = np.zeros(1)
+    with pytest.raises(KeyError, match=r"Unused params violate `strict=True`") as info:
+        m.load_state_dict(sd)
+    assert "unexpected keys: ['extra']" in str(info.value)
+    del sd["extra"]
+    del sd["scale"]
+    with pytest.raises(KeyError, match=r"missing keys: \['scale'\]"):
+        m.load_state_dict(sd)
+    sd["extra"] = np.zeros(1)
+    logger = logging.getLogger("minigrad.module")
+    logger.addHandler(caplog.handler)
+    try:
+        m.load_state_dict(sd, strict=False)
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "missing keys ['scale'], unused keys ['extra']" in caplog.text
+
+
+def test_load_state_dict_from_a_function_of_name_and_tensor():
+    m = Nested()
+    before = m.state_dict()
+    m.load_state_dict(lambda name, t: np.full(t.shape, 2.0, np.float32)
+                      if name.endswith("bias") else None)
+    for name, t in m.named_tensors():
+        expected = 2.0 if name.endswith("bias") else before[name]
+        np.testing.assert_array_equal(t.numpy(), np.broadcast_to(expected, t.shape))
+
+
+def test_conv_repr_lists_only_arguments_that_differ_from_the_defaults():
+    """MegEngine's repr (its test_repr_basic): kernel size always, the rest when not default."""
+    assert repr(M.Conv2d(3, 128, 3, padding=1, bias=False)) == (
+        "Conv2d(3, 128, kernel_size=(3, 3), padding=(1, 1), bias=False)")
+    assert repr(M.Conv2d(3, 128, 3, dilation=2, bias=False)) == (
+        "Conv2d(3, 128, kernel_size=(3, 3), dilation=(2, 2), bias=False)")
+    assert repr(M.Conv2d(256, 256, 3, 1, 0, groups=256, bias=False)) == (
+        "Conv2d(256, 256, kernel_size=(3, 3), groups=256, bias=False)")
+    assert repr(M.Conv2d(256, 256, 1)) == "Conv2d(256, 256, kernel_size=(1, 1))"
+    assert repr(M.Conv2d(4, 4, 3, stride=2)) == "Conv2d(4, 4, kernel_size=(3, 3), stride=(2, 2))"
+
+
+def test_pool_repr_shows_the_stride_in_effect():
+    assert repr(M.MaxPool2d(kernel_size=2, padding=0)) == (
+        "MaxPool2d(kernel_size=2, stride=2, padding=0)")
+    assert "stride=3" in repr(M.AvgPool2d(3))

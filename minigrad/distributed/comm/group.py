@@ -233,6 +233,12 @@ class Group:
         """Seconds a call of this group may wait before it raises."""
         return _state.timeout if self._timeout is None else self._timeout
 
+    @property
+    def key(self) -> str:
+        """MegEngine's name for the group: its global ranks joined by commas (``"0,1,2,3"``),
+        equal for equal groups, so it can key a cache of per-group state."""
+        return ",".join(map(str, self.ranks))
+
     def context(self) -> GroupContext:
         """This rank's runtime state of the group (raises when not initialised or not a member)."""
         if not _state.initialized:
@@ -258,6 +264,23 @@ class Group:
 
 
 WORLD = Group(None)
+
+_open_p2p_groups = [0]  # group_start() calls not yet closed by group_end()
+
+
+def group_start() -> None:
+    """Open a block of point-to-point calls issued together (MegEngine's ``group_start``, NCCL's
+    ``ncclGroupStart``), so that ranks that send to each other before they receive cannot
+    deadlock. Sends here return once the data is buffered, so every order already works; the
+    block is checked for balance (:func:`group_end`) and nests."""
+    _open_p2p_groups[0] += 1
+
+
+def group_end() -> None:
+    """Close the block opened by :func:`group_start`; without one open it raises."""
+    if _open_p2p_groups[0] == 0:
+        raise RuntimeError("group_end: no group_start() is open on this rank")
+    _open_p2p_groups[0] -= 1
 
 
 def resolve_group(group: Group | None) -> Group:

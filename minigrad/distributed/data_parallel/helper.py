@@ -1,6 +1,7 @@
 """MegEngine's distributed helpers: ``bcast_list_`` (sync initial weights), ``make_allreduce_cb``
-(bucketed, overlapped gradient all-reduce, the callback attached to a GradManager) and
-``synchronized`` (run on rank 0, everyone waits).
+(bucketed, overlapped gradient all-reduce, the callback attached to a GradManager),
+``synchronized`` (run on rank 0, everyone waits), ``param_pack_split``/``param_pack_concat``
+(parameters in one flat buffer) and ``get_device_count_by_fork``.
 
 Gradients become final in the same order on every rank (the backward engine is deterministic), so
 every rank fills the same buckets in the same order: each full bucket is packed into one flat buffer
@@ -15,8 +16,12 @@ from __future__ import annotations
 import functools
 import sys
 
+import numpy as np
+
+from minigrad import functional as F
 from minigrad.autodiff.grad_manager import get_backwarding_grad_manager
 from minigrad.autodiff.tensor import Tensor
+from minigrad.backend.device import get_device_count
 from minigrad.backend.xp import get_array_module
 from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.comm.collectives import broadcast_object_list
@@ -207,3 +212,73 @@ def synchronized(func):
         return result
 
     return wrapper
+
+
+def get_device_count_by_fork(device_type: str = "gpu") -> int:
+    """How many devices of ``device_type`` there are, without initialising CUDA in this process
+    (MegEngine asks a forked child so that the parent can still fork GPU ranks afterwards). The
+    count here comes from the operating system and never touches CUDA, so no child is needed."""
+    return get_device_count(device_type)
+
+
+def get_offsets(shapes) -> list[int]:
+    """``[begin0, end0, begin1, end1, ...]``: where each of ``shapes`` lies when the tensors are
+    packed back to back into one flat buffer (the ``offsets`` of the param-pack functions)."""
+    offsets, offset = [], 0
+    for shape in shapes:
+        offsets.append(offset)
+        offset += int(np.prod(shape, dtype=np.int64))
+        offsets.append(offset)
+    return offsets
+
+
+def _pairs(where: str, offsets, count: int) -> list[tuple[int, int]]:
+    offsets = [int(v) for v in (offsets.numpy() if isinstance(offsets, Tensor) else offsets)]
+    if len(offsets) != 2 * count:
+        raise ValueError(f"{where}: offsets must hold 2 * {count} values [begin0, end0, ...], "
+                         f"got {len(offsets)}")
+    pairs = list(zip(offsets[0::2], offsets[1::2], strict=True))
+    position = 0
+    for begin, end in pairs:
+        if begin < position or end < begin:
+            raise ValueError(f"{where}: offsets must be increasing, non-overlapping "
+                             f"[begin, end) pairs, got {offsets}")
+        position = end
+    return pairs
+
+
+def param_pack_split(inp: Tensor, offsets, shapes) -> list[Tensor]:
+    """The tensors packed in the flat ``inp``: the i-th is ``inp[begin_i:end_i]`` reshaped to
+    ``shapes[i]`` (``offsets`` as :func:`get_offsets` gives them). Differentiable.
+
+    Example::
+
+        b, c = param_pack_split(mg.ones(10), [0, 1, 1, 10], [(1,), (3, 3)])
+    """
+    pairs = _pairs("param_pack_split", offsets, len(shapes))
+    out = []
+    for (begin, end), shape in zip(pairs, shapes, strict=True):
+        if end - begin != int(np.prod(shape, dtype=np.int64)):
+            raise ValueError(f"param_pack_split: [{begin}, {end}) holds {end - begin} values, "
+                             f"shape {tuple(shape)} needs {int(np.prod(shape))}")
+        out.append(F.reshape(inp[begin:end], tuple(shape)))
+    return out
+
+
+def param_pack_concat(inps, offsets, offsets_val=None) -> Tensor:
+    """One flat tensor holding each of ``inps`` at its ``[begin, end)`` of ``offsets_val``
+    (``offsets`` in MegEngine is the same list as a device tensor; either may be given), gaps
+    filled with zeros. Differentiable: the inverse of :func:`param_pack_split`."""
+    inps = list(inps)
+    pairs = _pairs("param_pack_concat", offsets if offsets_val is None else offsets_val,
+                   len(inps))
+    pieces, position = [], 0
+    for (begin, end), t in zip(pairs, inps, strict=True):
+        if end - begin != t.size:
+            raise ValueError(f"param_pack_concat: [{begin}, {end}) holds {end - begin} values, "
+                             f"the tensor of shape {t.shape} has {t.size}")
+        if begin > position:
+            pieces.append(F.zeros((begin - position,), dtype=t.dtype, device=t.device))
+        pieces.append(F.flatten(t))
+        position = end
+    return F.concat(pieces)

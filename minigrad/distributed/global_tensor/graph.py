@@ -1,7 +1,9 @@
 """``Graph``: OneFlow's ``nn.Graph`` training step, run eagerly with a pipeline schedule.
 
 The user writes a ``build(*inputs)`` that computes the loss of one batch on global tensors and
-calls ``loss.backward()``; ``set_stage`` names the stage modules and their placements,
+calls ``loss.backward()``; ``set_stage`` names the stage modules and their placements (or, as
+in OneFlow, ``module.to(nn.graph.GraphModule).set_stage(stage_id, placement)`` on a module the
+graph holds: :class:`minigrad.module.graph.GraphModule`),
 ``config.set_gradient_accumulation_steps(n)`` the number of micro-batches and ``add_optimizer`` the
 optimizers. ``graph(*inputs)`` then runs one training step:
 
@@ -49,6 +51,8 @@ from minigrad.distributed.global_tensor.tensor import local_row_chunks
 from minigrad.distributed.pipeline.accumulation import mean_loss_seed
 from minigrad.distributed.pipeline.actions import Forward
 from minigrad.distributed.pipeline.schedule import get_schedule
+from minigrad.module import Module
+from minigrad.module.graph import GraphModule
 
 __all__ = ["Graph", "GraphConfig"]
 
@@ -135,7 +139,25 @@ class Graph:
         self._optimizers.append((optimizer, lr_sch))
 
     # -- one step -----------------------------------------------------------------------------
+    def _take_marked_stages(self) -> None:
+        """Register the modules marked with OneFlow's ``module.to(nn.graph.GraphModule)
+        .set_stage(...)`` among those this graph holds (each once)."""
+        taken = {id(module) for module, _ in self._stages.values()}
+        for value in list(vars(self).values()):
+            if not isinstance(value, Module):
+                continue
+            for _, module in value.named_modules():
+                marked = GraphModule.stage_of(module)
+                if marked is not None and id(module) not in taken:
+                    placement = marked[1]
+                    if placement is None:  # OneFlow infers it from the parameters
+                        params = [p for p in module.parameters() if p.is_global]
+                        placement = params[0].placement if params else None
+                    self.set_stage(module, marked[0], placement)
+                    taken.add(id(module))
+
     def _stage_of(self, rank: int):
+        self._take_marked_stages()
         ids = sorted(self._stages)
         if ids != list(range(len(ids))):
             raise ValueError(f"Graph: stage ids must be 0, 1, ..., got {ids}")

@@ -26,9 +26,11 @@ Example::
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
+from minigrad.backend import is_cuda_available
 from minigrad.distributed.comm import group as dist_group
 from minigrad.distributed.global_tensor import tensor as global_tensor
 from minigrad.distributed.mesh.rank_mesh import RankMesh
@@ -36,6 +38,19 @@ from minigrad.distributed.mesh.rank_mesh import RankMesh
 __all__ = ["Placement", "placement"]
 
 _TYPES = {"cpu": "cpu", "cuda": "cuda", "gpu": "cuda"}
+
+
+_NO_GPU_NOTED = [False]  # the "cuda placement on a machine without GPUs" warning, once
+
+
+def _note_cuda_without_gpus() -> None:
+    """A ``"cuda"`` placement on a machine without CUDA runs on the CPU (the tensors live on each
+    rank's own device, as the launcher's ranks do): say so once per process."""
+    if not _NO_GPU_NOTED[0] and not is_cuda_available():
+        _NO_GPU_NOTED[0] = True
+        warnings.warn('placement("cuda", ...): this machine has no usable CUDA device, so the '
+                      "global tensors of cuda placements live on the CPU", UserWarning,
+                      stacklevel=3)
 
 
 def _ensure_process_group() -> None:
@@ -72,6 +87,8 @@ class Placement:
                 f"rank(s)), got {mesh.tolist()}"
             )
         self.type = _TYPES[type]
+        if self.type == "cuda":
+            _note_cuda_without_gpus()
         self.mesh = RankMesh(mesh)
         self._create_groups()
 

@@ -14,6 +14,7 @@ each row against a single process.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -383,13 +384,34 @@ def _reshape_shape(op, args) -> list:
     return [_reshape_target(args[0], args[1])]
 
 
-def _reshape_sbp(op, args, sbps):
+def _split_survives(shape: tuple, target: tuple, d: int, mesh_size: int | None) -> bool:
+    """Whether ``split(d)`` of ``shape`` is ``split(d)`` of ``target`` too: axis ``d`` untouched,
+    or (over ``mesh_size`` ranks that divide it evenly, so the pieces stay balanced) merged with
+    the axes after it (``(N, L, K) -> (N * L, K)``, as ``F.linear`` flattens a batch) or cut
+    into ``target[d]`` and axes after it (back again)."""
+    if shape[:d] != target[:d] or len(target) <= d:
+        return False
+    if shape[d] == target[d]:
+        return True
+    if not mesh_size:
+        return False
+    if target[d] > shape[d] and shape[d] % mesh_size == 0:  # merged with the following axes
+        return any(math.prod(shape[d:j]) == target[d] for j in range(d + 2, len(shape) + 1))
+    if target[d] < shape[d] and target[d] % mesh_size == 0:  # cut into several axes
+        return any(math.prod(target[d:j]) == shape[d] for j in range(d + 2, len(target) + 1))
+    return False
+
+
+def _reshape_sbp(op, args, sbps, mesh_size: int | None = None):
     x, target = args[0], _reshape_target(args[0], args[1])
     s = sbps[0]
     if _is(s, "S"):
-        keep = x.shape[: s.dim + 1] == target[: s.dim + 1]
+        keep = _split_survives(tuple(x.shape), target, s.dim, mesh_size)
         return ([s, None], [s]) if keep else ([B, None], [B])
     return [s, None], [s]  # a reshape is linear: partial sums stay partial
+
+
+_reshape_sbp.takes_mesh_size = True
 
 
 def _local_target(op, views, call: LocalCall):

@@ -80,7 +80,9 @@ def _placement_of(name: str, inputs):
 
 def _plan(rule, op, args, placement):
     """Input and output nd-SBPs from a rule's 1-D decisions, one mesh dimension at a time."""
-    per_dim = [rule.sbp(op, args, [x.sbp[d] if isinstance(x, Tensor) else None for x in args])
+    sizes = getattr(rule.sbp, "takes_mesh_size", False)  # a rule that needs the rank count
+    per_dim = [rule.sbp(op, args, [x.sbp[d] if isinstance(x, Tensor) else None for x in args],
+                        **({"mesh_size": placement.mesh_shape[d]} if sizes else {}))
                for d in range(placement.ndim)]
     ins = [None if not isinstance(x, Tensor) else tuple(dim[0][i] for dim in per_dim)
            for i, x in enumerate(args)]
@@ -237,11 +239,27 @@ class GlobalTensor(Tensor):
         return self.shape[0]
 
     # -- local and global --------------------------------------------------------------------------
-    def to_local(self, copy: bool = False) -> Tensor:
+    def to_local(self, copy: bool = False, *, grad_sbp=None,
+                 grad_placements=None) -> Tensor:
         """This rank's piece as a local tensor (an empty one outside the placement), sharing
         memory unless ``copy``. Differentiable: the local gradient is taken as this rank's piece
-        of the gradient in the tensor's SBP (OneFlow's rule)."""
-        return GlobalToLocal()(local_view(self), self._layout, self._lshape, bool(copy))
+        of the gradient in the tensor's SBP (OneFlow's rule), or in ``grad_sbp`` when given
+        (``grad_placements``, DTensor's name for it, takes the same ``mg.sbp`` values).
+
+        For a broadcast tensor the default reads the ranks' local gradients as one and the same
+        value (right for a loss every rank computes alike). When ranks compute different losses
+        from it, ``grad_sbp=mg.sbp.partial_sum`` sums their contributions; without it the
+        backward raises on every rank, naming the tensor, instead of silently keeping one rank's
+        gradient."""
+        if grad_sbp is not None and grad_placements is not None:
+            raise ValueError("to_local: give grad_sbp or grad_placements (the same thing), "
+                             "not both")
+        grad = grad_sbp if grad_placements is None else grad_placements
+        grad_layout = None if grad is None else Layout(
+            self.placement, as_nd_sbp(grad, self.placement.ndim, self.ndim,
+                                      "to_local(grad_sbp)"))
+        return GlobalToLocal()(local_view(self), self._layout, self._lshape, bool(copy),
+                               grad_layout)
 
     def to_global(self, placement=None, sbp=None, *, grad_sbp=None, check_meta: bool = False,
                   copy: bool = False) -> "GlobalTensor":
@@ -393,16 +411,51 @@ def local_view(g: GlobalTensor) -> Tensor:
 
 
 class GlobalToLocal(Function):
-    """``to_local``: the piece, as a local tensor; backward: the local gradient (a piece in the
-    forward SBP) moved to the adjoint layout."""
+    """``to_local``: the piece, as a local tensor; backward: the local gradient (a piece in
+    ``grad_layout``, default the forward layout) moved to the adjoint layout. With the default
+    on a broadcast mesh dimension the ranks' gradients must agree (checked, see
+    :func:`check_replicated_grad`)."""
 
-    def forward(self, v, layout, shape, copy):
-        self.layout, self.shape = layout, shape
+    def forward(self, v, layout, shape, copy, grad_layout=None):
+        self.layout, self.shape, self.grad_layout = layout, shape, grad_layout
         return v._data.copy() if copy else v._data
 
     def backward(self, dy):
-        g = box(dy._data, self.layout, self.layout.adjoint(), self.shape, "to_local (backward)")
-        return Tensor._wrap(g, dy._device), None, None, None
+        src = self.layout if self.grad_layout is None else self.grad_layout
+        if self.grad_layout is None:
+            check_replicated_grad(dy._data, self.layout, self.shape)
+        g = box(dy._data, src, self.layout.adjoint(), self.shape, "to_local (backward)")
+        return Tensor._wrap(g, dy._device), None, None, None, None
+
+
+#: Relative difference above which two ranks' gradients of a broadcast tensor disagree.
+REPLICATED_GRAD_RTOL = 1e-6
+
+
+def check_replicated_grad(g, layout: Layout, shape) -> None:
+    """Raise on every rank when the ranks along a broadcast mesh dimension of ``layout`` hold
+    different local gradients ``g``. Cheap: two float64 numbers per rank (the sum and a weighted
+    sum of ``g``) are all-gathered over each broadcast slice of the placement."""
+    placement, me = layout.placement, get_rank()
+    if me not in placement:
+        return
+    flat = to_numpy(g).astype(np.float64, copy=False).reshape(-1)
+    weights = 1.0 + (np.arange(flat.size) % 7) / 7.0  # sees a permutation the sum would miss
+    mine = np.array([flat.sum(), flat @ weights, np.abs(flat).sum()])
+    for d, s in enumerate(layout.sbp):
+        group = placement.slice_group(d, me) if s.kind == "B" else None
+        if group is None:
+            continue
+        prints = np.stack(comm.all_gather(mine, group))
+        scale = max(float(np.abs(prints[:, 2]).max()), np.finfo(np.float64).tiny)
+        if np.abs(prints[:, :2] - prints[0, :2]).max() > REPLICATED_GRAD_RTOL * scale:
+            raise RuntimeError(
+                f"to_local (backward): ranks {placement.slice_ranks(d, me)} computed different "
+                f"gradients for the broadcast tensor of shape {tuple(shape)} on {placement} (sbp "
+                f"{tuple(layout.sbp)}), so their losses differ; the default keeps only the value "
+                "a replicated loss would give. To sum every rank's contribution, take the local "
+                "tensor with to_local(grad_sbp=mg.sbp.partial_sum)"
+            )
 
 
 class LocalToGlobal(Function):

@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 MODES = (None, "1d", "2d", "2.5d", "3d", "sequence")
-_TOP_KEYS = ("pipeline", "tensor")
+_TOP_KEYS = ("data", "pipeline", "tensor")
 _TENSOR_KEYS = ("size", "mode", "depth")
 
 
@@ -74,18 +74,23 @@ class ParallelConfig:
     depth. Everything that does not need the world size is validated here.
 
     Build it with :meth:`from_dict` from Colossal-AI's form ``dict(pipeline=2, tensor=dict(size=8,
-    mode="2.5d", depth=2))``; every key is optional (sizes default to 1, mode to None).
+    mode="2.5d", depth=2))``; every key is optional (sizes default to 1, mode to None). The
+    data-parallel size is derived from the world size; ``data`` (Colossal-AI's examples give it)
+    is checked against it when given.
     """
 
     pipeline: int = 1
     tensor: int = 1
     mode: str | None = None
     depth: int = 1
+    data: int | None = None
 
     def __post_init__(self):
         for field, where in (("pipeline", "pipeline size"), ("tensor", "tensor size"),
                              ("depth", "tensor depth")):
             object.__setattr__(self, field, _size(where, getattr(self, field)))
+        if self.data is not None:
+            object.__setattr__(self, "data", _size("data size", self.data))
         self._check_mode()
 
     @classmethod
@@ -106,14 +111,16 @@ class ParallelConfig:
                 f"init_parallel: unknown keys {unknown} in parallel; allowed: {list(_TOP_KEYS)} "
                 "(the data-parallel size is derived: world / (pipeline × tensor))"
             )
-        pipe = parallel.get("pipeline", 1)
-        if isinstance(pipe, dict):
-            extra = [k for k in pipe if k != "size"]
-            if extra:
-                raise ValueError(
-                    f"init_parallel: unknown keys {extra} in pipeline; allowed: ['size']"
-                )
-            pipe = pipe.get("size", 1)
+        pipe, data = parallel.get("pipeline", 1), parallel.get("data")
+        for name, value in (("pipeline", pipe), ("data", data)):
+            if isinstance(value, dict):
+                extra = [k for k in value if k != "size"]
+                if extra:
+                    raise ValueError(
+                        f"init_parallel: unknown keys {extra} in {name}; allowed: ['size']"
+                    )
+        pipe = pipe.get("size", 1) if isinstance(pipe, dict) else pipe
+        data = data.get("size") if isinstance(data, dict) else data
         tensor = parallel.get("tensor", 1)
         if not isinstance(tensor, dict):
             tensor = {"size": tensor}
@@ -123,7 +130,7 @@ class ParallelConfig:
                 f"init_parallel: unknown keys {extra} in tensor; allowed: {list(_TENSOR_KEYS)}"
             )
         return cls(pipeline=pipe, tensor=tensor.get("size", 1), mode=tensor.get("mode"),
-                   depth=tensor.get("depth", 1))
+                   depth=tensor.get("depth", 1), data=data)
 
     def _check_mode(self) -> None:
         mode, size, depth = self.mode, self.tensor, self.depth
@@ -206,14 +213,22 @@ class ParallelConfig:
         return groups
 
     def data_size(self, world_size: int) -> int:
-        """The derived data-parallel size; raises when the world does not split evenly."""
+        """The derived data-parallel size; raises when the world does not split evenly or when a
+        given ``data`` size disagrees with it."""
         model = self.pipeline * self.tensor
         if world_size % model:
             raise ValueError(
                 f"init_parallel: world size {world_size} is not divisible by pipeline size "
                 f"{self.pipeline} × tensor size {self.tensor} = {model}"
             )
-        return world_size // model
+        derived = world_size // model
+        if self.data is not None and self.data != derived:
+            raise ValueError(
+                f"init_parallel: data size {self.data} does not match the derived data-parallel "
+                f"size: world size {world_size} / (pipeline size {self.pipeline} × tensor size "
+                f"{self.tensor}) = {derived}"
+            )
+        return derived
 
 
 class ParallelContext:

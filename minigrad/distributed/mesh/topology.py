@@ -131,7 +131,10 @@ class ProcessTopology:
         """Every slice of the grid along ``axes``: the groups of ranks that differ only in those
         coordinates. Slices are ordered by the fixed coordinates (row-major), and the ranks within
         a slice row-major over the varying axes — so group rank ``i`` along a single axis has
-        coordinate ``i`` on it."""
+        coordinate ``i`` on it. An axis the topology does not have gives ``[]``, as in DeepSpeed
+        (``get_axis_comm_lists("model")`` of a pipe x data topology)."""
+        if axes and any(a not in self.axes for a in axes):
+            return []
         self._check_axes("get_axis_comm_lists", axes)
         return self.mesh.slices(*axes)
 

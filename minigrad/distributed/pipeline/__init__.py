@@ -11,6 +11,7 @@
 * :mod:`.partition` — the partition of the layers into stages (uniform, balanced, by type).
 * :mod:`.checkpoint` — checkpoints keyed by global layer index, one file per layer.
 * :mod:`.errors` — :class:`PipelineError`.
+* :mod:`.grid` — :class:`PipelineParallelGrid`, DeepSpeed's ``mpu`` of a pipe x data topology.
 * :mod:`.actions`, :mod:`.schedule` — schedules as data (GPipe, 1F1B, interleaved 1F1B,
   zero-bubble H1, inference, custom), validated and rendered as a stage x step grid. The
   action classes (``Forward``, ``BackwardInput``, ``SendActivation``...) live in
@@ -37,8 +38,10 @@ from minigrad.distributed.pipeline.actions import ScheduleError, parse_actions
 from minigrad.distributed.pipeline.checkpoint import load_layer_states, save_layer_states
 from minigrad.distributed.pipeline.engine import PipelineEngine
 from minigrad.distributed.pipeline.errors import PipelineError
+from minigrad.distributed.pipeline.grid import PipelineParallelGrid
 from minigrad.distributed.pipeline.loader import RepeatingLoader
 from minigrad.distributed.pipeline.module import PipelineModule
+from minigrad.distributed.pipeline.partition import partition_balanced, partition_uniform
 from minigrad.distributed.pipeline.schedule import (
     SCHEDULES,
     CustomSchedule,
@@ -70,6 +73,7 @@ __all__ = [
     "PipelineEngine",
     "PipelineError",
     "PipelineModule",
+    "PipelineParallelGrid",
     "RepeatingLoader",
     "Schedule",
     "ScheduleError",
@@ -81,6 +85,8 @@ __all__ = [
     "get_schedule",
     "load_layer_states",
     "parse_actions",
+    "partition_balanced",
+    "partition_uniform",
     "plot_timeline",
     "save_layer_states",
     "simulate",

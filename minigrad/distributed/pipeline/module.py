@@ -228,7 +228,8 @@ class PipelineModule(Module):
         rows = [("stage", "chunk", "layers", "names", "parameters")]
         for part in range(len(self.parts) - 1):
             start, stop = self.parts[part], self.parts[part + 1]
-            counts = [layer_parameter_count(self._layers.items[i]) for i in range(start, stop)]
+            counts = [layer_parameter_count(self._layers.items[i], build=False)
+                      for i in range(start, stop)]
             total = "?" if None in counts else f"{sum(counts):,}"
             names = _summarise_names(self._layers.items[start:stop])
             rows.append((str(part % self.num_stages), str(part // self.num_stages),

@@ -1,20 +1,30 @@
 """Cutting a sequence of layers into contiguous pipeline parts: pure arithmetic on layer weights.
 
 A partition of ``L`` layers into ``P`` parts is given by its *bounds* ``[b0, b1, ..., bP]`` with
-``b0 = 0``, ``bP = L``: part ``p`` holds layers ``b[p] <= i < b[p + 1]``. Every part gets at
-least one layer.
+``b0 = 0``, ``bP = L``: part ``p`` holds layers ``b[p] <= i < b[p + 1]``.
 
-* :func:`partition_uniform` — equal layer counts; the first ``L mod P`` parts take one extra
-  (10 layers, 4 parts → ``[0, 3, 6, 8, 10]``).
-* :func:`partition_balanced` — given a weight per layer (its parameter count, or 1/0 for layers
-  of a chosen type), the contiguous partition whose heaviest part is as light as possible. The
-  optimum is found exactly: binary search on the bottleneck ``B`` (a greedy left-to-right fill
+A pipeline stage needs at least one layer, so the partitions of a :class:`PipelineModule` never
+have empty parts:
+
+* :func:`partition_uniform_nonempty` — equal layer counts; the first ``L mod P`` parts take one
+  extra (10 layers, 4 parts → ``[0, 3, 6, 8, 10]``).
+* :func:`partition_balanced_nonempty` — given a weight per layer (its parameter count, or 1/0 for
+  layers of a chosen type), the contiguous partition whose heaviest part is as light as possible.
+  The optimum is found exactly: binary search on the bottleneck ``B`` (a greedy left-to-right fill
   tells whether parts of weight at most ``B`` suffice), then the greedy fill at the optimal ``B``
   fixes the bounds — each part takes as many layers as fit, leaving one for every later part.
   Among optimal partitions this is the one that fills early parts first.
 * :func:`partition_layers` — a pipeline model's layers by a ``partition_method``: ``"uniform"``,
   ``"parameters"`` (weights: each layer's parameter count, see :mod:`.specs`), ``"type:REGEX"``
   (weights: 1 for layers whose class name matches) or explicit bounds.
+
+DeepSpeed's own functions, :func:`partition_uniform` and :func:`partition_balanced` (its
+``deepspeed.runtime.utils``), give DeepSpeed's results, which may end in empty parts: fewer items
+than parts leaves the last parts empty, and the balanced fill takes as many items as fit in each
+part without keeping one back for later parts (``partition_balanced([1, 1, 1, 1], 3) ==
+[0, 2, 4, 4]``). Whenever DeepSpeed's balanced result has no empty part it is the non-empty one
+above, so a ``PipelineModule`` places layers as DeepSpeed does except where DeepSpeed would leave a
+stage empty.
 """
 
 from __future__ import annotations
@@ -24,7 +34,14 @@ from typing import Sequence
 
 from minigrad.distributed.pipeline.specs import layer_name, layer_parameter_count
 
-__all__ = ["check_bounds", "partition_balanced", "partition_layers", "partition_uniform"]
+__all__ = [
+    "check_bounds",
+    "partition_balanced",
+    "partition_balanced_nonempty",
+    "partition_layers",
+    "partition_uniform",
+    "partition_uniform_nonempty",
+]
 
 
 def _check_counts(op: str, num_items: int, num_parts: int) -> None:
@@ -37,9 +54,10 @@ def _check_counts(op: str, num_items: int, num_parts: int) -> None:
         )
 
 
-def partition_uniform(num_items: int, num_parts: int) -> list[int]:
-    """Bounds of ``num_parts`` parts of (nearly) equal size; the first ``num_items % num_parts``
-    parts are one larger. Example: ``partition_uniform(10, 4) == [0, 3, 6, 8, 10]``."""
+def partition_uniform_nonempty(num_items: int, num_parts: int) -> list[int]:
+    """Bounds of ``num_parts`` non-empty parts of (nearly) equal size; the first
+    ``num_items % num_parts`` parts are one larger. Example:
+    ``partition_uniform_nonempty(10, 4) == [0, 3, 6, 8, 10]``."""
     _check_counts("partition_uniform", num_items, num_parts)
     size, extra = divmod(num_items, num_parts)
     bounds = [0]
@@ -67,11 +85,12 @@ def _greedy_bounds(weights: Sequence[int], num_parts: int, cap: int) -> list[int
     return bounds if start == n else None
 
 
-def partition_balanced(weights: Sequence[int], num_parts: int) -> list[int]:
+def partition_balanced_nonempty(weights: Sequence[int], num_parts: int) -> list[int]:
     """Bounds of the contiguous partition of ``weights`` (non-negative integers) into
     ``num_parts`` non-empty parts that minimises the largest part's total weight.
 
-    Example: ``partition_balanced([4, 1, 1, 1, 1, 4], 3) == [0, 1, 5, 6]`` (largest part 4).
+    Example: ``partition_balanced_nonempty([4, 1, 1, 1, 1, 4], 3) == [0, 1, 5, 6]`` (largest
+    part 4).
     """
     _check_counts("partition_balanced", len(weights), num_parts)
     if any(w < 0 for w in weights):
@@ -86,6 +105,67 @@ def partition_balanced(weights: Sequence[int], num_parts: int) -> list[int]:
     bounds = _greedy_bounds(weights, num_parts, low)
     assert bounds is not None  # the total weight is always a feasible cap
     return bounds
+
+
+def partition_uniform(num_items: int, num_parts: int) -> list[int]:
+    """DeepSpeed's ``partition_uniform``: (nearly) equal parts, the first ``num_items %
+    num_parts`` one larger; with fewer items than parts, one item per part and the last parts
+    empty. Examples: ``partition_uniform(10, 4) == [0, 3, 6, 8, 10]``,
+    ``partition_uniform(2, 4) == [0, 1, 2, 2, 2]``."""
+    if num_parts < 1 or num_items < 0:
+        raise ValueError(f"partition_uniform: expected num_items >= 0 and num_parts >= 1, got "
+                         f"{num_items} and {num_parts}")
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    return partition_uniform_nonempty(num_items, num_parts)
+
+
+def _fill(weights: Sequence[int], num_parts: int, cap: int) -> list[int] | None:
+    """Each part, left to right, takes as many items as keep its weight <= ``cap`` (parts after
+    the items run out are empty); the bounds, or None when ``num_parts`` parts do not suffice."""
+    n, bounds, start = len(weights), [0], 0
+    for _ in range(num_parts):
+        end, total = start, 0
+        while end < n and total + weights[end] <= cap:
+            total += weights[end]
+            end += 1
+        bounds.append(end)
+        start = end
+    return bounds if start == n else None
+
+
+def partition_balanced(weights: Sequence[int], num_parts: int) -> list[int]:
+    """DeepSpeed's ``partition_balanced``: the smallest bottleneck ``B`` for which filling parts
+    left to right, each with as many items as keep its weight <= ``B``, places every item; the
+    bounds of that fill, whose last parts may be empty. With no more items than parts it is
+    :func:`partition_uniform`. Example: ``partition_balanced([1, 1, 1, 1], 3) == [0, 2, 4, 4]``.
+    Weights are non-negative numbers (parameter counts; float weights search the sums of
+    contiguous runs, the only values a bottleneck can take)."""
+    if num_parts < 1:
+        raise ValueError(f"partition_balanced: num_parts must be positive, got {num_parts}")
+    if any(w < 0 for w in weights):
+        raise ValueError(f"partition_balanced: weights must be non-negative, got {list(weights)}")
+    if len(weights) <= num_parts:
+        return partition_uniform(len(weights), num_parts)
+    if all(float(w).is_integer() for w in weights):
+        low, high = max(weights), sum(weights)
+        while low < high:                     # the smallest cap whose fill places every item
+            mid = (low + high) // 2
+            if _fill(weights, num_parts, mid) is None:
+                low = mid + 1
+            else:
+                high = mid
+        return _fill(weights, num_parts, low)
+    caps = sorted({sum(weights[a:b]) for a in range(len(weights))
+                   for b in range(a + 1, len(weights) + 1)})
+    low, high = 0, len(caps) - 1              # the whole sum (the last cap) always works
+    while low < high:
+        mid = (low + high) // 2
+        if _fill(weights, num_parts, caps[mid]) is None:
+            low = mid + 1
+        else:
+            high = mid
+    return _fill(weights, num_parts, caps[low])
 
 
 def check_bounds(bounds: Sequence[int], num_items: int, num_parts: int) -> list[int]:
@@ -117,20 +197,9 @@ def partition_layers(specs: Sequence, num_parts: int, method) -> list[int]:
     if not isinstance(method, str):
         return check_bounds(method, len(specs), num_parts)
     if method == "uniform":
-        return partition_uniform(len(specs), num_parts)
+        return partition_uniform_nonempty(len(specs), num_parts)
     if method == "parameters":
-        counts = [layer_parameter_count(s) for s in specs]
-        unknown = [i for i, c in enumerate(counts) if c is None]
-        if unknown:
-            i = unknown[0]
-            raise ValueError(
-                f"PipelineModule: partition_method='parameters' needs the parameter count of "
-                f"layer {i} ({specs[i]!r}) without building it (a LayerSpec is built only on the "
-                f"stage that owns it): give {specs[i].typename.__name__} a classmethod "
-                f"parameter_count(*args, **kwargs), or use partition_method='uniform', "
-                f"'type:REGEX' or explicit bounds"
-            )
-        return partition_balanced(counts, num_parts)
+        return partition_balanced_nonempty([layer_parameter_count(s) for s in specs], num_parts)
     if method.lower().startswith("type:"):
         pattern = method[len("type:"):]
         regex = re.compile(pattern, re.IGNORECASE)
@@ -141,7 +210,7 @@ def partition_layers(specs: Sequence, num_parts: int, method) -> list[int]:
                 f"PipelineModule: partition_method {method!r}: the regex {pattern!r} matches no "
                 f"layer class (the layers are {names})"
             )
-        return partition_balanced(weights, num_parts)
+        return partition_balanced_nonempty(weights, num_parts)
     raise ValueError(
         f"PipelineModule: unknown partition_method {method!r}; expected 'parameters', "
         f"'uniform', 'type:REGEX' or a list of bounds"

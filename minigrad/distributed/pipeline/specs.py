@@ -5,16 +5,20 @@ only the specs it owns, so a 100-layer model never materialises on every rank. A
 :class:`TiedLayerSpec` is a layer whose weights several positions share (an embedding reused as the
 output head).
 
-Parameter counts without building. ``partition_method="parameters"`` balances trainable
-parameters, so it must know each layer's count, but a spec is never built on a stage that does not
-own it (DeepSpeed builds every spec once to count it; minigrad does not). A spec's count therefore
-comes from its arguments, asked of the class:
+Parameter counts. ``partition_method="parameters"`` balances trainable parameters, so it must
+know each layer's count. Where it can, a spec's count comes from its arguments, asked of the class,
+without building anything:
 
 * a classmethod ``parameter_count(*args, **kwargs)`` (a user's layer; subclasses inherit it);
 * else the layer's own ``count_parameters(*args, **kwargs)``, which minigrad's layers define
   (``M.Linear.count_parameters(64, 32) == 2080``). It is asked only of the class that defines it:
-  a subclass may take other arguments, so its count is not guessed;
-* else the count is unknown (None), and the ``"parameters"`` partition raises, naming the ways out.
+  a subclass may take other arguments, so its count is not guessed.
+
+Otherwise (:meth:`LayerSpec.num_parameters` is None) the spec is built once, its trainable
+parameters counted and the layer discarded, as DeepSpeed does (:meth:`LayerSpec.count_by_building`).
+That build draws nothing from the random generators as far as the rest of the program can tell:
+the CPU generators' states are restored afterwards, so the layers a stage then builds get the same
+initial weights whether or not a count was needed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
+from minigrad.backend.rng import get_rng
 from minigrad.module import Module
 
 __all__ = ["LayerSpec", "TiedLayerSpec", "layer_name", "layer_parameter_count"]
@@ -64,6 +71,25 @@ class LayerSpec:
         except TypeError:
             return None  # arguments the constructor would reject: no count
         return int(counter(*self.module_args, **self.module_kwargs))
+
+    def count_by_building(self) -> int:
+        """The trainable parameters of the layer, counted on a copy built once and discarded
+        (DeepSpeed's way, for layers that cannot be counted from their arguments). The count is
+        kept, so the layer is built at most once for counting; the CPU random generators are left
+        as they were."""
+        count = self.__dict__.get("_built_count")
+        if count is None:
+            cpu = get_rng("cpu0").bit_generator
+            saved = cpu.state, np.random.get_state()
+            try:
+                layer = self.build()
+                count = sum(p.size for p in layer.parameters() if p.requires_grad)
+            finally:
+                cpu.state = saved[0]
+                np.random.set_state(saved[1])
+            del layer
+            self._built_count = count = int(count)
+        return count
 
     def __repr__(self) -> str:
         args = [repr(a) for a in self.module_args]
@@ -115,11 +141,16 @@ def layer_name(layer) -> str:
     return getattr(layer, "__name__", type(layer).__name__)
 
 
-def layer_parameter_count(layer) -> int | None:
-    """The trainable parameters of a pipeline layer: a spec's count from its arguments (None when
-    unknown), a built module's actual count, 0 for a plain callable."""
+def layer_parameter_count(layer, build: bool = True) -> int | None:
+    """The trainable parameters of a pipeline layer: a spec's count from its arguments, or from a
+    copy built once when the arguments cannot tell (see the module docstring; with
+    ``build=False`` None instead, unless it was already counted); a built module's actual count;
+    0 for a plain callable."""
     if isinstance(layer, LayerSpec):
-        return layer.num_parameters()
+        count = layer.num_parameters()
+        if count is None and (build or "_built_count" in layer.__dict__):
+            count = layer.count_by_building()
+        return count
     if isinstance(layer, Module):
         return sum(p.size for p in layer.parameters())
     return 0

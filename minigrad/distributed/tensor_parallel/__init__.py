@@ -48,9 +48,14 @@ from minigrad.distributed.tensor_parallel.layouts import (
 )
 from minigrad.distributed.tensor_parallel.loss import cross_entropy, vocab_parallel_cross_entropy
 from minigrad.distributed.tensor_parallel.parallel_1d import (
+    Classifier1D,
+    Embedding1D,
     LayerNorm1D,
+    Linear1D_Col,
+    Linear1D_Row,
     Linear1DCol,
     Linear1DRow,
+    VanillaClassifier,
     VocabParallelClassifier1D,
     VocabParallelEmbedding1D,
 )
@@ -105,6 +110,7 @@ __all__ = [
     "BlockedEmbedding",
     "BlockedLayerNorm",
     "Classifier",
+    "Classifier1D",
     "Classifier2D",
     "Classifier2p5D",
     "Classifier3D",
@@ -112,6 +118,7 @@ __all__ = [
     "CollectiveRecord",
     "Dropout",
     "Embedding",
+    "Embedding1D",
     "Embedding2D",
     "Embedding2p5D",
     "Embedding3D",
@@ -124,6 +131,8 @@ __all__ = [
     "Linear",
     "Linear1DCol",
     "Linear1DRow",
+    "Linear1D_Col",
+    "Linear1D_Row",
     "Linear2D",
     "Linear2p5D",
     "Linear3D",
@@ -134,6 +143,7 @@ __all__ = [
     "TensorParallelLayers",
     "TransformerBlock",
     "TransformerLM",
+    "VanillaClassifier",
     "VocabParallelClassifier1D",
     "VocabParallelEmbedding1D",
     "all_gather_region",

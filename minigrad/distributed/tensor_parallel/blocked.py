@@ -9,6 +9,12 @@ group; the backward reduce-scatters the gradient, which sums the contributions o
 block (:func:`gather_feature_param`). In 2D this is Colossal-AI's bias scheme (a column's bias
 split down the column).
 
+A 2.5D or 3D Linear's bias whose feature block does not split again over the batch group
+(Colossal-AI asks of such a bias only that the tensor depth divides it: ``Linear3D(4, 12)`` on 8
+ranks; its 2D layers, like minigrad's, need every rank of the grid to divide it) keeps its whole
+feature block on every rank of the batch group instead (:func:`bias_spec`): forward it is used as
+it is, backward its gradient is summed over the batch group (:func:`~.regions.copy_to_region`).
+
 LayerNorm needs the mean and variance over all features of a row: sums over the feature group
 (:func:`~.regions.all_reduce_region`, two tiny all-reduces forward and two backward).
 """
@@ -20,31 +26,53 @@ import minigrad.module as M
 from minigrad.autodiff.tensor import Tensor
 from minigrad.distributed.mesh.parallel_context import ParallelContext
 from minigrad.distributed.tensor_parallel.layouts import Layout, advance_layout, current_layout
-from minigrad.distributed.tensor_parallel.regions import all_gather_region, all_reduce_region
+from minigrad.distributed.tensor_parallel.regions import (
+    all_gather_region,
+    all_reduce_region,
+    copy_to_region,
+)
 from minigrad.distributed.tensor_parallel.sharding import ParallelModule, ShardSpec
 
 __all__ = [
     "BlockedEmbedding",
     "BlockedLayerNorm",
     "add_feature_bias",
+    "bias_spec",
     "feature_spec",
     "gather_feature_param",
 ]
 
 
-def feature_spec(length: int, layout: Layout, leading: tuple = (), chunks: int = 1) -> ShardSpec:
+def feature_spec(length: int, layout: Layout, leading: tuple = (), chunks: int = 1,
+                 batch_split: bool = True) -> ShardSpec:
     """The :class:`ShardSpec` of a parameter ``leading + (length,)`` whose last axis holds the
-    features of ``layout``: cut by the feature axis, then by the batch axes."""
-    splits = ((),) * len(leading) + ((layout.feature_axis, *layout.batch_axes),)
+    features of ``layout``: cut by the feature axis, then (``batch_split``) by the batch axes."""
+    axes = (layout.feature_axis, *layout.batch_axes) if batch_split else (layout.feature_axis,)
+    splits = ((),) * len(leading) + (axes,)
     return ShardSpec(tuple(leading) + (int(length),), splits, chunks)
 
 
+def bias_spec(length: int, layout: Layout, ctx: ParallelContext, chunks: int = 1,
+              by_depth: bool = True) -> tuple[ShardSpec, bool]:
+    """The spec of a Linear's bias and whether it is split over the batch group too: it is when
+    its feature blocks divide evenly over the batch group, else (``by_depth``: 2.5D and 3D) each
+    rank keeps its whole feature block, so only the feature blocks must divide the length, as in
+    Colossal-AI."""
+    parts = layout.feature_blocks(ctx) * layout.batch_blocks(ctx) * chunks
+    batch_split = int(length) % parts == 0 or not by_depth
+    return feature_spec(length, layout, chunks=chunks, batch_split=batch_split), batch_split
+
+
 def gather_feature_param(p: Tensor, layout: Layout, ctx: ParallelContext,
-                         chunks: int = 1) -> Tensor:
+                         chunks: int = 1, batch_split: bool = True) -> Tensor:
     """This rank's whole feature block of a feature parameter (all-gather over the batch group;
     backward reduce-scatter). With ``chunks`` > 1 (the bias of a fused q/k/v projection) the
-    gathered pieces are put back chunk by chunk."""
+    gathered pieces are put back chunk by chunk. A parameter not split over the batch group
+    (``batch_split=False``) is the block already: used as it is, its gradient summed over the
+    batch group."""
     group = layout.batch_group(ctx)
+    if not batch_split:
+        return copy_to_region(p, group)
     out = all_gather_region(p, group, -1)
     if chunks > 1 and group is not None and group.size > 1:
         lead, n = out.shape[:-1], out.shape[-1]
@@ -55,9 +83,11 @@ def gather_feature_param(p: Tensor, layout: Layout, ctx: ParallelContext,
 
 
 def add_feature_bias(y: Tensor, bias: Tensor | None, layout: Layout, ctx: ParallelContext,
-                     chunks: int = 1) -> Tensor:
+                     chunks: int = 1, batch_split: bool = True) -> Tensor:
     """``y + bias`` for a bias that is a feature parameter of ``layout`` (``y`` when None)."""
-    return y if bias is None else y + gather_feature_param(bias, layout, ctx, chunks)
+    if bias is None:
+        return y
+    return y + gather_feature_param(bias, layout, ctx, chunks, batch_split)
 
 
 class BlockedLayerNorm(ParallelModule):

@@ -109,4 +109,4 @@ def Classifier(in_features: int, num_classes: int, bias: bool = True) -> M.Modul
         return M.Linear(in_features, num_classes, bias)
     if ctx.mode == "1d":
         _whole_input_1d(ctx, "Classifier")
-    return _CLASSIFIER[ctx.mode](in_features, num_classes, bias, ctx=ctx)
+    return _CLASSIFIER[ctx.mode](in_features, num_classes, bias=bias, ctx=ctx)

@@ -19,13 +19,18 @@ CUBE_3D_B           weight × output (q²)      input (q)            (B/q², K/q
 Layers that change the layout (1D column/row Linear; every 3D Linear, which swaps the roles of
 the input and output axes) advance the context's ``activation_layout`` as they are *built*, so a
 model built in the order it runs chains by itself (Colossal-AI's convention): :func:`split_input`
-cuts a batch for the first layer and :func:`gather_output` reassembles what the last one returned.
-:func:`reset_layout` starts the chain again for another model.
+cuts a batch for the first layer. :func:`reset_layout` starts the chain again for another model.
+
+What a layer *returns* carries its layout (:func:`tag_layout`, :func:`layout_of`): every
+tensor-parallel layer marks its output, so the loss and :func:`gather_output` read the layout of
+the tensor they are given, whatever order the model's layers were built in (an embedding built
+after the classifier, say).
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,8 +54,10 @@ __all__ = [
     "current_layout",
     "gather_output",
     "input_layout",
+    "layout_of",
     "reset_layout",
     "split_input",
+    "tag_layout",
 ]
 
 
@@ -118,6 +125,39 @@ def reset_layout() -> None:
         ctx.activation_layout = None
 
 
+_TAGS: dict[int, tuple[weakref.ref, Layout]] = {}  # id(tensor) -> (the tensor, its layout)
+
+
+def tag_layout(t: Tensor, layout: Layout) -> Tensor:
+    """Record that ``t`` (a layer's output) is laid out as ``layout``; returns ``t``."""
+    key = id(t)
+    _TAGS[key] = (weakref.ref(t, lambda _r, key=key: _TAGS.pop(key, None)), layout)
+    return t
+
+
+def layout_of(t) -> Layout | None:
+    """The layout a tensor-parallel layer gave ``t``, None for any other tensor."""
+    entry = _TAGS.get(id(t))
+    return entry[1] if entry is not None and entry[0]() is t else None
+
+
+def tensor_layout(t: Tensor, ctx: ParallelContext, op: str) -> Layout:
+    """The layout of ``t``: its tag, else the only one a tensor of ``ctx``'s mode can have when
+    no tensor-parallel layer made it — whole in 1D (split tensors come from split layers), the
+    grid in 2D and 2.5D; in 3D two layouts are possible, so ``layout=`` must say which."""
+    layout = layout_of(t)
+    if layout is not None:
+        return layout
+    if ctx.mode == "1d":
+        return REPLICATED
+    if ctx.mode in ("2d", "2.5d"):
+        return input_layout(ctx)
+    raise ValueError(
+        f"tp.{op}: the tensor of shape {tuple(t.shape)} was not returned by a tensor-parallel "
+        f"layer, so its 3D layout is unknown; pass layout=tp.CUBE_3D_A or tp.CUBE_3D_B"
+    )
+
+
 def active_context(op: str) -> ParallelContext | None:
     """The parallel context when tensor parallelism is on (mode 1d/2d/2.5d/3d), else None."""
     ctx = get_parallel_context(required=False)
@@ -159,7 +199,8 @@ def split_input(t, layout: Layout | None = None) -> Tensor:
 
 def gather_output(t, layout: Layout | None = None) -> Tensor:
     """The whole tensor from this rank's block (the inverse of :func:`split_input`), on every
-    rank; ``layout`` defaults to the output layout of the last layer built.
+    rank; ``layout`` defaults to the layout of ``t`` (see :func:`layout_of`), else that of the
+    output of the last layer built.
 
     Example::
 
@@ -169,7 +210,8 @@ def gather_output(t, layout: Layout | None = None) -> Tensor:
     t = as_tensor(t)
     if ctx is None:
         return t
-    layout = current_layout(ctx) if layout is None else layout
+    if layout is None:
+        layout = layout_of(t) or current_layout(ctx)
     if t.dtype.kind == "f":
         t = gather_from_region(t, layout.feature_group(ctx), -1)
     return gather_from_region(t, layout.batch_group(ctx), 0)

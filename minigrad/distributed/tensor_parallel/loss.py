@@ -24,8 +24,8 @@ from minigrad.distributed.tensor_parallel.layouts import (
     Layout,
     active_context,
     as_tensor,
-    current_layout,
     input_layout,
+    tensor_layout,
 )
 from minigrad.distributed.tensor_parallel.regions import (
     chunk_of,
@@ -84,7 +84,8 @@ def relayout_labels(labels: Tensor, ctx: ParallelContext, src: Layout, dst: Layo
 def cross_entropy(logits: Tensor, labels, layout: Layout | None = None) -> Tensor:
     """Mean cross-entropy over all samples of the tensor-parallel group, the same float on every
     rank. ``logits`` ``(..., classes)`` are this rank's block (class axis last) in ``layout``
-    (default: the output layout of the last layer built, i.e. the classifier's); ``labels``
+    (default: the layout the classifier gave the logits, read from the tensor itself, never from
+    the order the layers were built in; see :func:`~.layouts.tensor_layout`); ``labels``
     ``(...)`` are this rank's batch block as :func:`~.layouts.split_input` cuts it. Without tensor
     parallelism: ``F.nn.cross_entropy`` on the flattened logits.
 
@@ -96,7 +97,7 @@ def cross_entropy(logits: Tensor, labels, layout: Layout | None = None) -> Tenso
     labels = as_tensor(labels)
     if ctx is None:
         return F.nn.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-    layout = current_layout(ctx) if layout is None else layout
+    layout = tensor_layout(logits, ctx, "cross_entropy") if layout is None else layout
     labels = relayout_labels(labels, ctx, input_layout(ctx), layout)
     start = layout.feature_index(ctx) * logits.shape[-1]
     total = int(np.prod(labels.shape)) * layout.batch_blocks(ctx)

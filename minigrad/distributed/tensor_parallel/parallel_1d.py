@@ -16,6 +16,12 @@ Linear1DRow        all-reduce of Y            — (all-gather of dX if the input
 
 Vocabulary-parallel embedding and classifier split the vocabulary; the loss
 (:func:`..loss.vocab_parallel_cross_entropy`) never builds the full logits on one rank.
+
+Colossal-AI's 1D layers, by the names and arguments its programs use: :class:`Linear1D_Col`,
+:class:`Linear1D_Row` (``parallel_input``, ``skip_bias_add``, ``stream_chunk_num``),
+:class:`Embedding1D` (the embedding dimension split, output gathered whole),
+:class:`Classifier1D` (the input features split, logits whole) and :class:`VanillaClassifier`
+(not split at all); ``weight=`` ties a classifier to an embedding's (local) table.
 """
 
 from __future__ import annotations
@@ -24,7 +30,12 @@ import minigrad.functional as F
 import minigrad.module as M
 from minigrad.autodiff.tensor import Tensor
 from minigrad.distributed.mesh.parallel_context import ParallelContext
-from minigrad.distributed.tensor_parallel.layouts import REPLICATED, SPLIT_1D, advance_layout
+from minigrad.distributed.tensor_parallel.layouts import (
+    REPLICATED,
+    SPLIT_1D,
+    advance_layout,
+    current_layout,
+)
 from minigrad.distributed.tensor_parallel.regions import (
     copy_to_region,
     gather_from_region,
@@ -34,9 +45,14 @@ from minigrad.distributed.tensor_parallel.regions import (
 from minigrad.distributed.tensor_parallel.sharding import ParallelModule, ShardSpec
 
 __all__ = [
+    "Classifier1D",
+    "Embedding1D",
     "LayerNorm1D",
     "Linear1DCol",
     "Linear1DRow",
+    "Linear1D_Col",
+    "Linear1D_Row",
+    "VanillaClassifier",
     "VocabParallelClassifier1D",
     "VocabParallelEmbedding1D",
 ]
@@ -165,15 +181,216 @@ class VocabParallelEmbedding1D(ParallelModule):
         return f"{self.num_embeddings}, {self.embedding_dim}, P={self.group.size}"
 
 
+def _colossal_options(owner: str, dtype, weight_initializer, bias_initializer) -> None:
+    """Colossal-AI's constructor options that need torch objects: only their defaults."""
+    for name, value in (("weight_initializer", weight_initializer),
+                        ("bias_initializer", bias_initializer)):
+        if value is not None:
+            raise TypeError(f"{owner}: {name} takes a torch initializer in Colossal-AI; minigrad "
+                            "layers initialise as their single-device twins (leave it out)")
+    del dtype  # applied by _cast_parameters
+
+
+def _cast_parameters(module, dtype) -> None:
+    """Store the module's own tensors in ``dtype`` (Colossal-AI's ``dtype=`` argument)."""
+    if dtype is not None:
+        for t in module.tensors(recursive=False):
+            t._data = t._data.astype(dtype)
+
+
+def _tied_weight(owner: str, weight: Tensor | None, shape: tuple) -> Tensor | None:
+    if weight is not None and tuple(weight.shape) != tuple(shape):
+        raise ValueError(f"{owner}: the tied weight on this rank must have shape {tuple(shape)}, "
+                         f"got {tuple(weight.shape)}")
+    return weight
+
+
 class VocabParallelClassifier1D(Linear1DCol):
     """The output layer of a language model, split by vocabulary: ``(in_features, num_classes)``,
     logits ``(..., V/P)`` per rank (the full logits never exist on one rank). Pair it with
-    ``tp.cross_entropy``.
+    ``tp.cross_entropy``. Colossal-AI's arguments: ``weight`` ties it to a vocabulary-split
+    table (this rank's ``(V/P, in_features)`` block, e.g. a :class:`VocabParallelEmbedding1D`'s
+    weight), ``dtype`` stores the parameters in that dtype, ``gather_output`` gathers the logits.
 
     Example::
 
         head = tp.VocabParallelClassifier1D(256, 50304, bias=False)
     """
+
+    def __init__(self, in_features: int, num_classes: int, weight: Tensor | None = None,
+                 bias: bool = True, dtype=None, gather_output: bool = False,
+                 weight_initializer=None, bias_initializer=None,
+                 ctx: ParallelContext | None = None, out_chunks: int = 1):
+        _colossal_options("VocabParallelClassifier1D", dtype, weight_initializer,
+                          bias_initializer)
+        super().__init__(in_features, num_classes, bias, gather_output=gather_output,
+                         out_chunks=out_chunks, ctx=ctx)
+        if weight is not None:
+            self.weight = _tied_weight("VocabParallelClassifier1D", weight, self.weight.shape)
+        _cast_parameters(self, dtype)
+
+
+class Linear1D_Col(Linear1DCol):  # noqa: N801  (Colossal-AI's name)
+    """Colossal-AI's ``Linear1D_Col``: :class:`Linear1DCol` with Colossal-AI's arguments;
+    ``skip_bias_add=True`` returns ``(output, bias)`` and leaves the addition to the caller (to
+    fuse it into the next op), as Colossal-AI does."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=None,
+                 gather_output: bool = False, skip_bias_add: bool = False,
+                 weight_initializer=None, bias_initializer=None,
+                 ctx: ParallelContext | None = None):
+        _colossal_options("Linear1D_Col", dtype, weight_initializer, bias_initializer)
+        super().__init__(in_features, out_features, bias, gather_output=gather_output, ctx=ctx)
+        self.skip_bias_add = bool(skip_bias_add)
+        _cast_parameters(self, dtype)
+
+    def forward(self, x: Tensor):
+        if not self.skip_bias_add or self.bias is None:
+            return super().forward(x)
+        self.check_features(x, self.in_features)
+        y = F.linear(copy_to_region(x, self.group), self.weight)
+        bias = self.bias
+        if self.gather_output:
+            y, bias = gather_from_region(y, self.group, -1), gather_from_region(bias, self.group)
+        return y, bias
+
+
+class Linear1D_Row(Linear1DRow):  # noqa: N801  (Colossal-AI's name)
+    """Colossal-AI's ``Linear1D_Row``: :class:`Linear1DRow` with Colossal-AI's arguments
+    (``parallel_input`` is ``input_is_parallel``; ``skip_bias_add=True`` returns ``(output,
+    bias)``). ``stream_chunk_num`` > 1, for inference only, computes the output features in that
+    many chunks, each summed over the ranks as soon as it is ready (the same numbers; in training
+    mode it raises, as in Colossal-AI)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=None,
+                 parallel_input: bool = True, skip_bias_add: bool = False,
+                 weight_initializer=None, bias_initializer=None, stream_chunk_num: int = 1,
+                 ctx: ParallelContext | None = None):
+        _colossal_options("Linear1D_Row", dtype, weight_initializer, bias_initializer)
+        if int(stream_chunk_num) < 1 or int(out_features) % int(stream_chunk_num):
+            raise ValueError(f"Linear1D_Row: stream_chunk_num must be a positive divisor of "
+                             f"out_features {out_features}, got {stream_chunk_num}")
+        super().__init__(in_features, out_features, bias, input_is_parallel=parallel_input,
+                         ctx=ctx)
+        self.skip_bias_add, self.stream_chunk_num = bool(skip_bias_add), int(stream_chunk_num)
+        _cast_parameters(self, dtype)
+
+    def forward(self, x: Tensor):
+        if self.stream_chunk_num == 1 and not self.skip_bias_add:
+            return super().forward(x)
+        if not self.input_is_parallel:
+            self.check_features(x, self.in_features)
+            x = split_to_region(x, self.group, -1)
+        self.check_features(x, self.weight.shape[1])
+        if self.stream_chunk_num == 1:
+            y = reduce_from_region(F.linear(x, self.weight), self.group)
+        elif self.training:
+            raise RuntimeError("Linear1D_Row: stream_chunk_num > 1 is for inference; call "
+                               "model.eval() first, or use stream_chunk_num=1 for training")
+        else:
+            rows = self.out_features // self.stream_chunk_num
+            y = F.concat([reduce_from_region(F.linear(x, self.weight[k * rows:(k + 1) * rows]),
+                                             self.group)
+                          for k in range(self.stream_chunk_num)], axis=-1)
+        if self.skip_bias_add:
+            return y, self.bias
+        return y if self.bias is None else y + self.bias
+
+
+class Embedding1D(ParallelModule):
+    """Colossal-AI's ``Embedding1D``: the table's embedding dimension is split over the ranks
+    (rank j keeps columns ``[j·D/P, (j+1)·D/P)`` of every row); the looked-up pieces are
+    all-gathered, so the output ``(..., D)`` is whole on every rank. Same parameters and
+    results as ``M.Embedding``."""
+
+    mode = "1d"
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
+                 dtype=None, weight_initializer=None, ctx: ParallelContext | None = None):
+        _colossal_options("Embedding1D", dtype, weight_initializer, None)
+        super().__init__(ctx)
+        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.padding_idx = padding_idx
+        self.group = self.ctx.group("1d")
+        self.adopt(M.Embedding(num_embeddings, embedding_dim, padding_idx), {
+            "weight": ShardSpec((self.num_embeddings, self.embedding_dim), ((), ("tensor",))),
+        }, names=("weight",))
+        _cast_parameters(self, dtype)
+        self.input_layout = self.output_layout = REPLICATED
+        advance_layout(self.ctx, self.output_layout)
+
+    def forward(self, ids) -> Tensor:
+        ids = self.check_ids(ids, self.num_embeddings)
+        rows = F.embedding(ids, self.weight, padding_idx=self.padding_idx)
+        return gather_from_region(rows, self.group, -1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, P={self.group.size}"
+
+
+class Classifier1D(ParallelModule):
+    """Colossal-AI's ``Classifier1D``: the weight ``(num_classes, in_features)`` is split by input
+    feature (rank j keeps columns ``[j·K/P, (j+1)·K/P)``), the partial logits are summed by one
+    all-reduce, and the logits ``(..., num_classes)`` come out whole on every rank (the bias,
+    replicated, is added after the sum). The input is whole, or split when the layer built before
+    it leaves it split (a column-parallel Linear), as in Colossal-AI. ``weight`` ties it to an
+    :class:`Embedding1D`'s table, whose local block ``(num_classes, K/P)`` has this shape."""
+
+    mode = "1d"
+
+    def __init__(self, in_features: int, num_classes: int, weight: Tensor | None = None,
+                 bias: bool = True, dtype=None, weight_initializer=None, bias_initializer=None,
+                 ctx: ParallelContext | None = None):
+        _colossal_options("Classifier1D", dtype, weight_initializer, bias_initializer)
+        super().__init__(ctx)
+        self.in_features, self.num_classes = int(in_features), int(num_classes)
+        self.group = self.ctx.group("1d")
+        self.input_layout = current_layout(self.ctx)
+        self.adopt(M.Linear(in_features, num_classes, bias), {
+            "weight": ShardSpec((self.num_classes, self.in_features), ((), ("tensor",))),
+        })
+        if weight is not None:
+            self.weight = _tied_weight("Classifier1D", weight, self.weight.shape)
+            self.shard_specs.pop("weight")  # saved by the layer that owns it
+        _cast_parameters(self, dtype)
+        self.output_layout = REPLICATED
+        advance_layout(self.ctx, self.output_layout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.input_layout is not SPLIT_1D:
+            self.check_features(x, self.in_features)
+            x = split_to_region(x, self.group, -1)
+        self.check_features(x, self.weight.shape[1])
+        y = reduce_from_region(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, num_classes={self.num_classes}, "
+                f"bias={self.bias is not None}, P={self.group.size}")
+
+
+class VanillaClassifier(M.Module):
+    """Colossal-AI's ``VanillaClassifier``: a classifier that is not split (every rank computes
+    the whole logits from a whole input), with Colossal-AI's arguments; ``weight`` ties it to a
+    whole ``(num_classes, in_features)`` table (an embedding's)."""
+
+    def __init__(self, in_features: int, num_classes: int, weight: Tensor | None = None,
+                 bias: bool = True, dtype=None, weight_initializer=None, bias_initializer=None):
+        _colossal_options("VanillaClassifier", dtype, weight_initializer, bias_initializer)
+        super().__init__()
+        self.in_features, self.num_classes = int(in_features), int(num_classes)
+        twin = M.Linear(in_features, num_classes, bias)
+        self.weight = twin.weight if weight is None else _tied_weight(
+            "VanillaClassifier", weight, twin.weight.shape)
+        self.bias = twin.bias
+        _cast_parameters(self, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, num_classes={self.num_classes}, "
+                f"bias={self.bias is not None}")
 
 
 class LayerNorm1D(M.LayerNorm):

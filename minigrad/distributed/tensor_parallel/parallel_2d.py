@@ -29,7 +29,7 @@ from minigrad.distributed.tensor_parallel.blocked import (
     BlockedEmbedding,
     BlockedLayerNorm,
     add_feature_bias,
-    feature_spec,
+    bias_spec,
 )
 from minigrad.distributed.tensor_parallel.layouts import GRID_2D, advance_layout
 from minigrad.distributed.tensor_parallel.regions import (
@@ -89,6 +89,7 @@ class Linear2D(ParallelModule):
     mode = "2d"
     layout = GRID_2D
     groups = ("2d_row", "2d_col", None)  # row, column, depth
+    bias_by_depth = False  # Colossal-AI's 2D bias is split over the whole grid (2.5D: see below)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  out_chunks: int = 1, ctx: ParallelContext | None = None):
@@ -98,10 +99,12 @@ class Linear2D(ParallelModule):
         row, col, depth = self.groups
         self.row, self.col = self.ctx.group(row), self.ctx.group(col)
         self.depth = self.ctx.group(depth) if depth else None
+        bias_shards, self.bias_batch_split = bias_spec(self.out_features, self.layout, self.ctx,
+                                                       out_chunks, self.bias_by_depth)
         self.adopt(M.Linear(in_features, out_features, bias), {
             "weight": ShardSpec((self.out_features, self.in_features), (("col",), ("row",)),
                                 out_chunks),
-            "bias": feature_spec(self.out_features, self.layout, chunks=out_chunks),
+            "bias": bias_shards,
         })
         self.input_layout = self.output_layout = self.layout
         advance_layout(self.ctx, self.layout)
@@ -110,7 +113,8 @@ class Linear2D(ParallelModule):
         self.check_features(x, self.in_features // self.row.size)
         weight = copy_to_region(self.weight, self.depth)  # 2.5D: sum dW over the depth
         y = SummaLinear()(x, weight, self.row, self.col)
-        return add_feature_bias(y, self.bias, self.layout, self.ctx, self.out_chunks)
+        return add_feature_bias(y, self.bias, self.layout, self.ctx, self.out_chunks,
+                                self.bias_batch_split)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

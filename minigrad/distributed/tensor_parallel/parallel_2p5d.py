@@ -21,7 +21,8 @@ __all__ = ["Classifier2p5D", "Embedding2p5D", "LayerNorm2p5D", "Linear2p5D"]
 class Linear2p5D(Linear2D):
     """``y = x @ weight.T + bias`` on a d × q × q grid: SUMMA within each depth layer, weight
     gradient summed over the depth. Input and output blocked ``(B/(d·q), features/q)``; this rank
-    stores ``1/q²`` of the weight.
+    stores ``1/q²`` of the weight. The bias needs only the grid side q to divide it (else each
+    rank keeps its whole feature block of it, see :mod:`.blocked`).
 
     Example::
 
@@ -31,6 +32,7 @@ class Linear2p5D(Linear2D):
     mode = "2.5d"
     layout = GRID_2P5D
     groups = ("2.5d_row", "2.5d_col", "2.5d_dep")
+    bias_by_depth = True
 
 
 class Classifier2p5D(Linear2p5D):

@@ -26,7 +26,7 @@ from minigrad.distributed.tensor_parallel.blocked import (
     BlockedEmbedding,
     BlockedLayerNorm,
     add_feature_bias,
-    feature_spec,
+    bias_spec,
 )
 from minigrad.distributed.tensor_parallel.layouts import (
     CUBE_3D_A,
@@ -70,10 +70,12 @@ class Linear3D(ParallelModule):
         self.gather_x = self.ctx.group_of_axes(batch_sub)
         self.gather_w = self.ctx.group("3d_weight")
         self.scatter_y = self.ctx.group_of_axes(feature)
+        bias_shards, self.bias_batch_split = bias_spec(self.out_features, self.output_layout,
+                                                       self.ctx, out_chunks)
         self.adopt(M.Linear(in_features, out_features, bias), {
             "weight": ShardSpec((self.out_features, self.in_features),
                                 ((batch_sub,), (feature, "weight")), out_chunks),
-            "bias": feature_spec(self.out_features, self.output_layout, chunks=out_chunks),
+            "bias": bias_shards,
         })
         advance_layout(self.ctx, self.output_layout)
 
@@ -82,7 +84,8 @@ class Linear3D(ParallelModule):
         x = all_gather_region(x, self.gather_x, 0)
         weight = all_gather_region(self.weight, self.gather_w, 1)
         y = reduce_scatter_region(F.linear(x, weight), self.scatter_y, 0)
-        return add_feature_bias(y, self.bias, self.output_layout, self.ctx, self.out_chunks)
+        return add_feature_bias(y, self.bias, self.output_layout, self.ctx, self.out_chunks,
+                                self.bias_batch_split)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -25,6 +25,7 @@ import numpy as np
 from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.mesh.parallel_context import ParallelContext, get_parallel_context
+from minigrad.distributed.tensor_parallel.layouts import tag_layout
 from minigrad.module import Module
 
 __all__ = ["ParallelModule", "ShardSpec", "full_grads"]
@@ -105,6 +106,15 @@ class ParallelModule(Module):
                 f"has mode {self.ctx.mode!r}"
             )
         self.shard_specs: dict[str, ShardSpec] = {}
+
+    def __call__(self, *args, **kwargs):
+        """Run the layer and mark a tensor output with the layer's ``output_layout`` (what
+        ``tp.cross_entropy`` and ``tp.gather_output`` read)."""
+        out = super().__call__(*args, **kwargs)
+        layout = getattr(self, "output_layout", None)
+        if layout is not None and isinstance(out, Tensor):
+            tag_layout(out, layout)
+        return out
 
     def adopt(self, twin: Module, specs: dict[str, ShardSpec], names=("weight", "bias")) -> None:
         """Keep this rank's block of each tensor ``names`` of ``twin`` (the single-device layer,

@@ -263,3 +263,51 @@ def test_data_parallel_stages_match_one_process():
         np.testing.assert_allclose(res[rank]["w"][0], ws[0], rtol=1e-10, atol=1e-13)
     for rank in (2, 3):
         np.testing.assert_allclose(res[rank]["w"][1], ws[1], rtol=1e-10, atol=1e-13)
+
+
+def _run_graph_oneflow_spelling(micro):
+    """The same two-stage graph, its stages marked OneFlow's way on modules the graph holds."""
+    P0, P1 = mg.placement("cpu", [0]), mg.placement("cpu", [1])
+    w0, w1 = _weights()
+
+    class Net(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.s0 = _Stage(w0, False).to_global(P0, mg.sbp.broadcast)
+            self.s1 = _Stage(w1, True).to_global(P1, mg.sbp.broadcast)
+
+    net = Net()
+    opt = optim.SGD(net.parameters(), lr=0.1)
+
+    class G(mg.Graph):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.net.s0.to(M.graph.GraphModule).set_stage(stage_id=0, placement=P0)
+            self.net.s1.to(M.graph.GraphModule).set_stage(stage_id=1)  # placement inferred
+            self.config.set_gradient_accumulation_steps(micro)
+            self.add_optimizer(opt)
+
+        def build(self, x, y):
+            loss = F.nn.cross_entropy(self.net.s1(self.net.s0(x).to_global(placement=P1)), y)
+            loss.backward()
+            return loss
+
+    x, y = _batch()
+    xg = mg.tensor(x, dtype="float64").to_global(P0, mg.sbp.broadcast)
+    yg = mg.tensor(y).to_global(P1, mg.sbp.broadcast)
+    graph = G()
+    losses = [graph(xg, yg).to_local().numpy() for _ in range(2)]
+    return dict(losses=losses, stages=sorted(graph._stages),
+                w=[p.to_local().numpy() for p in net.parameters()])
+
+
+def test_oneflow_set_stage_through_graph_module_matches_one_process():
+    ref_losses, ref_w = _graph_in_one_process(2)
+    res = run_workers(_run_graph_oneflow_spelling, 2, 2, timeout=120)
+    assert res[0]["stages"] == [0, 1]
+    np.testing.assert_allclose([float(v) for v in res[1]["losses"]], ref_losses, rtol=1e-10)
+    np.testing.assert_allclose(res[0]["w"][0], ref_w[0], rtol=1e-10)
+    np.testing.assert_allclose(res[1]["w"][1], ref_w[1], rtol=1e-10)
+    with pytest.raises(TypeError, match="expected nn.graph.GraphModule"):
+        M.Linear(2, 2).to("gpu0")

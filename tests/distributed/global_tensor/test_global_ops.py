@@ -159,3 +159,37 @@ def test_every_row_of_the_table_matches_one_process(n):
             got = assemble({r: row[r]["grads"][k] for r in row}, (s,), mesh, a.shape)
             np.testing.assert_allclose(got, ref.numpy(), rtol=1e-10, atol=1e-12,
                                        err_msg=f"{name}: gradient of input {k}")
+
+
+def _linear_on_3d_batches():
+    """OneFlow: ``Linear`` on a (N, L, K) batch split along dim 0 stays split (data parallel),
+    forward and backward, whenever the ranks divide N evenly; otherwise it is still right."""
+    P = mg.placement("cpu", list(range(dist.get_world_size())))
+    rng = np.random.default_rng(3)
+    w, b = rng.standard_normal((3, 5)), rng.standard_normal(3)
+    out = {}
+    for n in (4, 3):
+        x_full = rng.standard_normal((n, 2, 5))
+        x = mg.tensor(x_full).to_global(P, mg.sbp.broadcast).to_global(sbp=mg.sbp.split(0))
+        wg = mg.Parameter(w).to_global(P, mg.sbp.broadcast)
+        bg = mg.Parameter(b).to_global(P, mg.sbp.broadcast)
+        gm = ad.GradManager().attach([wg, bg])
+        with gm:
+            y = F.linear(x, wg, bg)
+            gm.backward((y * y).sum())
+        whole = y.to_global(sbp=mg.sbp.broadcast).to_local().numpy()
+        out[n] = dict(sbp=str(y.sbp), local=y.to_local().shape, whole=whole,
+                      ref=x_full @ w.T + b,
+                      dw=wg.grad.to_global(sbp=mg.sbp.broadcast).to_local().numpy(),
+                      ref_dw=2 * np.einsum("nlo,nli->oi", x_full @ w.T + b, x_full))
+    return out
+
+
+def test_linear_on_a_3d_batch_split_along_dim_0_stays_split():
+    for out in run_workers(_linear_on_3d_batches, 2):
+        even, odd = out[4], out[3]
+        assert even["sbp"] == str(mg.sbp.split(0)) or "split(dim=0)" in even["sbp"]
+        assert even["local"] == (2, 2, 3)  # each rank computes its half of the batch only
+        for case in (even, odd):
+            np.testing.assert_allclose(case["whole"], case["ref"], rtol=1e-12)
+            np.testing.assert_allclose(case["dw"], case["ref_dw"], rtol=1e-10)

@@ -305,3 +305,66 @@ def test_random_factories_in_one_process():
     assert 0.0 <= u.numpy().min() and u.numpy().max() < 1.0
     with pytest.raises(ValueError, match=r"randint: high \(1\) must be greater than low \(1\)"):
         mg.randint(1, 1, (2,))
+
+
+def test_cuda_placement_without_gpus_runs_on_the_cpu_with_one_warning(monkeypatch):
+    """OneFlow programs say placement("cuda", ...); on a machine without GPUs they run on the
+    CPU, with one warning per process (as the launcher does for ranks)."""
+    import importlib
+    import warnings
+
+    placement_module = importlib.import_module("minigrad.distributed.global_tensor.placement")
+
+    monkeypatch.setattr(placement_module, "is_cuda_available", lambda: False)
+    monkeypatch.setattr(placement_module, "_NO_GPU_NOTED", [False])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = mg.placement("cuda", [0])
+        mg.placement("gpu", [0])
+        mg.placement("cpu", [0])
+    notes = [w for w in caught if "no usable CUDA device" in str(w.message)]
+    assert len(notes) == 1 and notes[0].filename == __file__  # points at the user's line
+    x = mg.randn(4, 2, placement=p, sbp=mg.sbp.broadcast)
+    assert x.to_local().device == "cpu0" and x.placement == p
+    monkeypatch.setattr(placement_module, "is_cuda_available", lambda: True)
+    monkeypatch.setattr(placement_module, "_NO_GPU_NOTED", [False])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mg.placement("cuda", [0])
+    assert not [w for w in caught if "CUDA" in str(w.message)]
+
+
+def _to_local_gradients():
+    rank = dist.get_rank()
+    P = mg.placement("cpu", [0, 1])
+    out = {}
+    for case in ("grad_sbp", "grad_placements", "replicated loss", "default"):
+        y = mg.tensor(np.ones(3), dtype="float64", placement=P, sbp=B)
+        gm = ad.GradManager().attach([y])
+        weight = 2.0 if case == "replicated loss" else 1.0 + rank  # W_0 = 1, W_1 = 2
+        try:
+            with gm:
+                if case in ("grad_sbp", "grad_placements"):
+                    local = y.to_local(**{case: PS})
+                else:
+                    local = y.to_local()
+                gm.backward((local * weight).sum())
+            out[case] = y.grad.to_local().tolist()
+        except RuntimeError as exc:
+            out[case] = str(exc)
+    return out
+
+
+def test_to_local_gradient_layout_and_disagreeing_ranks():
+    """2 ranks, loss = sum(W_r * y.to_local()) with W_0 = 1, W_1 = 2: the contributions sum with
+    grad_sbp (or DTensor's grad_placements) = partial_sum; by default the backward raises on every
+    rank instead of keeping rank 0's gradient; a replicated loss keeps working by default."""
+    for out in run_workers(_to_local_gradients, 2):
+        assert out["grad_sbp"] == [3.0, 3.0, 3.0]
+        assert out["grad_placements"] == [3.0, 3.0, 3.0]
+        assert out["replicated loss"] == [2.0, 2.0, 2.0]
+        message = out["default"]
+        assert isinstance(message, str), message
+        assert "ranks [0, 1] computed different gradients for the broadcast tensor of shape (3,)" \
+            in message
+        assert "to_local(grad_sbp=mg.sbp.partial_sum)" in message

@@ -22,7 +22,12 @@ from minigrad.distributed.pipeline.module import (
     load_layer_states,
     save_layer_states,
 )
-from minigrad.distributed.pipeline.partition import partition_balanced, partition_uniform
+from minigrad.distributed.pipeline.partition import (
+    partition_balanced,
+    partition_balanced_nonempty,
+    partition_uniform,
+    partition_uniform_nonempty,
+)
 from minigrad.testing.distributed import run_workers
 
 
@@ -92,7 +97,7 @@ def test_chunks_give_rank_r_the_parts_r_r_plus_s():
 
 # -- partitioning --------------------------------------------------------------------------------
 def test_uniform_partition():
-    assert partition_uniform(10, 4) == [0, 3, 6, 8, 10]
+    assert partition_uniform_nonempty(10, 4) == [0, 3, 6, 8, 10]
     net = PipelineModule([M.Identity() for _ in range(10)], num_stages=4, stage_id=0,
                          partition_method="uniform")
     assert net.parts == [0, 3, 6, 8, 10]
@@ -113,12 +118,48 @@ def test_balanced_partition_minimises_the_largest_part():
         n = int(rng.integers(1, 9))
         parts = int(rng.integers(1, n + 1))
         weights = [int(w) for w in rng.integers(0, 20, n) * rng.integers(0, 2, n)]
-        bounds = partition_balanced(weights, parts)
+        bounds = partition_balanced_nonempty(weights, parts)
         assert bounds[0] == 0 and bounds[-1] == n and len(bounds) == parts + 1
         assert all(a < b for a, b in zip(bounds, bounds[1:]))
         worst = max(sum(weights[a:b]) for a, b in zip(bounds, bounds[1:]))
         assert worst == brute_force_bottleneck(weights, parts), (weights, parts, bounds)
+    assert partition_balanced_nonempty([4, 1, 1, 1, 1, 4], 3) == [0, 1, 5, 6]
+
+
+def test_deepspeed_partition_functions_give_deepspeed_results():
+    """DeepSpeed's ``partition_uniform``/``partition_balanced``: fewer items than parts leave the
+    last parts empty; the balanced fill takes all that fits, so late parts may come out empty."""
+    assert partition_uniform(10, 4) == [0, 3, 6, 8, 10]
+    assert partition_uniform(2, 4) == [0, 1, 2, 2, 2]
+    assert partition_uniform(0, 2) == [0, 0, 0]
+    assert partition_balanced([1, 1], 4) == [0, 1, 2, 2, 2]
+    assert partition_balanced([1] * 16, 4) == [0, 4, 8, 12, 16]
+    assert partition_balanced([1, 1, 1, 1], 3) == [0, 2, 4, 4]  # bottleneck 2, third part empty
+    assert partition_balanced([0, 1, 2, 3, 3, 3], 4) == [0, 3, 4, 5, 6]
+    assert partition_balanced([0.0, 1.1, 1.9, 3.0, 3.0, 3.0], 4) == [0, 3, 4, 5, 6]
     assert partition_balanced([4, 1, 1, 1, 1, 4], 3) == [0, 1, 5, 6]
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n, parts = int(rng.integers(1, 9)), int(rng.integers(1, 6))
+        weights = [int(w) for w in rng.integers(0, 20, n)]
+        bounds = partition_balanced(weights, parts)
+        assert bounds[0] == 0 and bounds[-1] == n and len(bounds) == parts + 1
+        assert all(a <= b for a, b in zip(bounds, bounds[1:]))
+        if n <= parts:
+            continue
+        sums = [sum(weights[a:b]) for a, b in zip(bounds, bounds[1:])]
+        # the smallest bottleneck of a fill that may leave parts empty ...
+        best = min(max(sum(weights[a:b]) for a, b in zip(c, c[1:]))
+                   for cuts in itertools.combinations_with_replacement(range(n + 1), parts - 1)
+                   for c in [[0, *cuts, n]])
+        assert max(sums) == best, (weights, parts, bounds)
+        # ... reached by filling each part with all that fits under it
+        for p in range(parts - 1):
+            if bounds[p + 1] < n:
+                assert sums[p] + weights[bounds[p + 1]] > best
+        # with no empty part it is the partition a PipelineModule uses
+        if all(a < b for a, b in zip(bounds, bounds[1:])):
+            assert bounds == partition_balanced_nonempty(weights, parts)
 
 
 def test_parameters_partition_counts_specs_without_building_them():
@@ -165,20 +206,43 @@ def test_layers_count_their_parameters_from_constructor_arguments(cls, args, kwa
     assert LayerSpec(cls, *args, **kwargs).num_parameters() == expected
 
 
-def test_unknown_parameter_counts():
+def test_unknown_parameter_counts_are_counted_by_building_once():
+    """DeepSpeed builds each LayerSpec once to count its trainable parameters and discards it:
+    the "parameters" partition then works for any layer, as DeepSpeed programs expect."""
     class Block(M.Module):
+        built = 0
+
         def __init__(self, width):
             super().__init__()
+            Block.built += 1
             self.fc = M.Linear(width, width)
+            self.frozen = mg.Parameter(np.zeros(50, np.float32)).requires_grad_(False)
 
     class MyLinear(M.Linear):          # a subclass may take other arguments: not guessed
         pass
 
     assert LayerSpec(Block, 4).num_parameters() is None
     assert LayerSpec(MyLinear, 4, 4).num_parameters() is None
-    with pytest.raises(ValueError, match=r"needs the parameter count of layer 1 "
-                                         r"\(LayerSpec\(Block, 4\)\).*classmethod parameter_count"):
-        PipelineModule([M.Identity(), LayerSpec(Block, 4)], num_stages=2, stage_id=0)
+    specs = [LayerSpec(Block, 4), LayerSpec(Block, 2), LayerSpec(Block, 2), LayerSpec(Block, 2),
+             LayerSpec(MyLinear, 2, 2)]
+    net = PipelineModule(specs, num_stages=2, stage_id=1)
+    # trainable counts 20, 6, 6, 6, 6 (the frozen 50 are not counted): best split [0, 1, 5]
+    assert net.parts == [0, 1, 5]
+    assert Block.built == 4 + 3  # each spec once to count, then stage 1's own three
+    assert specs[0].count_by_building() == 20 and Block.built == 7  # the count is kept
+    assert "| 20" in net.partition_table()  # the table shows the counts, building nothing
+    assert Block.built == 7
+    # counting drew nothing from the generators the program sees: the stage's own layers get
+    # the weights they get when no count is needed (explicit bounds)
+    weights = []
+    for method in ("parameters", [0, 1, 2]):
+        mg.random.seed(7)
+        stage = PipelineModule([LayerSpec(Block, 4), LayerSpec(Block, 3)], num_stages=2,
+                               stage_id=1, partition_method=method)
+        assert stage.parts == [0, 1, 2]
+        weights.append([p.numpy() for p in stage.parameters()])
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_type_partition_weights_matching_layer_classes():

@@ -20,6 +20,10 @@ def test_every_key_is_optional_and_data_is_derived():
     cfg = ParallelConfig.from_dict(dict(pipeline=dict(size=2), tensor=dict(size=4, mode="2d")))
     assert (cfg.pipeline, cfg.tensor, cfg.mode, cfg.side) == (2, 4, "2d", 2)
     assert cfg.data_size(16) == 2
+    # Colossal-AI's examples state the data size too: accepted when it agrees
+    assert ParallelConfig.from_dict(dict(data=2, pipeline=2, tensor=dict(size=4, mode="2d"))
+                                    ).data_size(16) == 2
+    assert ParallelConfig.from_dict(dict(data=dict(size=3))).data_size(3) == 3
     assert ParallelConfig.from_dict(dict(pipeline=3)).pipeline == 3
     cfg = ParallelConfig.from_dict(dict(tensor=dict(size=18, mode="2.5d", depth=2)))
     assert (cfg.side, cfg.depth) == (3, 2)
@@ -39,7 +43,9 @@ def test_every_key_is_optional_and_data_is_derived():
     (dict(tensor=dict(size=4)), 4, ["tensor size 4 needs a mode"]),
     (dict(tensor=dict(size=4, mode="2d", depth=2)), 4, ["depth=2", "only used by mode '2.5d'"]),
     (dict(tensor=dict(size=0, mode="1d")), 4, ["tensor size must be a positive integer", "0"]),
-    (dict(data=2), 4, ["unknown keys ['data']", "derived"]),
+    (dict(data=2), 4, ["data size 2 does not match", "derived", "world size 4", "= 4"]),
+    (dict(data=dict(size=2, mode="x")), 4, ["unknown keys ['mode'] in data"]),
+    (dict(data=0), 4, ["data size must be a positive integer"]),
     (dict(tensor=dict(size=2, mode="1d", seed=3)), 2, ["unknown keys ['seed'] in tensor"]),
 ])
 def test_bad_configs_name_the_numbers(parallel, world, words):
