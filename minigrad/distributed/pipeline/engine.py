@@ -73,6 +73,7 @@ import minigrad.functional as F
 from minigrad.autodiff import GradManager, is_recording, no_grad
 from minigrad.autodiff.tensor import Tensor
 from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.comm.flat_buffer import FlatBuffer, group_by_layout
 from minigrad.distributed.comm.group import (
     Group,
     get_rank,
@@ -149,20 +150,15 @@ def _to_tensors(value):
 def _all_reduce_into_grads(params: list, group: Group, scale: float) -> None:
     """Sum every parameter's gradient (zeros where it has none) over ``group``, times ``scale``,
     with one all-reduce per dtype."""
-    by_dtype: dict[str, list] = {}
-    for p in params:
-        by_dtype.setdefault(p.dtype.name, []).append(p)
-    for same in by_dtype.values():
+    for same in group_by_layout(params, key=lambda p: p.dtype.name).values():
         grads = [p.grad.data if p.grad is not None else p.xp.zeros(p.shape, p.dtype)
                  for p in same]
-        xp = same[0].xp
-        total = comm.all_reduce(xp.concatenate([g.reshape(-1) for g in grads]), "sum", group)
+        flat = FlatBuffer.of(grads)
+        total = comm.all_reduce(flat.data, "sum", group)
         if scale != 1.0:
             total *= scale
-        offset = 0
-        for p in same:
-            p.grad = Tensor(total[offset:offset + p.size].reshape(p.shape), device=p.device)
-            offset += p.size
+        for p, value in zip(same, flat.views()):
+            p.grad = Tensor(value, device=p.device)
 
 
 # ------------------------------------------------------------------------------------------------
