@@ -74,6 +74,7 @@ from minigrad.distributed.data_parallel import helper
 from minigrad.distributed.data_parallel.ddp import DistributedDataParallel
 from minigrad.distributed.data_parallel.helper import bcast_list_, make_allreduce_cb, synchronized
 from minigrad.distributed.data_parallel.sync_batch_norm import SyncBatchNorm
+from minigrad.distributed.data_parallel.zero import ZeroRedundancyOptimizer
 from minigrad.distributed.mesh.parallel_context import get_parallel_context, init_parallel
 from minigrad.distributed.runtime.launcher import LaunchError, launcher
 from minigrad.distributed.runtime.log import get_logger
@@ -96,6 +97,7 @@ __all__ = [
     "StoreTimeout",
     "SyncBatchNorm",
     "Work",
+    "ZeroRedundancyOptimizer",
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_object",

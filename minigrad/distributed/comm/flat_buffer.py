@@ -134,20 +134,29 @@ class FlatBuffer:
 
     def segments(self, i: int, n: int) -> list[tuple[int, int, int]]:
         """``(array index, start, stop)`` (flat element ranges inside each array) of the arrays
-        that overlap shard ``i`` of ``n``: which parameter elements a shard owns."""
-        m = self.shard_size(n)
-        lo, hi = i * m, (i + 1) * m
-        out = []
-        for j, (offset, size) in enumerate(zip(self.offsets, self.sizes)):
-            a, b = max(lo, offset), min(hi, offset + size)
-            if a < b:
-                out.append((j, a - offset, b - offset))
-        return out
+        that overlap shard ``i`` of ``n``: which array elements a shard holds."""
+        return shard_segments(self.sizes, i, n)
 
     def is_free(self) -> bool:
         """Whether no view of the buffer is alive outside this object (it can be refilled)."""
         # the references: self.__dict__ and getrefcount's argument
         return sys.getrefcount(self.data) == 2
+
+
+def shard_segments(sizes, i: int, n: int) -> list[tuple[int, int, int]]:
+    """For arrays of ``sizes`` elements laid out back to back and padded to a multiple of ``n``:
+    ``(array index, start, stop)`` of the element ranges that fall in the i-th of ``n`` equal
+    shards, in order (padding is in no range)."""
+    total = sum(sizes)
+    m = _padded(total, n) // n if n > 1 else total
+    lo, hi = i * m, (i + 1) * m
+    out, offset = [], 0
+    for j, size in enumerate(sizes):
+        a, b = max(lo, offset), min(hi, offset + size)
+        if a < b:
+            out.append((j, a - offset, b - offset))
+        offset += size
+    return out
 
 
 def _prod(shape) -> int:
