@@ -72,6 +72,7 @@ from minigrad.distributed.comm.providers.base import (
 )
 from minigrad.distributed.data_parallel import helper
 from minigrad.distributed.data_parallel.ddp import DistributedDataParallel
+from minigrad.distributed.data_parallel.fully_shard import fully_shard
 from minigrad.distributed.data_parallel.helper import bcast_list_, make_allreduce_cb, synchronized
 from minigrad.distributed.data_parallel.sync_batch_norm import SyncBatchNorm
 from minigrad.distributed.data_parallel.zero import ZeroRedundancyOptimizer
@@ -111,6 +112,7 @@ __all__ = [
     "broadcast_object_list",
     "comm",
     "destroy_process_group",
+    "fully_shard",
     "functional",
     "gather",
     "get_backend",

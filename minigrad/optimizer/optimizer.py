@@ -103,7 +103,11 @@ class Optimizer:
 
     # -- the update loop --------------------------------------------------------------------------
     def step(self) -> "Optimizer":
-        """Update every parameter that has a gradient; returns self: ``opt.step().clear_grad()``."""
+        """Update every parameter that has a gradient; returns self: ``opt.step().clear_grad()``.
+
+        A parameter with a ``replaced_by`` attribute was swapped out of its module (sharded by
+        ``dist.fully_shard``): updating it would train nothing, so this raises, naming it."""
+        self._check_not_replaced()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -120,6 +124,15 @@ class Optimizer:
                 with p.device.context():  # a GPU parameter is updated on its own GPU
                     self._update(p.data, grad, state, group)
         return self
+
+    def _check_not_replaced(self) -> None:
+        for i, p in enumerate(self._params()):
+            replaced = getattr(p, "replaced_by", None)
+            if replaced is not None:
+                raise RuntimeError(
+                    f"{self._name}.step: parameter {i} (shape {p.shape}) was replaced by "
+                    f"{replaced}; build the optimizer after sharding, on module.parameters()"
+                )
 
     def _update(self, param, grad, state: dict, group: dict) -> None:
         """Update ``param`` (the parameter's array) and ``state`` in place: no new parameter-sized

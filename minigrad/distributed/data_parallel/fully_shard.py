@@ -1,0 +1,372 @@
+"""``fully_shard``: ZeRO stages 3 and 2 (FSDP2's name), parameters kept as shards between forwards.
+
+``fully_shard(module)`` lays the module's parameters (those not already managed by a wrapped
+sub-module) out back to back, one flat layout per (dtype, device), padded to a multiple of the
+group size ``n`` (:mod:`minigrad.distributed.comm.flat_buffer`). Rank ``r`` keeps only the
+*pieces* of the parameters that fall in shard ``r``: each parameter attribute of the module is
+replaced by a 1-D Parameter holding that flat element range (empty where the rank holds none of
+it). ``module.parameters()`` then lists the pieces, so an optimizer built *after* ``fully_shard``
+holds state for the pieces only, and a GradManager attached to them gets their gradients.
+
+Forward: a pre-hook all-gathers the pieces into the full parameters (one collective per layout,
+all started before any is waited for) through :class:`GatherParams`, a differentiable op whose
+backward reduce-scatters (``ReduceOp.AVG``) the full gradients back to the pieces, and points
+the module's attributes at the full tensors for the duration of ``forward``. With
+``reshard_after_forward=True`` (ZeRO-3) a post-hook frees the gathered arrays (the tensors keep
+their shape over a zero-byte placeholder) and wraps the outputs in :class:`RegatherForBackward`,
+an identity whose backward gathers them again just before the module's own backward needs them.
+With ``False`` (ZeRO-2) the gathered parameters stay until backward is done with them.
+
+Why bitwise equal to data parallelism: the cpu backend's reduce-scatter and all-reduce both sum
+the ranks' contributions in rank order, AVG divides by ``n`` the same way, and the optimizers
+update element by element; so each piece gets exactly the bits DDP's parameter gets there.
+
+Example::
+
+    for block in net.blocks:
+        dist.fully_shard(block)
+    dist.fully_shard(net)
+    opt = optim.Adam(net.parameters(), lr=1e-3)     # the pieces
+    gm = ad.GradManager().attach(net.parameters())
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from minigrad.autodiff import is_recording
+from minigrad.autodiff.function import Function
+from minigrad.autodiff.tensor import Parameter, Tensor
+from minigrad.backend.xp import get_array_module
+from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.comm.collectives import all_gather_object
+from minigrad.distributed.comm.flat_buffer import group_by_layout
+from minigrad.distributed.comm.group import WORLD, resolve_group
+from minigrad.distributed.data_parallel.helper import bcast_list_
+from minigrad.distributed.data_parallel.zero import ShardedBucket, group_size_and_rank
+from minigrad.module.module import Module
+
+
+class _ByIdentity:
+    """A mapping keyed by the identity of tensors (whose ``==`` is elementwise), forgetting a key
+    when its tensor is collected."""
+
+    def __init__(self):
+        self._items: dict = {}
+
+    def __setitem__(self, key, value) -> None:
+        ident = id(key)
+        ref = weakref.ref(key, lambda _r: self._items.pop(ident, None))
+        self._items[ident] = (ref, value)
+
+    def get(self, key, default=None):
+        entry = self._items.get(id(key))
+        return entry[1] if entry is not None and entry[0]() is key else default
+
+
+#: piece Parameter -> the FullyShardState that owns it
+PIECE_OWNER = _ByIdentity()
+#: replaced original Parameter -> the FullyShardState that replaced it
+REPLACED = _ByIdentity()
+
+
+def _placeholder(a):
+    """A zero-byte read-only stand-in of ``a``'s shape and dtype (the memory is released)."""
+    xp = get_array_module(a)
+    return xp.broadcast_to(xp.zeros((), a.dtype), a.shape)
+
+
+class _Slot:
+    """Where a parameter lives: ``container[key]`` (a module attribute, list item or dict value)."""
+
+    def __init__(self, container, key):
+        self.container, self.key = container, key
+
+    def set(self, value) -> None:
+        if isinstance(self.container, Module):
+            object.__setattr__(self.container, self.key, value)
+        else:
+            self.container[self.key] = value
+
+
+def _find_slots(module: Module, param) -> list[_Slot]:
+    """Every place under ``module`` (not inside tuples) that holds ``param``."""
+    found = []
+
+    def visit(container, key, value, seen):
+        if value is param:
+            found.append(_Slot(container, key))
+        elif isinstance(value, Module):
+            if id(value) in seen:
+                return
+            seen.add(id(value))
+            for k, v in vars(value).items():
+                if k not in ("_forward_pre_hooks", "_forward_hooks", "_fully_shard"):
+                    visit(value, k, v, seen)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                visit(value, i, v, seen)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                visit(value, k, v, seen)
+        elif isinstance(value, tuple) and any(v is param for v in value):
+            raise TypeError(
+                f"fully_shard: a parameter of shape {tuple(param.shape)} is held in a tuple "
+                f"({key!r}); keep parameters in module attributes, lists or dicts"
+            )
+
+    seen = {id(module)}
+    for k, v in vars(module).items():
+        if k not in ("_forward_pre_hooks", "_forward_hooks", "_fully_shard"):
+            visit(module, k, v, seen)
+    return found
+
+
+class FullyShardState:
+    """What ``fully_shard`` keeps for one wrapped module: the managed parameters' names, shapes
+    and slots, one :class:`ShardedBucket` per (dtype, device) layout, and the pieces."""
+
+    def __init__(self, module: Module, names: list, params: list, group, reshard: bool):
+        self.module_ref = weakref.ref(module)
+        self.module_name = type(module).__name__
+        self.names = names
+        self.shapes = [tuple(p.shape) for p in params]
+        self.group = group
+        self.n, self.rank = group_size_and_rank(group)
+        self.reshard = reshard
+        self.slots = [_find_slots(module, p) for p in params]
+        index = {id(p): i for i, p in enumerate(params)}
+        self.layouts = []  # (param indices, ShardedBucket)
+        for same in group_by_layout(params).values():
+            idx = [index[id(p)] for p in same]
+            self.layouts.append((idx, ShardedBucket(same, self.n, self.rank)))
+        ranges = {}
+        for idx, bucket in self.layouts:
+            for j, a, b in bucket.segments:
+                ranges[idx[j]] = (a, b)
+        self.pieces = []
+        for i, p in enumerate(params):
+            a, b = ranges.get(i, (0, 0))
+            piece = Parameter(p.data.reshape(-1)[a:b].copy(), device=p.device,
+                              name=names[i])
+            self.pieces.append(piece)
+            PIECE_OWNER[piece] = self
+            REPLACED[p] = self
+            p.replaced_by = f"a shard of fully_shard({self.module_name}) ({names[i]})"
+        self.set_params(self.pieces)
+
+    def set_params(self, values) -> None:
+        """Point every slot of every managed parameter at ``values[i]``."""
+        for slots, value in zip(self.slots, values):
+            for slot in slots:
+                slot.set(value)
+
+    def gather(self) -> list:
+        """All-gather the pieces: the full parameter arrays (views of one array per layout)."""
+        works = []
+        for idx, bucket in self.layouts:
+            shard = bucket.pack_shard([self.pieces[i].data for i in idx])
+            if self.n == 1:
+                works.append((idx, bucket, None, shard))
+            else:
+                works.append((idx, bucket, comm.all_gather(shard, self.group, async_op=True),
+                               None))
+        full = [None] * len(self.pieces)
+        self.gathered = []  # weak references to the gathered arrays: tests check they are freed
+        for idx, bucket, work, shard in works:
+            parts = [shard] if work is None else work.wait()
+            flat = get_array_module(parts[0]).concatenate(parts)
+            self.gathered.append(weakref.ref(flat))
+            offset = 0
+            for i, size in zip(idx, bucket.sizes):
+                full[i] = flat[offset : offset + size].reshape(self.shapes[i])
+                offset += size
+        return full
+
+    def reduce_scatter(self, grads: list) -> list:
+        """The pieces' gradients: the full gradients (None where a parameter got none) averaged
+        over the group and cut to this rank's shard (None for parameters that got none)."""
+        out = [None] * len(self.pieces)
+        works = []
+        for idx, bucket in self.layouts:
+            if all(grads[i] is None for i in idx):
+                continue
+            p0 = self.pieces[idx[0]]
+            xp = get_array_module(p0.data)
+            flat = xp.zeros(bucket.shard_size * self.n, p0.dtype)
+            offset = 0
+            for i, size in zip(idx, bucket.sizes):
+                if grads[i] is not None:
+                    flat[offset : offset + size] = grads[i].reshape(-1)
+                offset += size
+            m = bucket.shard_size
+            if self.n == 1:
+                works.append((idx, bucket, None, flat))
+                continue
+            chunks = [flat[r * m : (r + 1) * m] for r in range(self.n)]
+            works.append((idx, bucket, comm.reduce_scatter(chunks, "avg", self.group,
+                                                            async_op=True), None))
+        for idx, bucket, work, mine in works:
+            mine = mine if work is None else work.wait()
+            ranges = {idx[j]: (a, b) for j, a, b in bucket.segments}
+            pos = 0
+            for i in idx:
+                if grads[i] is None:
+                    pos += ranges[i][1] - ranges[i][0] if i in ranges else 0
+                    continue
+                a, b = ranges.get(i, (0, 0))
+                out[i] = mine[pos : pos + b - a]
+                pos += b - a
+        return out
+
+
+class GatherParams(Function):
+    """Forward: the pieces all-gathered into the full parameters (one output each). Backward:
+    the full gradients reduce-scattered (averaged) back to the pieces."""
+
+    def forward(self, state, *pieces):
+        self.state = state
+        return tuple(state.gather())
+
+    def backward(self, *grads):
+        arrays = [None if g is None else (g.data if isinstance(g, Tensor) else g) for g in grads]
+        return (None, *self.state.reduce_scatter(arrays))
+
+
+class RegatherForBackward(Function):
+    """Identity on the module's outputs whose backward gathers the freed parameters again,
+    before the module's own backward reads them (ZeRO-3)."""
+
+    def forward(self, state, fulls, *outs):
+        self.state, self.fulls = state, fulls
+        return tuple(o.data for o in outs)
+
+    def backward(self, *grads):
+        for t, value in zip(self.fulls, self.state.gather()):
+            t.set_(value)
+        self.fulls = None
+        return (None, None, *grads)
+
+
+def _pre_forward(module, args):
+    state = module._fully_shard
+    fulls = GatherParams()(state, *state.pieces)
+    state.live = list(fulls)
+    state.set_params(state.live)
+    return None
+
+
+def _post_forward(module, args, out):
+    state = module._fully_shard
+    fulls, state.live = state.live, None
+    state.set_params(state.pieces)
+    if not state.reshard or not is_recording():
+        return None
+    for t in fulls:
+        t.set_(_placeholder(t.data))
+    flat_outs = out if isinstance(out, (tuple, list)) else (out,)
+    wrap = [i for i, o in enumerate(flat_outs) if isinstance(o, Tensor) and o.dtype.kind == "f"]
+    if not wrap:
+        return None
+    new = RegatherForBackward()(state, fulls, *[flat_outs[i] for i in wrap])
+    result = list(flat_outs)
+    for i, t in zip(wrap, new):
+        result[i] = t
+    if isinstance(out, tuple):
+        return tuple(result)
+    if isinstance(out, list):
+        return result
+    return result[0]
+
+
+def _managed_params(module: Module) -> tuple[list, list]:
+    """``(names, params)`` of the parameters ``fully_shard(module)`` takes over: the module's,
+    minus the pieces of wrapped sub-modules; refuses parameters of another wrapped module."""
+    descendants = {id(m) for m in module.modules()}
+    names, params = [], []
+    for name, p in module.named_parameters():
+        owner = PIECE_OWNER.get(p)
+        if owner is not None:
+            owner_module = owner.module_ref()
+            if owner_module is not None and id(owner_module) in descendants:
+                continue  # managed by a wrapped sub-module
+            raise ValueError(
+                f"fully_shard({type(module).__name__}): parameter {name!r} (shape "
+                f"{tuple(p.shape)}) already belongs to fully_shard({owner.module_name}), "
+                "which is not inside this module; wrap each parameter once, sub-modules first"
+            )
+        if REPLACED.get(p) is not None:
+            raise ValueError(
+                f"fully_shard({type(module).__name__}): parameter {name!r} (shape "
+                f"{tuple(p.shape)}) was already replaced by shards of "
+                f"fully_shard({REPLACED.get(p).module_name}) (a parameter shared with another "
+                "wrapped module); wrap the module that holds both"
+            )
+        names.append(name)
+        params.append(p)
+    return names, params
+
+
+def _check_same_models(where: str, names: list, params: list, group, n: int) -> None:
+    """Raise on every rank when the ranks' modules differ in parameter names, shapes or dtypes,
+    naming the first parameter that differs and the ranks (one object all-gather)."""
+    if n == 1:
+        return
+    mine = [[name, list(p.shape), p.dtype.name] for name, p in zip(names, params)]
+    everyone = [None] * n
+    all_gather_object(everyone, mine, group)
+    ranks = group.ranks
+    for r, theirs in enumerate(everyone):
+        if theirs == everyone[0]:
+            continue
+        for k in range(max(len(theirs), len(everyone[0]))):
+            a = everyone[0][k] if k < len(everyone[0]) else None
+            b = theirs[k] if k < len(theirs) else None
+            if a != b:
+                raise ValueError(
+                    f"{where}: the ranks' modules differ at parameter {k}: rank {ranks[0]} has "
+                    f"{_describe(a)}, rank {ranks[r]} has {_describe(b)}"
+                )
+
+
+def _describe(entry) -> str:
+    if entry is None:
+        return "no parameter"
+    name, shape, dtype = entry
+    return f"{name!r} of shape {tuple(shape)} {dtype}"
+
+
+def fully_shard(module: Module, reshard_after_forward: bool = True, group=None) -> Module:
+    """Shard ``module``'s parameters over ``group`` (None: WORLD); returns the module.
+
+    Call it on sub-modules first (each gathers only its own parameters around its forward),
+    then on the root. ``reshard_after_forward=True``: ZeRO-3 (parameters freed after forward
+    and gathered again for backward); False: ZeRO-2 (kept gathered until backward is done).
+    Build the optimizer and attach the GradManager *after* this call: they must see the pieces.
+    Every rank must call it in the same order on modules of the same structure; the initial
+    values are taken from the group's first rank (like ``DistributedDataParallel``).
+    """
+    if not isinstance(module, Module):
+        raise TypeError(f"fully_shard: expected a Module, got {type(module).__name__}")
+    if "_fully_shard" in vars(module):
+        raise ValueError(f"fully_shard: {type(module).__name__} is already fully sharded")
+    group = resolve_group(WORLD if group is None else group)
+    n, _ = group_size_and_rank(group)
+    names, params = _managed_params(module)
+    where = f"fully_shard({type(module).__name__})"
+    _check_same_models(where, names, params, group, n)
+    if n > 1 and params:
+        bcast_list_(params, group)
+    state = FullyShardState(module, names, params, group, bool(reshard_after_forward))
+    object.__setattr__(module, "_fully_shard", state)
+    if params:
+        module.register_forward_pre_hook(_pre_forward)
+        module.register_forward_hook(_post_forward)
+    return module
+
+
+def sharded_bytes(module: Module) -> int:
+    """Bytes of the parameter pieces this rank holds for ``module`` and its wrapped sub-modules."""
+    return int(sum(np.asarray(p.data).nbytes for p in module.parameters()))

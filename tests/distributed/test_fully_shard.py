@@ -1,0 +1,146 @@
+"""``dist.fully_shard`` (ZeRO-3 and ZeRO-2): parameters held as shards, bitwise equal to data
+parallelism in float32 and to one process in float64; bad input fails on every rank."""
+
+import numpy as np
+import pytest
+
+import minigrad as mg
+import minigrad.autodiff as ad
+import minigrad.distributed as dist
+import minigrad.functional as F
+import minigrad.module as M
+import minigrad.optimizer as optim
+from minigrad.testing.distributed import run_workers
+
+IN, HID, OUT, B, STEPS = 5, 7, 3, 4, 5
+OPTIMIZERS = {
+    "sgd": (optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-3)),
+    "adam": (optim.Adam, dict(lr=0.01, weight_decay=1e-3)),
+}
+
+
+class Block(M.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(3)
+        self.fc = M.Linear(IN, HID)
+        self.fc.weight = mg.Parameter(rng.standard_normal((HID, IN)) * 0.5, dtype=dtype)
+        self.fc.bias = mg.Parameter(rng.standard_normal(HID) * 0.5, dtype=dtype)
+        # used on odd steps only: no gradient on even steps
+        self.extra = mg.Parameter(rng.standard_normal(HID) * 0.1, dtype=dtype)
+        self.step = 0
+
+    def forward(self, x):
+        h = F.tanh(self.fc(x))
+        return h * self.extra if self.step % 2 else h
+
+
+class Net(M.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        rng = np.random.default_rng(4)
+        self.block = Block(dtype)
+        self.head = mg.Parameter(rng.standard_normal((HID, OUT)) * 0.5, dtype=dtype)
+        self.frozen = mg.Parameter(rng.standard_normal(OUT), dtype=dtype)  # never trained
+
+    def forward(self, x):
+        return F.matmul(self.block(x), self.head) + self.frozen
+
+
+def _data(n):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((STEPS, n * B, IN))
+    y = rng.integers(0, OUT, (STEPS, n * B)).astype("int32")
+    return x, y
+
+
+def _trainable(net):
+    return [p for name, p in net.named_parameters() if not name.startswith("frozen")]
+
+
+def _train(mode, opt_name, dtype, n, reshard=True):
+    """``mode``: "one" (one process, full batch), "ddp" (all-reduce mean), "fsdp"."""
+    x_all, y_all = _data(n)
+    net = Net(dtype)
+    rank = dist.get_rank() if mode != "one" else 0
+    if mode == "fsdp":
+        dist.fully_shard(net.block, reshard_after_forward=reshard)
+        dist.fully_shard(net, reshard_after_forward=reshard)
+    params = _trainable(net)
+    cls, hyper = OPTIMIZERS[opt_name]
+    cbs = [dist.make_allreduce_cb("mean")] if mode == "ddp" else []
+    gm = ad.GradManager().attach(params, callbacks=cbs)
+    opt = cls(params, **hyper)
+    for step in range(STEPS):
+        net.block.step = step
+        sl = slice(None) if mode == "one" else slice(rank * B, (rank + 1) * B)
+        with gm:
+            out = net(mg.tensor(x_all[step, sl], dtype=dtype))
+            gm.backward(F.nn.cross_entropy(out, mg.tensor(y_all[step, sl])))
+        opt.step().clear_grad()
+    if mode == "fsdp":  # the full parameters, gathered once more for the comparison
+        return _full_params(net), sum(p.data.nbytes for p in net.parameters())
+    return [p.numpy() for p in net.parameters()], None
+
+
+def _full_params(net):
+    out = []
+    for module in (net, net.block):
+        state = module._fully_shard
+        out.extend(zip(state.names, [np.asarray(a) for a in state.gather()]))
+    order = [name for name, _ in Net("float64").named_parameters()]
+    found = dict(out)
+    return [found[name if name in found else name.split(".", 1)[1]] for name in order]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fully_shard_is_bitwise_ddp_in_float32(n, opt_name, reshard):
+    ddp = run_workers(_train, n, "ddp", opt_name, "float32", n)
+    fsdp = run_workers(_train, n, "fsdp", opt_name, "float32", n, reshard)
+    for (pf, _), (pd, _) in zip(fsdp, ddp):
+        assert len(pf) == len(pd) == 5
+        for a, b in zip(pf, pd):
+            assert a.dtype == np.float32
+            np.testing.assert_array_equal(a, b)
+    init = [p.numpy() for p in Net("float32").parameters()]
+    assert not np.array_equal(fsdp[0][0][0], init[0])  # trained
+    np.testing.assert_array_equal(fsdp[0][0][4], init[4])  # the frozen one did not move
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_fully_shard_float64_equals_one_process_and_holds_a_shard(n):
+    ref, _ = _train("one", "adam", "float64", n)
+    out = run_workers(_train, n, "fsdp", "adam", "float64", n)
+    for params, _ in out:
+        for a, b in zip(params, ref):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    total = sum(p.size for p in Net("float64").parameters()) * 8
+    held = [nbytes for _, nbytes in out]
+    assert sum(held) == total  # the pieces cover every parameter element exactly once
+    assert max(held) <= total / n + 8 * n * 2  # a shard each, plus padding per layout
+
+
+def _freed_worker(reshard):
+    net = Net("float32")
+    dist.fully_shard(net.block, reshard_after_forward=reshard)
+    dist.fully_shard(net, reshard_after_forward=reshard)
+    gm = ad.GradManager().attach(_trainable(net))
+    x, y = _data(2)
+    rank = dist.get_rank()
+    with gm:
+        out = net(mg.tensor(x[0, rank * B:(rank + 1) * B], dtype="float32"))
+        alive_after_forward = [r() is not None for m in (net, net.block)
+                               for r in m._fully_shard.gathered]
+        gm.backward(F.nn.cross_entropy(out, mg.tensor(y[0, rank * B:(rank + 1) * B])))
+    alive_after_backward = [r() is not None for m in (net, net.block)
+                            for r in m._fully_shard.gathered]
+    return alive_after_forward, alive_after_backward
+
+
+def test_reshard_after_forward_frees_the_gathered_parameters():
+    for fwd, bwd in run_workers(_freed_worker, 2, True):
+        assert fwd == [False, False] and bwd == [False, False]  # ZeRO-3: freed after forward
+    for fwd, bwd in run_workers(_freed_worker, 2, False):
+        assert fwd == [True, True] and bwd == [False, False]  # ZeRO-2: kept until backward
