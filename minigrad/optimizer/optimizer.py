@@ -122,8 +122,13 @@ class Optimizer:
                 if not getattr(p.data.flags, "writeable", True):  # e.g. a loaded read-only array
                     p.set_value(p.data)  # set_value keeps a writable copy
                 with p.device.context():  # a GPU parameter is updated on its own GPU
-                    self._update(p.data, grad, state, group)
+                    self._update_param(p, grad, state, group)
         return self
+
+    def _update_param(self, param: Parameter, grad, state: dict, group: dict) -> None:
+        """Update one parameter: ``_update`` on its array. Rules that need more than the array
+        (LAMB's norms over a sharded parameter) override this."""
+        self._update(param.data, grad, state, group)
 
     def _check_not_replaced(self) -> None:
         for i, p in enumerate(self._params()):

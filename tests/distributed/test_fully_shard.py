@@ -16,6 +16,7 @@ IN, HID, OUT, B, STEPS = 5, 7, 3, 4, 5
 OPTIMIZERS = {
     "sgd": (optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-3)),
     "adam": (optim.Adam, dict(lr=0.01, weight_decay=1e-3)),
+    "lamb": (optim.LAMB, dict(lr=0.01, weight_decay=1e-2)),  # trust ratio: whole-param norms
 }
 
 
@@ -58,7 +59,7 @@ def _trainable(net):
     return [p for name, p in net.named_parameters() if not name.startswith("frozen")]
 
 
-def _train(mode, opt_name, dtype, n, reshard=True):
+def _train(mode, opt_name, dtype, n, reshard=True, clip=None):
     """``mode``: "one" (one process, full batch), "ddp" (all-reduce mean), "fsdp"."""
     x_all, y_all = _data(n)
     net = Net(dtype)
@@ -71,13 +72,19 @@ def _train(mode, opt_name, dtype, n, reshard=True):
     cbs = [dist.make_allreduce_cb("mean")] if mode == "ddp" else []
     gm = ad.GradManager().attach(params, callbacks=cbs)
     opt = cls(params, **hyper)
+    norms = []
     for step in range(STEPS):
         net.block.step = step
         sl = slice(None) if mode == "one" else slice(rank * B, (rank + 1) * B)
         with gm:
             out = net(mg.tensor(x_all[step, sl], dtype=dtype))
             gm.backward(F.nn.cross_entropy(out, mg.tensor(y_all[step, sl])))
+        if clip is not None:
+            norms.append(float(optim.clip_grad_norm(params, clip).item()))
         opt.step().clear_grad()
+    if clip is not None:
+        return (_full_params(net) if mode == "fsdp" else [p.numpy() for p in net.parameters()],
+                norms)
     if mode == "fsdp":  # the full parameters, gathered once more for the comparison
         return _full_params(net), sum(p.data.nbytes for p in net.parameters())
     return [p.numpy() for p in net.parameters()], None
@@ -144,3 +151,24 @@ def test_reshard_after_forward_frees_the_gathered_parameters():
         assert fwd == [False, False] and bwd == [False, False]  # ZeRO-3: freed after forward
     for fwd, bwd in run_workers(_freed_worker, 2, False):
         assert fwd == [True, True] and bwd == [False, False]  # ZeRO-2: kept until backward
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_global_norm_clipping_sees_every_shard(n):
+    """The norm sums per-rank partial sums: another order than DDP's, so equal to rounding."""
+    ddp = run_workers(_train, n, "ddp", "sgd", "float64", n, True, 0.3)
+    fsdp = run_workers(_train, n, "fsdp", "sgd", "float64", n, True, 0.3)
+    assert max(ddp[0][1]) > 0.3  # clipping acted
+    for (pf, nf), (pd, nd) in zip(fsdp, ddp):
+        np.testing.assert_allclose(nf, nd, rtol=1e-12)
+        for a, b in zip(pf, pd):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_lamb_trust_ratio_uses_whole_parameter_norms(n):
+    ddp = run_workers(_train, n, "ddp", "lamb", "float64", n)
+    fsdp = run_workers(_train, n, "fsdp", "lamb", "float64", n)
+    for (pf, _), (pd, _) in zip(fsdp, ddp):
+        for a, b in zip(pf, pd):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)

@@ -17,6 +17,7 @@ SHAPES = [(IN, HID), (HID,), (HID, OUT), (OUT,)]
 OPTIMIZERS = {
     "sgd": (optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-3)),
     "adam": (optim.Adam, dict(lr=0.01, weight_decay=1e-3)),
+    "lamb": (optim.LAMB, dict(lr=0.01, weight_decay=1e-2)),
 }
 
 
@@ -149,3 +150,12 @@ def test_zero1_state_dict_is_the_plain_optimizers_and_loads_back(n):
     for (_, pz), (_, pd) in zip(zero, ddp):  # continued training after the reload: identical
         for a, b in zip(pz, pd):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_zero1_lamb_uses_whole_parameter_norms(n):
+    ddp = run_workers(_train, n, "ddp", "lamb", "float64", n)
+    zero = run_workers(_train, n, "zero1", "lamb", "float64", n)
+    for (pz, _), (pd, _) in zip(zero, ddp):
+        for a, b in zip(pz, pd):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)

@@ -45,7 +45,11 @@ from minigrad.distributed.comm.collectives import all_gather_object
 from minigrad.distributed.comm.flat_buffer import group_by_layout
 from minigrad.distributed.comm.group import WORLD, resolve_group
 from minigrad.distributed.data_parallel.helper import bcast_list_
-from minigrad.distributed.data_parallel.zero import ShardedBucket, group_size_and_rank
+from minigrad.distributed.data_parallel.zero import (
+    ShardedBucket,
+    ShardNormReducer,
+    group_size_and_rank,
+)
 from minigrad.module.module import Module
 
 
@@ -137,6 +141,7 @@ class FullyShardState:
         self.n, self.rank = group_size_and_rank(group)
         self.reshard = reshard
         self.slots = [_find_slots(module, p) for p in params]
+        self.reducer = ShardNormReducer.of(group, self.n)
         index = {id(p): i for i, p in enumerate(params)}
         self.layouts = []  # (param indices, ShardedBucket)
         for same in group_by_layout(params).values():
@@ -151,6 +156,7 @@ class FullyShardState:
             a, b = ranges.get(i, (0, 0))
             piece = Parameter(p.data.reshape(-1)[a:b].copy(), device=p.device,
                               name=names[i])
+            piece.shard_reducer = self.reducer  # global norms: clip_grad_norm, LAMB
             self.pieces.append(piece)
             PIECE_OWNER[piece] = self
             REPLACED[p] = self

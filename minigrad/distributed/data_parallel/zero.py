@@ -12,8 +12,9 @@ shards are all-gathered into every rank's parameters.
 The update rules of SGD, Adam and friends act element by element, so updating a piece gives the
 very bits the full update gives: training is bitwise equal to data parallelism with
 ``make_allreduce_cb("mean")`` (or ``DistributedDataParallel``) and a plain optimizer. Gradients
-must already be averaged over the group (attach the all-reduce callback, or wrap in DDP); rules
-that need a norm over the whole parameter (LAMB) are not element-wise and are refused here.
+must already be averaged over the group (attach the all-reduce callback, or wrap in DDP). Rules
+that need a norm over a whole parameter (LAMB's trust ratio) get it through each piece's
+``shard_reducer`` (:class:`ShardNormReducer`), which sums the ranks' partial norms.
 
 Example::
 
@@ -53,6 +54,38 @@ def param_name(params: list, i: int) -> str:
     p = params[i]
     name = getattr(p, "name", None)
     return f"parameter {i}{f' {name!r}' if name else ''} (shape {tuple(p.shape)})"
+
+
+class ShardNormReducer:
+    """Combines per-rank partial results of a parameter split into shards over ``group``.
+
+    Every shard (piece) of such a parameter carries one as ``shard_reducer``; the optimizer layer
+    (``optim.clip_grad_norm``, LAMB) calls :meth:`all_reduce` on it to get norms over whole
+    parameters without importing the distributed package. Every rank of the group must call it
+    at the same point (they do: each holds a piece of every sharded parameter)."""
+
+    _by_group: dict = {}
+
+    def __init__(self, group, n: int):
+        self.group, self.n = group, n
+
+    @classmethod
+    def of(cls, group, n: int) -> ShardNormReducer:
+        """The one reducer of ``group``: all its pieces share it, so ``clip_grad_norm`` makes one
+        collective per group, not one per wrapped module."""
+        key = (tuple(group.ranks), n)
+        found = cls._by_group.get(key)
+        if found is None:
+            found = cls._by_group[key] = cls(group, n)
+        return found
+
+    def all_reduce(self, values, op: str = "sum"):
+        """``values`` (floats) reduced element-wise over the group (``"sum"`` or ``"max"``), as a
+        float64 NumPy array."""
+        x = np.array(values, dtype=np.float64)
+        if self.n > 1:
+            comm.all_reduce(x, op, self.group)
+        return x
 
 
 class ShardedBucket:
@@ -121,11 +154,6 @@ class ZeroRedundancyOptimizer(Optimizer):
                 "ZeroRedundancyOptimizer: optimizer_class must be an Optimizer subclass such as "
                 f"optim.Adam, got {optimizer_class!r}"
             )
-        if getattr(optimizer_class, "needs_whole_parameters", False):
-            raise ValueError(
-                f"ZeroRedundancyOptimizer: {optimizer_class.__name__} needs norms over whole "
-                "parameters, which a shard does not have; use it without ZeRO"
-            )
         self.group = resolve_group(WORLD if group is None else group)
         self.n, self.rank = group_size_and_rank(self.group)
         if isinstance(params, Tensor):
@@ -142,6 +170,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.param_groups = checked.param_groups
         self._state: dict = {}
         self._buckets = self._make_buckets(int(bucket_cap_mb * 1024 * 1024))
+        self._reducer = ShardNormReducer.of(self.group, self.n)
         self._pieces: list = []  # (bucket, segment, piece Parameter) in the local optimizer's order
         piece_groups = []
         for gi, g in enumerate(self.param_groups):
@@ -149,10 +178,14 @@ class ZeroRedundancyOptimizer(Optimizer):
             for gj, bucket in self._buckets:
                 if gj != gi:
                     continue
-                for seg in bucket.segments:
-                    i, a, b = seg
-                    p = bucket.params[i]
+                # a piece of every parameter on every rank (empty where this rank owns none of
+                # it): collectives made per piece (LAMB's norms) then match across ranks
+                owned = {i: (a, b) for i, a, b in bucket.segments}
+                for i, p in enumerate(bucket.params):
+                    a, b = owned.get(i, (0, 0))
+                    seg = (i, a, b)
                     piece = Parameter(to_flat(p.data)[a:b].copy(), device=p.device)
+                    piece.shard_reducer = self._reducer
                     pieces.append(piece)
                     self._pieces.append((bucket, seg, piece))
             piece_groups.append(dict({k: v for k, v in g.items() if k != "params"},
@@ -241,7 +274,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         if self.optim is not None:
             local = self.optim.state_dict()["state"]
             for j, (bucket, (i, a, b), _) in enumerate(self._pieces):
-                if j in local:
+                if j in local and b > a:
                     mine.append([index[id(bucket.params[i])], a, b, local[j]])
         if self.n == 1:
             everyone = [mine]
