@@ -172,3 +172,59 @@ def test_lamb_trust_ratio_uses_whole_parameter_norms(n):
     for (pf, _), (pd, _) in zip(fsdp, ddp):
         for a, b in zip(pf, pd):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def _bad_worker(case):
+    """Run one kind of misuse; return this rank's error message (every rank must get one)."""
+    rank = dist.get_rank()
+    net = Net("float32")
+    try:
+        if case == "optimizer_before":
+            opt = optim.SGD(_trainable(net), lr=0.1)
+            dist.fully_shard(net.block)
+            dist.fully_shard(net)
+            gm = ad.GradManager().attach(_trainable(net))
+            with gm:
+                gm.backward(net(mg.tensor(np.ones((2, IN), "float32"))).sum())
+            opt.step()
+        elif case == "parent_first":
+            dist.fully_shard(net)
+            dist.fully_shard(net.block)
+        elif case == "shared":
+            other = M.Module()
+            other.w = net.block.extra  # one parameter in two modules wrapped separately
+            dist.fully_shard(net.block)
+            dist.fully_shard(other)
+        elif case == "shapes_differ":
+            if rank == 1:
+                net.block.fc.bias = mg.Parameter(np.zeros(HID + 1, "float32"))
+            dist.fully_shard(net.block)
+        elif case == "order_differs":
+            if rank == 1:
+                net.block.extra, net.block.fc = net.block.fc, net.block.extra
+            dist.fully_shard(net.block)
+    except (RuntimeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.mark.parametrize(
+    "case, pieces",
+    [
+        ("optimizer_before", ["SGD.step", "parameter 0 (shape (7, 5))", "fully_shard(Block)",
+                              "fc.weight", "build the optimizer after sharding"]),
+        ("parent_first", ["fully_shard(Block)", "'fc.weight'", "already belongs to "
+                          "fully_shard(Net)"]),
+        ("shared", ["fully_shard(Module)", "'w'", "replaced by shards of fully_shard(Block)"]),
+        ("shapes_differ", ["fully_shard(Block)", "parameter 1", "rank 0 has 'fc.bias' of shape "
+                           "(7,) float32, rank 1 has 'fc.bias' of shape (8,)"]),
+        ("order_differs", ["fully_shard(Block)", "parameter 0", "rank 0 has 'fc.weight'",
+                           "rank 1 has 'fc' of shape (7,)"]),
+    ],
+)
+def test_bad_input_fails_on_every_rank_naming_the_parameter(case, pieces):
+    messages = run_workers(_bad_worker, 2, case, timeout=30)
+    for msg in messages:
+        assert msg is not None, f"{case}: a rank raised nothing"
+        for piece in pieces:
+            assert piece in msg, f"{case}: {piece!r} not in {msg!r}"

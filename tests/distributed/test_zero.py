@@ -159,3 +159,42 @@ def test_zero1_lamb_uses_whole_parameter_norms(n):
     for (pz, _), (pd, _) in zip(zero, ddp):
         for a, b in zip(pz, pd):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def _bad_worker(case):
+    """Rank 1 builds a different model; return this rank's error message."""
+    params = _init("float32")
+    if case == "shapes_differ" and dist.get_rank() == 1:
+        params[1] = mg.Parameter(np.zeros(HID + 2, "float32"))
+    try:
+        dist.ZeroRedundancyOptimizer(params, optimizer_class=optim.SGD, lr=0.1)
+    except ValueError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def test_bad_input_fails_on_every_rank():
+    for msg in run_workers(_bad_worker, 2, "shapes_differ", timeout=30):
+        assert msg is not None and "ZeroRedundancyOptimizer" in msg
+        assert "rank 0 has 'parameter 1' of shape (7,) float32, rank 1 has" in msg
+
+
+def _no_backward_worker():
+    rank = dist.get_rank()
+    params = _init("float32")
+    opt = dist.ZeroRedundancyOptimizer(params, optimizer_class=optim.SGD, lr=0.1)
+    if rank == 0:  # rank 0 did a backward (local gradients), rank 1 did none
+        for p in params:
+            p.grad = mg.tensor(np.ones(p.shape, "float32"))
+    try:
+        opt.step()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def test_step_without_backward_fails_on_every_rank_naming_the_parameter():
+    for msg in run_workers(_no_backward_worker, 2, timeout=30):
+        assert msg is not None
+        assert "ZeroRedundancyOptimizer.step: parameter 0 (shape (5, 7)) has a gradient on " \
+               "ranks [0] but none on ranks [1]" in msg

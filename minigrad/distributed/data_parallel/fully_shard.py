@@ -41,13 +41,13 @@ from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.xp import get_array_module
 from minigrad.distributed.comm import arrays as comm
-from minigrad.distributed.comm.collectives import all_gather_object
 from minigrad.distributed.comm.flat_buffer import group_by_layout
 from minigrad.distributed.comm.group import WORLD, resolve_group
 from minigrad.distributed.data_parallel.helper import bcast_list_
 from minigrad.distributed.data_parallel.zero import (
     ShardedBucket,
     ShardNormReducer,
+    check_same_models,
     group_size_and_rank,
 )
 from minigrad.module.module import Module
@@ -315,35 +315,6 @@ def _managed_params(module: Module) -> tuple[list, list]:
     return names, params
 
 
-def _check_same_models(where: str, names: list, params: list, group, n: int) -> None:
-    """Raise on every rank when the ranks' modules differ in parameter names, shapes or dtypes,
-    naming the first parameter that differs and the ranks (one object all-gather)."""
-    if n == 1:
-        return
-    mine = [[name, list(p.shape), p.dtype.name] for name, p in zip(names, params)]
-    everyone = [None] * n
-    all_gather_object(everyone, mine, group)
-    ranks = group.ranks
-    for r, theirs in enumerate(everyone):
-        if theirs == everyone[0]:
-            continue
-        for k in range(max(len(theirs), len(everyone[0]))):
-            a = everyone[0][k] if k < len(everyone[0]) else None
-            b = theirs[k] if k < len(theirs) else None
-            if a != b:
-                raise ValueError(
-                    f"{where}: the ranks' modules differ at parameter {k}: rank {ranks[0]} has "
-                    f"{_describe(a)}, rank {ranks[r]} has {_describe(b)}"
-                )
-
-
-def _describe(entry) -> str:
-    if entry is None:
-        return "no parameter"
-    name, shape, dtype = entry
-    return f"{name!r} of shape {tuple(shape)} {dtype}"
-
-
 def fully_shard(module: Module, reshard_after_forward: bool = True, group=None) -> Module:
     """Shard ``module``'s parameters over ``group`` (None: WORLD); returns the module.
 
@@ -362,7 +333,7 @@ def fully_shard(module: Module, reshard_after_forward: bool = True, group=None) 
     n, _ = group_size_and_rank(group)
     names, params = _managed_params(module)
     where = f"fully_shard({type(module).__name__})"
-    _check_same_models(where, names, params, group, n)
+    check_same_models(where, names, params, group, n)
     if n > 1 and params:
         bcast_list_(params, group)
     state = FullyShardState(module, names, params, group, bool(reshard_after_forward))

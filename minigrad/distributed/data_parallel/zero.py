@@ -165,6 +165,9 @@ class ZeroRedundancyOptimizer(Optimizer):
             raise ValueError("ZeroRedundancyOptimizer: got an empty parameter list")
         # a plain optimizer over the full parameters checks the arguments and fills in defaults;
         # it allocates no state (state appears at the first step)
+        all_params = [p for g in groups for p in g["params"]]
+        names = [getattr(p, "name", None) or f"parameter {k}" for k, p in enumerate(all_params)]
+        check_same_models("ZeroRedundancyOptimizer", names, all_params, self.group, self.n)
         checked = optimizer_class(groups, **defaults)
         self._defaults = dict(checked._defaults)
         self.param_groups = checked.param_groups
@@ -380,3 +383,32 @@ def check_same_on_all_ranks(where: str, flags, params: list, group, n: int, what
         yes = [ranks[r] for r in range(n) if table[r, k]]
         no = [ranks[r] for r in range(n) if not table[r, k]]
         raise RuntimeError(f"{where}: {param_name(params, k)} " + what.format(yes=yes, no=no))
+
+
+def check_same_models(where: str, names: list, params: list, group, n: int) -> None:
+    """Raise on every rank when the ranks' modules differ in parameter names, shapes or dtypes,
+    naming the first parameter that differs and the ranks (one object all-gather)."""
+    if n == 1:
+        return
+    mine = [[name, list(p.shape), p.dtype.name] for name, p in zip(names, params)]
+    everyone = [None] * n
+    all_gather_object(everyone, mine, group)
+    ranks = group.ranks
+    for r, theirs in enumerate(everyone):
+        if theirs == everyone[0]:
+            continue
+        for k in range(max(len(theirs), len(everyone[0]))):
+            a = everyone[0][k] if k < len(everyone[0]) else None
+            b = theirs[k] if k < len(theirs) else None
+            if a != b:
+                raise ValueError(
+                    f"{where}: the ranks' modules differ at parameter {k}: rank {ranks[0]} has "
+                    f"{_describe(a)}, rank {ranks[r]} has {_describe(b)}"
+                )
+
+
+def _describe(entry) -> str:
+    if entry is None:
+        return "no parameter"
+    name, shape, dtype = entry
+    return f"{name!r} of shape {tuple(shape)} {dtype}"
