@@ -228,3 +228,40 @@ def test_bad_input_fails_on_every_rank_naming_the_parameter(case, pieces):
         assert msg is not None, f"{case}: a rank raised nothing"
         for piece in pieces:
             assert piece in msg, f"{case}: {piece!r} not in {msg!r}"
+
+
+def _accumulate(mode, n, mixed):
+    """Two micro-batches per step (gradients accumulate in ``.grad``), then one step; with
+    ``mixed`` the head is float64 while the block is float32 (two layouts, two collectives)."""
+    x_all, y_all = _data(n)
+    net = Net("float32")
+    if mixed:
+        net.head = mg.Parameter(net.head.numpy().astype("float64"))
+    rank = dist.get_rank()
+    if mode == "fsdp":
+        dist.fully_shard(net.block)
+        dist.fully_shard(net)
+    params = _trainable(net)
+    cbs = [dist.make_allreduce_cb("mean")] if mode == "ddp" else []
+    gm = ad.GradManager().attach(params, callbacks=cbs)
+    opt = optim.Adam(params, lr=0.01)
+    for step in range(3):
+        net.block.step = 1  # every parameter gets a gradient
+        for half in (0, 1):
+            rows = slice(rank * B + half * B // 2, rank * B + (half + 1) * B // 2)
+            with gm:
+                out = net(mg.tensor(x_all[step, rows], dtype="float32"))
+                gm.backward(F.nn.cross_entropy(out, mg.tensor(y_all[step, rows])) * 0.5)
+        opt.step().clear_grad()
+    return _full_params(net) if mode == "fsdp" else [p.numpy() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_gradient_accumulation_and_mixed_dtypes_are_bitwise_ddp(mixed):
+    ddp = run_workers(_accumulate, 2, "ddp", 2, mixed)
+    fsdp = run_workers(_accumulate, 2, "fsdp", 2, mixed)
+    for pf, pd in zip(fsdp, ddp):
+        assert [a.dtype for a in pf] == [a.dtype for a in pd]
+        assert (pf[3].dtype == np.float64) == mixed
+        for a, b in zip(pf, pd):
+            np.testing.assert_array_equal(a, b)
