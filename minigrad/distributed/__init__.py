@@ -72,7 +72,13 @@ from minigrad.distributed.comm.providers.base import (
 )
 from minigrad.distributed.data_parallel import helper
 from minigrad.distributed.data_parallel.ddp import DistributedDataParallel
-from minigrad.distributed.data_parallel.fully_shard import fully_shard
+from minigrad.distributed.data_parallel.fully_shard import (
+    full_optimizer_state_dict,
+    full_state_dict,
+    fully_shard,
+    load_full_optimizer_state_dict,
+    load_full_state_dict,
+)
 from minigrad.distributed.data_parallel.helper import bcast_list_, make_allreduce_cb, synchronized
 from minigrad.distributed.data_parallel.sync_batch_norm import SyncBatchNorm
 from minigrad.distributed.data_parallel.zero import ZeroRedundancyOptimizer
@@ -114,6 +120,8 @@ __all__ = [
     "comm",
     "destroy_process_group",
     "estimate_zero_memory",
+    "full_optimizer_state_dict",
+    "full_state_dict",
     "fully_shard",
     "functional",
     "gather",
@@ -135,6 +143,8 @@ __all__ = [
     "is_initialized",
     "isend",
     "launcher",
+    "load_full_optimizer_state_dict",
+    "load_full_state_dict",
     "make_allreduce_cb",
     "new_group",
     "recv",

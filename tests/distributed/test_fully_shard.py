@@ -265,3 +265,74 @@ def test_gradient_accumulation_and_mixed_dtypes_are_bitwise_ddp(mixed):
         assert (pf[3].dtype == np.float64) == mixed
         for a, b in zip(pf, pd):
             np.testing.assert_array_equal(a, b)
+
+
+def _steps(net, params, opt, gm, n, steps, dtype):
+    x_all, y_all = _data(n)
+    rank = dist.get_rank()
+    for step in steps:
+        net.block.step = step
+        sl = slice(rank * B, (rank + 1) * B)
+        with gm:
+            out = net(mg.tensor(x_all[step, sl], dtype=dtype))
+            gm.backward(F.nn.cross_entropy(out, mg.tensor(y_all[step, sl])))
+        opt.step().clear_grad()
+
+
+def _save_worker(mode, dtype):
+    """Train 3 steps at this world size; return the full model and optimizer state."""
+    n = dist.get_world_size()
+    net = Net(dtype)
+    if mode == "fsdp":
+        dist.fully_shard(net.block)
+        dist.fully_shard(net)
+    params = _trainable(net)
+    cbs = [dist.make_allreduce_cb("mean")] if mode == "ddp" else []
+    gm = ad.GradManager().attach(params, callbacks=cbs)
+    opt = optim.Adam(params, lr=0.01)
+    _steps(net, params, opt, gm, n, range(3), dtype)
+    model = dist.full_state_dict(net)
+    optimizer = dist.full_optimizer_state_dict(net, opt)
+    return model, {"param_groups": optimizer["param_groups"],
+                   "state": {str(k): v for k, v in optimizer["state"].items()}}
+
+
+def _resume_worker(mode, dtype, model, optimizer):
+    """Load a full state at this world size (sharded or DDP), train 2 more steps."""
+    n = dist.get_world_size()
+    net = Net(dtype)
+    if mode == "fsdp":
+        dist.fully_shard(net.block)
+        dist.fully_shard(net)
+    params = _trainable(net)
+    cbs = [dist.make_allreduce_cb("mean")] if mode == "ddp" else []
+    gm = ad.GradManager().attach(params, callbacks=cbs)
+    opt = optim.Adam(params, lr=0.01)
+    if mode == "fsdp":
+        dist.load_full_state_dict(net, model)
+        dist.load_full_optimizer_state_dict(net, opt, optimizer)
+    else:
+        net.load_state_dict(model)
+        opt.load_state_dict(optimizer)
+    _steps(net, params, opt, gm, n, range(3, 5), dtype)
+    return dist.full_state_dict(net)
+
+
+def test_checkpoint_saved_at_2_ranks_resumes_at_3_sharded_or_ddp():
+    saved = run_workers(_save_worker, 2, "fsdp", "float64")
+    ddp_saved = run_workers(_save_worker, 2, "ddp", "float64")
+    model, optimizer = saved[0]
+    assert saved[1][0].keys() == model.keys()
+    for name, value in ddp_saved[0][0].items():  # the full state is DDP's, bit for bit
+        np.testing.assert_array_equal(model[name], value, err_msg=name)
+        assert model[name].shape == value.shape
+    for k, st in ddp_saved[0][1]["state"].items():
+        for key, value in st.items():
+            np.testing.assert_array_equal(optimizer["state"][k][key], value)
+    fsdp3 = run_workers(_resume_worker, 3, "fsdp", "float64", model, optimizer)
+    ddp3 = run_workers(_resume_worker, 3, "ddp", "float64", model, optimizer)
+    for f, d in zip(fsdp3, ddp3):
+        assert f.keys() == d.keys()
+        for name in d:
+            np.testing.assert_allclose(f[name], d[name], rtol=1e-10, atol=1e-14, err_msg=name)
+    assert not np.array_equal(fsdp3[0]["head"], model["head"])  # training went on

@@ -39,8 +39,9 @@ import numpy as np
 from minigrad.autodiff import is_recording
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Parameter, Tensor
-from minigrad.backend.xp import get_array_module
+from minigrad.backend.xp import get_array_module, to_numpy
 from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.comm.collectives import all_gather_object
 from minigrad.distributed.comm.flat_buffer import group_by_layout
 from minigrad.distributed.comm.group import WORLD, resolve_group
 from minigrad.distributed.data_parallel.helper import bcast_list_
@@ -347,3 +348,131 @@ def fully_shard(module: Module, reshard_after_forward: bool = True, group=None) 
 def sharded_bytes(module: Module) -> int:
     """Bytes of the parameter pieces this rank holds for ``module`` and its wrapped sub-modules."""
     return int(sum(np.asarray(p.data).nbytes for p in module.parameters()))
+
+
+# ------------------------------------------------------------------------------------------------
+# Checkpoints: full state dicts (the unsharded module's names and shapes), loadable at any
+# world size and into a module that is not sharded
+# ------------------------------------------------------------------------------------------------
+def _owner_and_index(piece):
+    """``(FullyShardState, parameter index)`` of a piece, or ``(None, None)``."""
+    owner = PIECE_OWNER.get(piece)
+    if owner is None:
+        return None, None
+    return owner, next(i for i, q in enumerate(owner.pieces) if q is piece)
+
+
+def _ranges(owner: FullyShardState, i: int) -> list[tuple[int, int]]:
+    """Every rank's ``(start, stop)`` flat range of parameter ``i`` of ``owner``, group order."""
+    for idx, bucket in owner.layouts:
+        if i in idx:
+            j = idx.index(i)
+            out = []
+            for segs in bucket.all_segments():
+                found = [(a, b) for jj, a, b in segs if jj == j]
+                out.append(found[0] if found else (0, 0))
+            return out
+    raise KeyError(i)
+
+
+def full_state_dict(module: Module) -> dict:
+    """The module's state with every sharded parameter gathered to its full shape, under the
+    names the unsharded module uses (``module.state_dict()`` would give the pieces). Collective:
+    every rank of the wrapped modules' groups calls it; every rank gets the whole dict.
+
+    Example::
+
+        state = dist.full_state_dict(net)
+        if dist.get_rank() == 0:
+            mg.save(state, "model.mgc")    # loads into the unsharded model, or any world size
+    """
+    state = dict(module.state_dict())
+    for prefix, sub in module.named_modules():
+        fs = vars(sub).get("_fully_shard")
+        if fs is None:
+            continue
+        lead = f"{prefix}." if prefix else ""
+        for name, value in zip(fs.names, fs.gather()):
+            state[lead + name] = np.array(to_numpy(value), copy=True)
+    return state
+
+
+def load_full_state_dict(module: Module, state: dict) -> Module:
+    """Load a full state (from :func:`full_state_dict` or from an unsharded module's
+    ``state_dict()``): each rank keeps its pieces of the sharded parameters. No communication."""
+    pieces = {}
+    for prefix, sub in module.named_modules():
+        fs = vars(sub).get("_fully_shard")
+        if fs is None:
+            continue
+        lead = f"{prefix}." if prefix else ""
+        for i, name in enumerate(fs.names):
+            key = lead + name
+            if key not in state:
+                raise KeyError(f"load_full_state_dict: the state has no {key!r}")
+            full = np.asarray(to_numpy(state[key]))
+            if tuple(full.shape) != fs.shapes[i]:
+                raise ValueError(
+                    f"load_full_state_dict: {key!r} has shape {tuple(full.shape)}, the module's "
+                    f"parameter has {fs.shapes[i]}"
+                )
+            a, b = _ranges(fs, i)[fs.rank]
+            pieces[key] = full.reshape(-1)[a:b]
+    module.load_state_dict({**state, **pieces})
+    return module
+
+
+def full_optimizer_state_dict(module: Module, optimizer) -> dict:
+    """``optimizer.state_dict()`` as the same optimizer over the unsharded module would give it:
+    each sharded parameter's state arrays gathered from every rank to the full shape. The
+    optimizer must have been built on ``module.parameters()``. Collective (every rank gets it)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    local = optimizer.state_dict()
+    owners = [o for o, _ in map(_owner_and_index, params) if o is not None]
+    if not owners:
+        return local
+    group, n = owners[0].group, owners[0].n
+    sent = {str(k): v for k, v in local["state"].items()}
+    everyone = [sent]
+    if n > 1:
+        everyone = [None] * n
+        all_gather_object(everyone, sent, group)
+    state = {}
+    for k, p in enumerate(params):
+        owner, i = _owner_and_index(p)
+        if owner is None:
+            if k in local["state"]:
+                state[k] = local["state"][k]
+            continue
+        parts = [everyone[r].get(str(k)) for r in range(n)]
+        if any(part is None for part in parts):
+            continue  # never stepped
+        full = {}
+        for name, value in parts[0].items():
+            if getattr(value, "ndim", 0) > 0:
+                full[name] = np.concatenate([np.asarray(part[name]).reshape(-1) for part in parts]
+                                            ).reshape(owner.shapes[i])
+            else:
+                full[name] = value
+        state[k] = full
+    return {"param_groups": local["param_groups"], "state": state}
+
+
+def load_full_optimizer_state_dict(module: Module, optimizer, state: dict):
+    """Load a full optimizer state (from :func:`full_optimizer_state_dict` or an unsharded
+    optimizer's ``state_dict()``) into an optimizer over the pieces: each rank slices its own."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    local = {}
+    for key, st in state["state"].items():
+        k = int(key)
+        owner, i = _owner_and_index(params[k])
+        if owner is None:
+            local[k] = st
+            continue
+        a, b = _ranges(owner, i)[owner.rank]
+        local[k] = {
+            name: (np.asarray(to_numpy(v)).reshape(-1)[a:b].copy()
+                   if getattr(v, "ndim", 0) > 0 else v)
+            for name, v in st.items()
+        }
+    return optimizer.load_state_dict({"param_groups": state["param_groups"], "state": local})
