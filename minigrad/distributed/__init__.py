@@ -78,6 +78,7 @@ from minigrad.distributed.data_parallel.fully_shard import (
     fully_shard,
     load_full_optimizer_state_dict,
     load_full_state_dict,
+    no_sync,
 )
 from minigrad.distributed.data_parallel.helper import bcast_list_, make_allreduce_cb, synchronized
 from minigrad.distributed.data_parallel.sync_batch_norm import SyncBatchNorm
@@ -147,6 +148,7 @@ __all__ = [
     "load_full_state_dict",
     "make_allreduce_cb",
     "new_group",
+    "no_sync",
     "recv",
     "reduce",
     "reduce_scatter",

@@ -1,6 +1,8 @@
 """``dist.fully_shard`` (ZeRO-3 and ZeRO-2): parameters held as shards, bitwise equal to data
 parallelism in float32 and to one process in float64; bad input fails on every rank."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -336,3 +338,45 @@ def test_checkpoint_saved_at_2_ranks_resumes_at_3_sharded_or_ddp():
         for name in d:
             np.testing.assert_allclose(f[name], d[name], rtol=1e-10, atol=1e-14, err_msg=name)
     assert not np.array_equal(fsdp3[0]["head"], model["head"])  # training went on
+
+
+def _no_sync_worker(mode, n):
+    """Three micro-batches per step, the first two without gradient synchronisation."""
+    x_all, y_all = _data(n)
+    net = Net("float32")
+    rank = dist.get_rank()
+    params = _trainable(net)
+    if mode == "fsdp":
+        dist.fully_shard(net.block)
+        dist.fully_shard(net)
+        params = _trainable(net)
+        gm = ad.GradManager().attach(params)
+        model, no_sync = net, lambda: dist.no_sync(net)
+    else:
+        model = dist.DistributedDataParallel(net)
+        gm = ad.GradManager().attach(params)
+        no_sync = model.no_sync
+    opt = optim.Adam(params, lr=0.01)
+    calls = []
+    for step in range(3):
+        net.block.step = 1
+        for micro in range(3):
+            rows = x_all[step, rank * B:(rank + 1) * B][micro:micro + 2]
+            labels = y_all[step, rank * B:(rank + 1) * B][micro:micro + 2]
+            ctx = no_sync() if micro < 2 else contextlib.nullcontext()
+            with ctx, gm:
+                gm.backward(F.nn.cross_entropy(model(mg.tensor(rows, dtype="float32")),
+                                               mg.tensor(labels)))
+            calls.append(params[0].grad is None if mode == "fsdp" else None)
+        opt.step().clear_grad()
+    params = _full_params(net) if mode == "fsdp" else [p.numpy() for p in net.parameters()]
+    return params, calls
+
+
+def test_no_sync_accumulates_locally_and_syncs_once_bitwise_ddp():
+    ddp = run_workers(_no_sync_worker, 2, "ddp", 2)
+    fsdp = run_workers(_no_sync_worker, 2, "fsdp", 2)
+    for (pf, calls), (pd, _) in zip(fsdp, ddp):
+        assert calls == [True, True, False] * 3  # no piece gradient until the synced backward
+        for a, b in zip(pf, pd):
+            np.testing.assert_array_equal(a, b)

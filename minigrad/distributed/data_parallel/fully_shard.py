@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import numpy as np
@@ -141,6 +142,8 @@ class FullyShardState:
         self.group = group
         self.n, self.rank = group_size_and_rank(group)
         self.reshard = reshard
+        self.sync = True  # False inside no_sync(): full gradients accumulate locally
+        self.unsynced: list | None = None  # those local full gradients
         self.slots = [_find_slots(module, p) for p in params]
         self.reducer = ShardNormReducer.of(group, self.n)
         index = {id(p): i for i, p in enumerate(params)}
@@ -238,8 +241,16 @@ class GatherParams(Function):
         return tuple(state.gather())
 
     def backward(self, *grads):
+        state = self.state
         arrays = [None if g is None else (g.data if isinstance(g, Tensor) else g) for g in grads]
-        return (None, *self.state.reduce_scatter(arrays))
+        if state.unsynced is not None:  # fold in what accumulated under no_sync(), like DDP
+            arrays = [a if u is None else u if a is None else a + u
+                      for a, u in zip(arrays, state.unsynced)]
+        if not state.sync:
+            state.unsynced = arrays
+            return (None,) * (len(arrays) + 1)
+        state.unsynced = None
+        return (None, *state.reduce_scatter(arrays))
 
 
 class RegatherForBackward(Function):
@@ -255,6 +266,35 @@ class RegatherForBackward(Function):
             t.set_(value)
         self.fulls = None
         return (None, None, *grads)
+
+
+@contextlib.contextmanager
+def no_sync(module: Module):
+    """Inside, backward passes through ``module``'s wrapped modules skip the reduce-scatter: each
+    rank accumulates its full (unsharded) gradients locally, and the first backward after the
+    block reduce-scatters their sum (gradient accumulation with one collective per step, as
+    ``DistributedDataParallel.no_sync``; it holds full gradients meanwhile).
+
+    Example::
+
+        with dist.no_sync(net):
+            for x, y in micro_batches[:-1]:
+                with gm:
+                    gm.backward(loss_fn(net(x), y))
+        with gm:
+            gm.backward(loss_fn(net(micro_batches[-1][0]), micro_batches[-1][1]))
+    """
+    states = [vars(m)["_fully_shard"] for m in module.modules() if "_fully_shard" in vars(m)]
+    if not states:
+        raise ValueError(f"no_sync: {type(module).__name__} has no fully sharded module")
+    previous = [s.sync for s in states]
+    for s in states:
+        s.sync = False
+    try:
+        yield
+    finally:
+        for s, flag in zip(states, previous):
+            s.sync = flag
 
 
 def _pre_forward(module, args):
