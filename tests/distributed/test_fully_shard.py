@@ -380,3 +380,25 @@ def test_no_sync_accumulates_locally_and_syncs_once_bitwise_ddp():
         assert calls == [True, True, False] * 3  # no piece gradient until the synced backward
         for a, b in zip(pf, pd):
             np.testing.assert_array_equal(a, b)
+
+
+def _prefetch_worker():
+    net = Net("float32")
+    dist.fully_shard(net.block)
+    dist.fully_shard(net)
+    gm = ad.GradManager().attach(_trainable(net))
+    opt = optim.SGD(_trainable(net), lr=0.1)
+    x = mg.tensor(np.ones((2, IN), "float32"))
+    hits = []
+    for _ in range(3):
+        with gm:
+            gm.backward(net(x).sum())
+        opt.step().clear_grad()
+        hits.append((net._fully_shard.prefetch_hits, net.block._fully_shard.prefetch_hits))
+    return hits
+
+
+def test_the_next_wrapped_module_is_prefetched_from_the_second_forward_on():
+    # the root's forward starts the block's gather before running; the first pass learns the order
+    for hits in run_workers(_prefetch_worker, 2):
+        assert hits == [(0, 0), (0, 1), (0, 2)]

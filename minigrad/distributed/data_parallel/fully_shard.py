@@ -17,6 +17,18 @@ their shape over a zero-byte placeholder) and wraps the outputs in :class:`Regat
 an identity whose backward gathers them again just before the module's own backward needs them.
 With ``False`` (ZeRO-2) the gathered parameters stay until backward is done with them.
 
+Prefetch: the outermost wrapped module records the order of the wrapped forwards; from the second
+pass on, each wrapped forward first starts the all-gather of the module that ran next last time,
+so that transfer overlaps this module's compute (unused prefetches are finished and dropped when
+the outermost forward ends). :func:`no_sync` accumulates full gradients locally for gradient
+accumulation with one reduce-scatter per step; :func:`full_state_dict` and
+:func:`full_optimizer_state_dict` give checkpoints in the unsharded module's names and shapes,
+loadable at any world size (:func:`load_full_state_dict`, :func:`load_full_optimizer_state_dict`)
+or into the module without sharding. The global-tensor machinery (SBP ``split(0)``) is not used:
+it splits along an axis of each parameter, while ZeRO needs flat shards across parameters
+(equal-size collectives for any shapes, one per layout) and must keep plain Parameters that every
+optimizer updates as they are.
+
 Why bitwise equal to data parallelism: the cpu backend's reduce-scatter and all-reduce both sum
 the ranks' contributions in rank order, AVG divides by ``n`` the same way, and the optimizers
 update element by element; so each piece gets exactly the bits DDP's parameter gets there.
@@ -143,6 +155,10 @@ class FullyShardState:
         self.n, self.rank = group_size_and_rank(group)
         self.reshard = reshard
         self.sync = True  # False inside no_sync(): full gradients accumulate locally
+        self.prefetched: list | None = None  # an all-gather started ahead of this forward
+        self.prefetch_hits = 0
+        self.order: list = []  # as the outermost wrapped module: wrapped forwards of last pass
+        self.this_pass: list | None = None
         self.unsynced: list | None = None  # those local full gradients
         self.slots = [_find_slots(module, p) for p in params]
         self.reducer = ShardNormReducer.of(group, self.n)
@@ -173,8 +189,8 @@ class FullyShardState:
             for slot in slots:
                 slot.set(value)
 
-    def gather(self) -> list:
-        """All-gather the pieces: the full parameter arrays (views of one array per layout)."""
+    def start_gather(self) -> list:
+        """Start the all-gathers of the pieces (one per layout, asynchronous); the handles."""
         works = []
         for idx, bucket in self.layouts:
             shard = bucket.pack_shard([self.pieces[i].data for i in idx])
@@ -183,6 +199,30 @@ class FullyShardState:
             else:
                 works.append((idx, bucket, comm.all_gather(shard, self.group, async_op=True),
                                None))
+        return works
+
+    def prefetch(self) -> None:
+        """Start gathering now, for the coming forward (which then only waits)."""
+        if self.prefetched is None:
+            self.prefetched = self.start_gather()
+
+    def discard_prefetch(self) -> None:
+        """Finish and drop a prefetch nobody used (every rank started it, so every rank waits)."""
+        if self.prefetched is not None:
+            for _, _, work, _ in self.prefetched:
+                if work is not None:
+                    work.wait()
+            self.prefetched = None
+
+    def gather(self, use_prefetch: bool = False) -> list:
+        """All-gather the pieces: the full parameter arrays (views of one array per layout).
+        ``use_prefetch``: finish the gather :meth:`prefetch` started, if any."""
+        works = None
+        if use_prefetch and self.prefetched is not None:
+            works, self.prefetched = self.prefetched, None
+            self.prefetch_hits += 1
+        if works is None:
+            works = self.start_gather()
         full = [None] * len(self.pieces)
         self.gathered = []  # weak references to the gathered arrays: tests check they are freed
         for idx, bucket, work, shard in works:
@@ -238,7 +278,7 @@ class GatherParams(Function):
 
     def forward(self, state, *pieces):
         self.state = state
-        return tuple(state.gather())
+        return tuple(state.gather(use_prefetch=True))
 
     def backward(self, *grads):
         state = self.state
@@ -297,8 +337,24 @@ def no_sync(module: Module):
             s.sync = flag
 
 
+#: the outermost wrapped module whose forward is running (its state), or None
+_ACTIVE_ROOT: list = [None]
+
+
 def _pre_forward(module, args):
     state = module._fully_shard
+    root = _ACTIVE_ROOT[0]
+    # the outermost wrapped forward keeps the order of the wrapped forwards (a root seen again
+    # means its last forward raised before its post-hook: start afresh)
+    if root is None or root is state:
+        root = _ACTIVE_ROOT[0] = state
+        state.this_pass = []
+    position = len(root.this_pass)
+    root.this_pass.append(state)
+    # prefetch: the wrapped module that ran next in the previous pass starts gathering now, so
+    # its transfer overlaps this module's forward (same order on every rank: same code)
+    if root.order[: position + 1] == root.this_pass and position + 1 < len(root.order):
+        root.order[position + 1].prefetch()
     fulls = GatherParams()(state, *state.pieces)
     state.live = list(fulls)
     state.set_params(state.live)
@@ -309,6 +365,11 @@ def _post_forward(module, args, out):
     state = module._fully_shard
     fulls, state.live = state.live, None
     state.set_params(state.pieces)
+    if _ACTIVE_ROOT[0] is state:
+        _ACTIVE_ROOT[0] = None
+        state.order, state.this_pass = state.this_pass, None
+        for other in state.order:
+            other.discard_prefetch()
     if not state.reshard or not is_recording():
         return None
     for t in fulls:
