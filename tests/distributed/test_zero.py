@@ -198,3 +198,54 @@ def test_step_without_backward_fails_on_every_rank_naming_the_parameter():
         assert msg is not None
         assert "ZeroRedundancyOptimizer.step: parameter 0 (shape (5, 7)) has a gradient on " \
                "ranks [0] but none on ranks [1]" in msg
+
+
+def _resume_worker(mode, params_state, opt_state):
+    """At this world size: load parameters and a full optimizer state, train steps 3 and 4."""
+    n = dist.get_world_size()
+    x_all, y_all = _data(n)
+    params = [mg.Parameter(v) for v in params_state]
+    rank = dist.get_rank()
+    cls, hyper = OPTIMIZERS["adam"]
+    gm = ad.GradManager().attach(params, callbacks=[dist.make_allreduce_cb("mean")])
+    if mode == "zero1":
+        opt = dist.ZeroRedundancyOptimizer(params, optimizer_class=cls, **hyper)
+    else:
+        opt = cls(params, **hyper)
+    opt.load_state_dict(opt_state)
+    for step in (3, 4):
+        sl = slice(rank * B, (rank + 1) * B)
+        with gm:
+            gm.backward(_loss(params, mg.tensor(x_all[step, sl]), mg.tensor(y_all[step, sl])))
+        opt.step().clear_grad()
+    return [p.numpy() for p in params]
+
+
+def _save_worker():
+    """ZeRO-1 at this world size for 3 steps (float64); the parameters and the full state."""
+    x_all, y_all = _data(dist.get_world_size())
+    params = _init("float64")
+    rank = dist.get_rank()
+    cls, hyper = OPTIMIZERS["adam"]
+    gm = ad.GradManager().attach(params, callbacks=[dist.make_allreduce_cb("mean")])
+    opt = dist.ZeroRedundancyOptimizer(params, optimizer_class=cls, **hyper)
+    for step in range(3):
+        sl = slice(rank * B, (rank + 1) * B)
+        with gm:
+            gm.backward(_loss(params, mg.tensor(x_all[step, sl]), mg.tensor(y_all[step, sl])))
+        opt.step().clear_grad()
+    opt.consolidate_state_dict(to=0)
+    state = opt.state_dict() if rank == 0 else None
+    if state is not None:
+        state = dict(state, state={str(k): v for k, v in state["state"].items()})
+    return [p.numpy() for p in params], state
+
+
+def test_zero1_state_saved_at_2_ranks_resumes_at_3_like_ddp():
+    params, state = run_workers(_save_worker, 2)[0]
+    zero = run_workers(_resume_worker, 3, "zero1", params, state)
+    ddp = run_workers(_resume_worker, 3, "ddp", params, state)
+    for pz, pd in zip(zero, ddp):
+        for a, b in zip(pz, pd):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)
+    assert not np.array_equal(zero[0][0], params[0])

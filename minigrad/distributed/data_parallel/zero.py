@@ -193,7 +193,7 @@ class ZeroRedundancyOptimizer(Optimizer):
                     self._pieces.append((bucket, seg, piece))
             piece_groups.append(dict({k: v for k, v in g.items() if k != "params"},
                                      params=pieces))
-        self.optim = optimizer_class(piece_groups, **defaults) if self._pieces else None
+        self.optim = optimizer_class(piece_groups, **defaults)
         self._consolidated: dict | None = None
 
     def _make_buckets(self, cap: int) -> list:
@@ -228,18 +228,17 @@ class ZeroRedundancyOptimizer(Optimizer):
             "has a gradient on ranks {yes} but none on ranks {no} (a rank stepped without "
             "backward, or computed a different graph)",
         )
-        if self.optim is not None:
-            for own, local in zip(self.param_groups, self.optim.param_groups, strict=True):
-                for k, v in own.items():
-                    if k != "params":
-                        local[k] = v
-            for bucket, (i, a, b), piece in self._pieces:
-                p = bucket.params[i]
-                piece.data[...] = to_flat(p.data)[a:b]  # the parameter may have been reloaded
-                piece.grad = None if p.grad is None else to_flat(grad_array(p))[a:b]
-            self.optim.step()
-            for *_, piece in self._pieces:
-                piece.grad = None
+        for own, local in zip(self.param_groups, self.optim.param_groups, strict=True):
+            for k, v in own.items():
+                if k != "params":
+                    local[k] = v
+        for bucket, (i, a, b), piece in self._pieces:
+            p = bucket.params[i]
+            piece.data[...] = to_flat(p.data)[a:b]  # the parameter may have been reloaded
+            piece.grad = None if p.grad is None else to_flat(grad_array(p))[a:b]
+        self.optim.step()
+        for *_, piece in self._pieces:
+            piece.grad = None
         self._all_gather_shards()
         return self
 
@@ -260,11 +259,9 @@ class ZeroRedundancyOptimizer(Optimizer):
     # -- state ------------------------------------------------------------------------------------
     def local_state_bytes(self) -> int:
         """Bytes of the optimizer-state arrays this rank holds (about 1/n of the full state)."""
-        if self.optim is None:
-            return 0
         return sum(
-            int(v.nbytes) for st in self.optim._state.values() for v in st.values()
-            if hasattr(v, "nbytes") and getattr(v, "ndim", 0) > 0
+            int(v.nbytes) for st in self.optim.state_dict()["state"].values() for v in st.values()
+            if getattr(v, "ndim", 0) > 0
         )
 
     def consolidate_state_dict(self, to: int = 0) -> None:
@@ -274,11 +271,10 @@ class ZeroRedundancyOptimizer(Optimizer):
         params = self._params()
         index = {id(p): k for k, p in enumerate(params)}
         mine = []
-        if self.optim is not None:
-            local = self.optim.state_dict()["state"]
-            for j, (bucket, (i, a, b), _) in enumerate(self._pieces):
-                if j in local and b > a:
-                    mine.append([index[id(bucket.params[i])], a, b, local[j]])
+        local = self.optim.state_dict()["state"]
+        for j, (bucket, (i, a, b), _) in enumerate(self._pieces):
+            if j in local and b > a:
+                mine.append([index[id(bucket.params[i])], a, b, local[j]])
         if self.n == 1:
             everyone = [mine]
         else:
@@ -325,36 +321,25 @@ class ZeroRedundancyOptimizer(Optimizer):
     def load_state_dict(self, state_dict: dict) -> ZeroRedundancyOptimizer:
         """Load a full state (from :meth:`state_dict` or from a plain optimizer): each rank keeps
         the slice of its pieces."""
-        own_state = Optimizer.load_state_dict  # validates against the full parameters
-        shadow = Optimizer.__new__(Optimizer)
-        shadow._defaults, shadow._state = self._defaults, {}
-        shadow.param_groups = [dict(g) for g in self.param_groups]
-        own_state(shadow, state_dict)
-        for own, saved in zip(self.param_groups, shadow.param_groups, strict=True):
-            for k, v in saved.items():
-                if k != "params":
-                    own[k] = v
-        if self.optim is None:
-            return self
+        # the wrapped class over the full parameters checks the state against them (counts,
+        # shapes) and restores it; it lives only until each piece has its slice
+        full = type(self.optim)([dict(g) for g in self.param_groups]).load_state_dict(state_dict)
+        checked = full.state_dict()
+        for own, saved in zip(self.param_groups, checked["param_groups"], strict=True):
+            own.update({k: v for k, v in saved.items() if k != "params"})
+        index = {id(p): k for k, p in enumerate(self._params())}
         local = {}
         for j, (bucket, (i, a, b), _) in enumerate(self._pieces):
-            st = shadow._state.get(id(bucket.params[i]))
-            if not st:
-                continue
-            local[j] = {
-                name: (to_numpy(v).reshape(-1)[a:b].copy()
-                       if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0 else v)
-                for name, v in st.items()
-            }
-        groups = []
-        start = 0
-        for g in self.optim.param_groups:
-            hyper = {k: v for k, v in g.items() if k != "params"}
+            st = checked["state"].get(index[id(bucket.params[i])])
+            if st:
+                local[j] = {name: (v.reshape(-1)[a:b].copy() if getattr(v, "ndim", 0) > 0 else v)
+                            for name, v in st.items()}
+        groups, start = [], 0
+        for own, g in zip(self.param_groups, self.optim.param_groups, strict=True):
+            hyper = {k: v for k, v in own.items() if k != "params"}
             hyper["params"] = list(range(start, start + len(g["params"])))
             start += len(g["params"])
             groups.append(hyper)
-        for own, hyper in zip(self.param_groups, groups, strict=True):
-            hyper.update({k: v for k, v in own.items() if k != "params"})
         self.optim.load_state_dict({"param_groups": groups, "state": local})
         return self
 
