@@ -30,6 +30,8 @@ Example::
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from minigrad.autodiff.tensor import Parameter, Tensor
@@ -64,7 +66,7 @@ class ShardNormReducer:
     parameters without importing the distributed package. Every rank of the group must call it
     at the same point (they do: each holds a piece of every sharded parameter)."""
 
-    _by_group: dict = {}
+    _by_group: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Group -> reducer
 
     def __init__(self, group, n: int):
         self.group, self.n = group, n
@@ -73,10 +75,9 @@ class ShardNormReducer:
     def of(cls, group, n: int) -> ShardNormReducer:
         """The one reducer of ``group``: all its pieces share it, so ``clip_grad_norm`` makes one
         collective per group, not one per wrapped module."""
-        key = (tuple(group.ranks), n)
-        found = cls._by_group.get(key)
-        if found is None:
-            found = cls._by_group[key] = cls(group, n)
+        found = cls._by_group.get(group)
+        if found is None or found.n != n:
+            found = cls._by_group[group] = cls(group, n)
         return found
 
     def all_reduce(self, values, op: str = "sum"):
