@@ -402,3 +402,36 @@ def test_the_next_wrapped_module_is_prefetched_from_the_second_forward_on():
     # the root's forward starts the block's gather before running; the first pass learns the order
     for hits in run_workers(_prefetch_worker, 2):
         assert hits == [(0, 0), (0, 1), (0, 2)]
+
+
+def _skip_backward_worker():
+    net = Net("float32")
+    dist.fully_shard(net.block)
+    dist.fully_shard(net)
+    gm = ad.GradManager().attach(_trainable(net))
+    opt = optim.SGD(_trainable(net), lr=0.1)
+    x = mg.tensor(np.ones((2, IN), "float32"))
+    try:
+        for _ in range(2):
+            with gm:
+                loss = net(x).sum()
+                if dist.get_rank() == 0:  # rank 1 forgets backward
+                    gm.backward(loss)
+            opt.step().clear_grad()
+    except RuntimeError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def test_a_rank_without_backward_fails_on_every_rank_instead_of_mixing_gathers():
+    # rank 0's backward gathers Net's parameters again while rank 1, in its next forward,
+    # prefetches Block's: both are all-gathers (whose sizes may differ per rank), so only the
+    # tag each shard starts with tells them apart. Rank 0 raises naming both modules; rank 1,
+    # already waiting in its next all-gather, raises when rank 0 exits (no rank hangs)
+    msgs = run_workers(_skip_backward_worker, 2, timeout=30, collective_timeout=20)
+    assert all(msg is not None for msg in msgs)
+    assert "the ranks' all-gathers do not match: rank 0 gathered the parameters of " \
+           "fully_shard(Net)" in msgs[0]
+    assert "rank 1 sent the parameters of fully_shard(Block)" in msgs[0]
+    assert "a rank skipped a backward" in msgs[0]
+    assert "the ranks' all-gathers do not match" in msgs[1] or "rank(s) [0] died" in msgs[1]

@@ -45,6 +45,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 
 import numpy as np
@@ -162,6 +163,11 @@ class FullyShardState:
         self.unsynced: list | None = None  # those local full gradients
         self.slots = [_find_slots(module, p) for p in params]
         self.reducer = ShardNormReducer.of(group, self.n)
+        self.tags = []  # one small integer per layout, the same on every rank (same call order)
+        for _ in range(len(group_by_layout(params))):
+            tag = next(_TAG_COUNTER) % 2048 + 1  # exact in float16 too
+            self.tags.append(tag)
+            _TAGGED[float(tag)] = f"the parameters of fully_shard({self.module_name}) #{tag}"
         index = {id(p): i for i, p in enumerate(params)}
         self.layouts = []  # (param indices, ShardedBucket)
         for same in group_by_layout(params).values():
@@ -192,8 +198,8 @@ class FullyShardState:
     def start_gather(self) -> list:
         """Start the all-gathers of the pieces (one per layout, asynchronous); the handles."""
         works = []
-        for idx, bucket in self.layouts:
-            shard = bucket.pack_shard([self.pieces[i].data for i in idx])
+        for k, (idx, bucket) in enumerate(self.layouts):
+            shard = bucket.pack_shard([self.pieces[i].data for i in idx], self.tags[k])
             if self.n == 1:
                 works.append((idx, bucket, None, shard))
             else:
@@ -225,15 +231,34 @@ class FullyShardState:
             works = self.start_gather()
         full = [None] * len(self.pieces)
         self.gathered = []  # weak references to the gathered arrays: tests check they are freed
-        for idx, bucket, work, shard in works:
+        for k, (idx, bucket, work, shard) in enumerate(works):
             parts = [shard] if work is None else work.wait()
-            flat = get_array_module(parts[0]).concatenate(parts)
+            self._check_tags(k, parts)
+            flat = get_array_module(parts[0]).concatenate([p[1:] for p in parts])
             self.gathered.append(weakref.ref(flat))
             offset = 0
             for i, size in zip(idx, bucket.sizes):
                 full[i] = flat[offset : offset + size].reshape(self.shapes[i])
                 offset += size
         return full
+
+    def _check_tags(self, k: int, parts: list) -> None:
+        """Every rank's shard of layout ``k`` must start with this layout's tag: all-gathers of
+        different modules (a rank that skipped a backward, or ran modules in another order) would
+        otherwise mix silently, since an all-gather allows a different size on each rank."""
+        tags = [float(to_numpy(p[:1])[0]) if p.size else None for p in parts]
+        expected = self.tags[k]
+        bad = [r for r, (t, p) in enumerate(zip(tags, parts))
+               if t != expected or p.size != parts[0].size]
+        if bad:
+            ranks = self.group.ranks
+            got = "; ".join(
+                f"rank {ranks[r]} sent {_TAGGED.get(tags[r], 'an unknown gather')}" for r in bad)
+            raise RuntimeError(
+                f"fully_shard({self.module_name}): the ranks' all-gathers do not match: rank "
+                f"{ranks[self.rank]} gathered {_TAGGED[expected]}, but {got} (a rank skipped "
+                "a backward or ran the wrapped modules in another order)"
+            )
 
     def reduce_scatter(self, grads: list) -> list:
         """The pieces' gradients: the full gradients (None where a parameter got none) averaged
@@ -336,6 +361,10 @@ def no_sync(module: Module):
         for s, flag in zip(states, previous):
             s.sync = flag
 
+
+_TAG_COUNTER = itertools.count()
+#: tag -> what it gathers, for error messages
+_TAGGED: dict = {}
 
 #: the outermost wrapped module whose forward is running (its state), or None
 _ACTIVE_ROOT: list = [None]

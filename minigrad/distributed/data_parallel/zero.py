@@ -106,11 +106,15 @@ class ShardedBucket:
         """Every rank's segments, in group order."""
         return [shard_segments(self.sizes, r, self.n) for r in range(self.n)]
 
-    def pack_shard(self, pieces: list):
-        """This rank's shard: ``pieces`` (flat arrays, one per segment) then zero padding."""
+    def pack_shard(self, pieces: list, tag: int | None = None):
+        """This rank's shard: ``pieces`` (flat arrays, one per segment) then zero padding; with
+        ``tag``, one leading element holding it (receivers check that every rank sent the same)."""
         xp = get_array_module(self.params[0].data)
         parts = list(pieces)
+        if tag is not None:
+            parts.insert(0, xp.full(1, tag, self.params[0].dtype))
         used = sum(int(p.size) for p in parts)
+        used -= 0 if tag is None else 1
         if used < self.shard_size:
             parts.append(xp.zeros(self.shard_size - used, self.params[0].dtype))
         if not parts:
