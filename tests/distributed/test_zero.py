@@ -39,11 +39,13 @@ def _loss(params, x, y):
     return F.nn.cross_entropy(F.matmul(h, w2) + b2, y)
 
 
-def _train(mode, opt_name, dtype, n, bucket_mb=10.0):
+def _train(mode, opt_name, dtype, n, bucket_mb=10.0, read_only=False):
     """``mode``: "one" (one process, full batch), "ddp" (all-reduce mean + plain optimizer),
     "zero1" (all-reduce mean + ZeroRedundancyOptimizer)."""
     x_all, y_all = _data(n)
     params = _init(dtype)
+    if read_only:  # e.g. loaded from a file: updates must replace the array, not write into it
+        params[0].data.flags.writeable = False
     rank = dist.get_rank() if mode != "one" else 0
     cls, hyper = OPTIMIZERS[opt_name]
     cbs = [] if mode == "one" else [dist.make_allreduce_cb("mean")]
@@ -249,3 +251,11 @@ def test_zero1_state_saved_at_2_ranks_resumes_at_3_like_ddp():
         for a, b in zip(pz, pd):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)
     assert not np.array_equal(zero[0][0], params[0])
+
+
+def test_zero1_read_only_parameters_are_replaced_not_written():
+    ddp = run_workers(_train, 2, "ddp", "sgd", "float32", 2, 10.0, True)
+    zero = run_workers(_train, 2, "zero1", "sgd", "float32", 2, 10.0, True)
+    for (pz, _), (pd, _) in zip(zero, ddp):
+        for a, b in zip(pz, pd):
+            np.testing.assert_array_equal(a, b)

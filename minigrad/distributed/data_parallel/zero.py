@@ -101,10 +101,13 @@ class ShardedBucket:
         self.total = sum(self.sizes)
         self.shard_size = -(-self.total // n) if n > 1 else self.total
         self.segments = shard_segments(self.sizes, rank, n)
+        self._all_segments = None
 
     def all_segments(self) -> list[list[tuple[int, int, int]]]:
-        """Every rank's segments, in group order."""
-        return [shard_segments(self.sizes, r, self.n) for r in range(self.n)]
+        """Every rank's segments, in group order (computed once)."""
+        if self._all_segments is None:
+            self._all_segments = [shard_segments(self.sizes, r, self.n) for r in range(self.n)]
+        return self._all_segments
 
     def pack_shard(self, pieces: list, tag: int | None = None):
         """This rank's shard: ``pieces`` (flat arrays, one per segment) then zero padding; with
@@ -122,17 +125,24 @@ class ShardedBucket:
         return xp.concatenate(parts)
 
     def write_gathered(self, shards: list) -> None:
-        """Write the all-gathered shards (group order) into the parameters, padding dropped."""
-        xp = get_array_module(shards[0])
-        flat = xp.concatenate(shards)
-        offset = 0
-        for p, size in zip(self.params, self.sizes):
-            value = flat[offset : offset + size].reshape(p.shape)
-            if getattr(p.data.flags, "writeable", True):
-                p.data[...] = value
-            else:
-                p.set_value(value)
-            offset += size
+        """Write the all-gathered shards (group order) into the parameters, padding dropped:
+        each rank's segments straight into the parameters' arrays (no full-size copy), or
+        through one concatenation for a parameter that is read-only or not contiguous."""
+        direct = all(getattr(p.data.flags, "writeable", True) and p.data.flags.c_contiguous
+                     for p in self.params)
+        if not direct:
+            xp = get_array_module(shards[0])
+            flat = xp.concatenate(shards)
+            offset = 0
+            for p, size in zip(self.params, self.sizes):
+                p.set_value(flat[offset : offset + size].reshape(p.shape))
+                offset += size
+            return
+        for shard, segments in zip(shards, self.all_segments()):
+            pos = 0
+            for i, a, b in segments:
+                self.params[i].data.reshape(-1)[a:b] = shard[pos : pos + b - a]
+                pos += b - a
 
 
 class ZeroRedundancyOptimizer(Optimizer):
