@@ -475,11 +475,6 @@ def fully_shard(module: Module, reshard_after_forward: bool = True, group=None) 
     return module
 
 
-def sharded_bytes(module: Module) -> int:
-    """Bytes of the parameter pieces this rank holds for ``module`` and its wrapped sub-modules."""
-    return int(sum(np.asarray(p.data).nbytes for p in module.parameters()))
-
-
 # ------------------------------------------------------------------------------------------------
 # Checkpoints: full state dicts (the unsharded module's names and shapes), loadable at any
 # world size and into a module that is not sharded
