@@ -84,8 +84,18 @@ from minigrad.distributed.comm.providers.base import (
 from minigrad.distributed.comm.recorder import comm_log
 from minigrad.distributed.data_parallel import helper
 from minigrad.distributed.data_parallel.ddp import DistributedDataParallel
+from minigrad.distributed.data_parallel.fully_shard import (
+    full_optimizer_state_dict,
+    full_state_dict,
+    fully_shard,
+    load_full_optimizer_state_dict,
+    load_full_state_dict,
+    no_sync,
+)
 from minigrad.distributed.data_parallel.helper import bcast_list_, make_allreduce_cb, synchronized
 from minigrad.distributed.data_parallel.sync_batch_norm import SyncBatchNorm
+from minigrad.distributed.data_parallel.zero import ZeroRedundancyOptimizer
+from minigrad.distributed.data_parallel.zero_memory import estimate_zero_memory
 from minigrad.distributed.mesh.parallel_context import get_parallel_context, init_parallel
 from minigrad.distributed.runtime.launcher import LaunchError, launcher
 from minigrad.distributed.runtime.log import get_logger
@@ -108,6 +118,7 @@ __all__ = [
     "StoreTimeout",
     "SyncBatchNorm",
     "Work",
+    "ZeroRedundancyOptimizer",
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_object",
@@ -122,6 +133,10 @@ __all__ = [
     "comm",
     "comm_log",
     "destroy_process_group",
+    "estimate_zero_memory",
+    "full_optimizer_state_dict",
+    "full_state_dict",
+    "fully_shard",
     "functional",
     "gather",
     "get_backend",
@@ -144,8 +159,11 @@ __all__ = [
     "is_initialized",
     "isend",
     "launcher",
+    "load_full_optimizer_state_dict",
+    "load_full_state_dict",
     "make_allreduce_cb",
     "new_group",
+    "no_sync",
     "recv",
     "reduce",
     "reduce_scatter",

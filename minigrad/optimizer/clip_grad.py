@@ -40,8 +40,12 @@ def clip_grad_norm(tensors: Iterable[Tensor] | Tensor, max_norm: float,
         return Tensor(0.0)
     ord = float(ord)
     device = ts[0].device
-    on_host = device.kind == "cpu" or any(t.grad.device != device for t in ts)
-    total = _total_norm([t.grad.data for t in ts], ord, on_host)
+    reducers = _shard_reducers(ts)
+    on_host = device.kind == "cpu" or any(t.grad.device != device for t in ts) or bool(reducers)
+    if reducers:
+        total = _sharded_total_norm(ts, reducers, ord)
+    else:
+        total = _total_norm([t.grad.data for t in ts], ord, on_host)
     scale = max_norm / (total + CLIP_NORM_EPS)
     if on_host and scale >= 1.0:
         return Tensor(total, dtype="float32", device=device)
@@ -52,6 +56,46 @@ def clip_grad_norm(tensors: Iterable[Tensor] | Tensor, max_norm: float,
             factor = scale if on_host else Tensor(scale.astype(t.grad.dtype), device=device)
             t.grad = t.grad * factor
     return Tensor(total, dtype="float32", device=device)
+
+
+def _shard_reducers(ts) -> dict:
+    """``{id(reducer): reducer}`` of the tensors that are shards of a parameter split over ranks.
+
+    Such a tensor (a piece made by ``dist.fully_shard`` or ``dist.ZeroRedundancyOptimizer``)
+    carries a ``shard_reducer`` whose ``all_reduce(values, op)`` combines per-rank partial results
+    over its group, so norms here are over whole parameters without this layer importing the
+    distributed one."""
+    found = {}
+    for t in ts:
+        reducer = getattr(t, "shard_reducer", None)
+        if reducer is not None:
+            found[id(reducer)] = reducer
+    return found
+
+
+def _sharded_total_norm(ts, reducers: dict, ord: float) -> float:
+    """The joint norm when some tensors are shards: each group's partial (sum of ``|g|^ord``, or
+    max) combined over its ranks with one collective, then with the replicated tensors'. The
+    summation order differs from one process's, so the result agrees to rounding (~1e-15)."""
+    inf = math.isinf(ord)
+    plain = [t.grad.data for t in ts if getattr(t, "shard_reducer", None) is None]
+    parts = [_power_sum(g, ord) for g in plain]
+    for key, reducer in reducers.items():
+        mine = [_power_sum(t.grad.data, ord) for t in ts
+                if id(getattr(t, "shard_reducer", None)) == key]
+        local = max(mine) if inf else sum(mine)
+        parts.append(float(reducer.all_reduce([local], "max" if inf else "sum")[0]))
+    total = max(parts) if inf else sum(parts)
+    return total if inf else total ** (1.0 / ord)
+
+
+def _power_sum(g, ord: float) -> float:
+    """``sum(|g|^ord)`` in float64 (``max |g|`` for the infinity norm), as a Python float."""
+    xp = get_array_module(g)
+    with on_device_of(g):
+        if math.isinf(ord):
+            return float(xp.max(xp.abs(g))) if g.size else 0.0
+        return float(xp.sum(xp.abs(g.astype("float64")) ** ord))
 
 
 def _total_norm(grads, ord: float, on_host: bool):

@@ -31,6 +31,22 @@ class LAMB(Optimizer):
         super()._check_group(group)
         check_betas_and_eps(self._name, group)
 
+    def _update_param(self, param, grad, state, group):
+        # a shard of a parameter split over ranks (dist.fully_shard, ZeroRedundancyOptimizer)
+        # carries the object that sums its norms over the ranks: the trust ratio is global
+        self._reducer = getattr(param, "shard_reducer", None)
+        try:
+            super()._update_param(param, grad, state, group)
+        finally:
+            self._reducer = None
+
+    def _norm(self, x, xp):
+        """``||x||`` as a float64 0-d array; over all ranks' shards for a sharded parameter."""
+        if getattr(self, "_reducer", None) is None:
+            return xp.linalg.norm(x.ravel()).astype(np.float64)
+        local = float(xp.sum(x.astype(np.float64) ** 2))
+        return xp.asarray(float(self._reducer.all_reduce([local], "sum")[0]) ** 0.5)
+
     def _update(self, p, g, state, group):
         xp = get_array_module(p)
         b1, b2 = group["betas"]
@@ -46,8 +62,8 @@ class LAMB(Optimizer):
             return
         # the trust ratio stays on the device (no wait for the GPU): float64 0-d arrays, so the
         # step is the one Python floats would give, cast to the update's dtype
-        p_norm = xp.linalg.norm(p.ravel()).astype(np.float64)
-        u_norm = xp.linalg.norm(update.ravel()).astype(np.float64)
+        p_norm = self._norm(p, xp)
+        u_norm = self._norm(update, xp)
         both = (p_norm > 0) & (u_norm > 0)
         ratio = xp.where(both, p_norm / xp.where(both, u_norm, 1.0), 1.0)
         p -= (group["lr"] * ratio).astype(update.dtype) * update

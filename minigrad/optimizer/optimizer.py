@@ -103,7 +103,11 @@ class Optimizer:
 
     # -- the update loop --------------------------------------------------------------------------
     def step(self) -> "Optimizer":
-        """Update every parameter that has a gradient; returns self: ``opt.step().clear_grad()``."""
+        """Update every parameter that has a gradient; returns self: ``opt.step().clear_grad()``.
+
+        A parameter with a ``replaced_by`` attribute was swapped out of its module (sharded by
+        ``dist.fully_shard``): updating it would train nothing, so this raises, naming it."""
+        self._check_not_replaced()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -118,8 +122,22 @@ class Optimizer:
                 if not getattr(p.data.flags, "writeable", True):  # e.g. a loaded read-only array
                     p.set_value(p.data)  # set_value keeps a writable copy
                 with p.device.context():  # a GPU parameter is updated on its own GPU
-                    self._update(p.data, grad, state, group)
+                    self._update_param(p, grad, state, group)
         return self
+
+    def _update_param(self, param: Parameter, grad, state: dict, group: dict) -> None:
+        """Update one parameter: ``_update`` on its array. Rules that need more than the array
+        (LAMB's norms over a sharded parameter) override this."""
+        self._update(param.data, grad, state, group)
+
+    def _check_not_replaced(self) -> None:
+        for i, p in enumerate(self._params()):
+            replaced = getattr(p, "replaced_by", None)
+            if replaced is not None:
+                raise RuntimeError(
+                    f"{self._name}.step: parameter {i} (shape {p.shape}) was replaced by "
+                    f"{replaced}; build the optimizer after sharding, on module.parameters()"
+                )
 
     def _update(self, param, grad, state: dict, group: dict) -> None:
         """Update ``param`` (the parameter's array) and ``state`` in place: no new parameter-sized

@@ -7,14 +7,14 @@ Gradients become final in the same order on every rank (the backward engine is d
 every rank fills the same buckets in the same order: each full bucket is packed into one flat buffer
 and its all-reduce starts at once, while backward goes on; the GradManager's after-backward hook
 flushes the rest and unpacks the results before gradients are accumulated into ``.grad``.
-The reduced gradients are views of the bucket buffer, which is reused on a later step once no
-gradient views it any more (fresh multi-megabyte buffers cost a page fault per 4 KiB every step).
+The reduced gradients are views of the bucket's flat buffer (``comm.flat_buffer``), which is
+reused on a later step once no gradient views it any more (fresh multi-megabyte buffers cost a
+page fault per 4 KiB every step). "mean" is the collective's ``ReduceOp.AVG``.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 
 import numpy as np
 
@@ -22,9 +22,9 @@ from minigrad import functional as F
 from minigrad.autodiff.grad_manager import get_backwarding_grad_manager
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.device import get_device_count
-from minigrad.backend.xp import get_array_module
 from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.comm.collectives import broadcast_object_list
+from minigrad.distributed.comm.flat_buffer import BufferPool, FlatBuffer, group_by_layout
 from minigrad.distributed.comm.group import WORLD, get_rank, is_distributed, resolve_group
 from minigrad.distributed.comm.providers import BACKENDS
 
@@ -35,12 +35,6 @@ DEFAULT_BUCKET_MB = 10.0
 REDUCE_METHODS = ("sum", "mean")
 
 
-def _pack(arrays, out=None):
-    """Concatenate arrays (all of one backend and dtype) into one flat buffer."""
-    xp = get_array_module(arrays[0])
-    return xp.concatenate([a.reshape(-1) for a in arrays], out=out)
-
-
 def bcast_list_(inps, group=WORLD) -> None:
     """Overwrite every tensor in ``inps`` with the group root's value (one broadcast per dtype).
 
@@ -49,15 +43,11 @@ def bcast_list_(inps, group=WORLD) -> None:
     inps = list(inps)
     if not is_distributed() or group.size == 1 or not inps:
         return
-    by_dtype: dict = {}
-    for t in inps:
-        by_dtype.setdefault((str(t.dtype), str(t.device)), []).append(t)
-    for tensors in by_dtype.values():
-        flat = comm.broadcast(_pack([t.data for t in tensors]), group.root, group)
-        offset = 0
-        for t in tensors:
-            t.set_value(flat[offset : offset + t.size].reshape(t.shape))
-            offset += t.size
+    for tensors in group_by_layout(inps).values():
+        flat = FlatBuffer.of([t.data for t in tensors])
+        comm.broadcast(flat.data, group.root, group)
+        for t, value in zip(tensors, flat.views()):
+            t.set_value(value)
 
 
 class AllreduceCallback:
@@ -101,7 +91,7 @@ class AllreduceCallback:
         self._bucket_bytes: dict = {}
         self._works: list = []
         self._flush_registered = False
-        self._spare: dict = {}  # (key, n-th bucket of the step) -> buffer of an earlier step
+        self._pool = BufferPool()  # (key, n-th bucket of the step) -> buffer of an earlier step
         self._started: dict = {}  # key -> buckets started in this backward
 
     def __call__(self, param: Tensor, grad: Tensor) -> Tensor:
@@ -125,42 +115,22 @@ class AllreduceCallback:
     def _start(self, key) -> None:
         items = self._buckets.pop(key)
         self._bucket_bytes.pop(key)
-        arrays = [a for _, a in items]
-        flat = _pack(arrays, self._reusable_buffer(key, arrays))
-        work = comm.all_reduce(flat, "sum", self.group, async_op=True, backend=self.backend)
-        self._works.append((work, items))
-
-    def _reusable_buffer(self, key, arrays):
-        """This bucket's buffer from an earlier step if no gradient views it any more, else a
-        fresh one (kept for the next step)."""
         nth = self._started.get(key, 0)
         self._started[key] = nth + 1
-        size = sum(a.size for a in arrays)
-        buf = self._spare.get((key, nth))
-        # referenced only by self._spare, ``buf`` and getrefcount's argument: no live gradient
-        if buf is not None and buf.size == size and sys.getrefcount(buf) == 3:
-            return buf
-        xp = get_array_module(arrays[0])
-        buf = self._spare[(key, nth)] = xp.empty(size, arrays[0].dtype)
-        return buf
+        # this bucket's buffer of an earlier step when no gradient views it any more
+        flat = self._pool.get((key, nth), [a for _, a in items])
+        op = "avg" if self.reduce_method == "mean" else "sum"
+        work = comm.all_reduce(flat.data, op, self.group, async_op=True, backend=self.backend)
+        self._works.append((work, items, flat))
 
     def _flush(self) -> None:
         try:
             for key in list(self._buckets):
                 self._start(key)
-            n = self.group.size
-            for work, items in self._works:
-                flat = work.wait()
-                if self.reduce_method == "mean":  # in place: flat is this bucket's own buffer
-                    if flat.dtype.kind == "f":
-                        flat /= n
-                    else:
-                        flat //= n
-                offset = 0
-                for placeholder, array in items:
-                    size = array.size
-                    placeholder.set_(flat[offset : offset + size].reshape(array.shape))
-                    offset += size
+            for work, items, flat in self._works:
+                work.wait()  # reduced in place: the views below see the result
+                for (placeholder, _), value in zip(items, flat.views()):
+                    placeholder.set_(value)
         finally:
             self._works = []
             self._buckets = {}

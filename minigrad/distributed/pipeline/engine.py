@@ -74,6 +74,7 @@ from minigrad import seams
 from minigrad.autodiff import GradManager, is_recording, no_grad
 from minigrad.autodiff.tensor import Tensor
 from minigrad.distributed.comm import arrays as comm
+from minigrad.distributed.comm.flat_buffer import FlatBuffer, group_by_layout
 from minigrad.distributed.comm.group import (
     Group,
     get_rank,
@@ -82,6 +83,7 @@ from minigrad.distributed.comm.group import (
     is_distributed,
 )
 from minigrad.distributed.data_parallel.helper import bcast_list_
+from minigrad.distributed.data_parallel.zero import ZeroRedundancyOptimizer
 from minigrad.distributed.pipeline.accumulation import mean_loss_seed
 from minigrad.distributed.pipeline.errors import PipelineError
 from minigrad.distributed.pipeline.module import PipelineModule
@@ -150,20 +152,15 @@ def _to_tensors(value):
 def _all_reduce_into_grads(params: list, group: Group, scale: float) -> None:
     """Sum every parameter's gradient (zeros where it has none) over ``group``, times ``scale``,
     with one all-reduce per dtype."""
-    by_dtype: dict[str, list] = {}
-    for p in params:
-        by_dtype.setdefault(p.dtype.name, []).append(p)
-    for same in by_dtype.values():
+    for same in group_by_layout(params, key=lambda p: p.dtype.name).values():
         grads = [p.grad.data if p.grad is not None else p.xp.zeros(p.shape, p.dtype)
                  for p in same]
-        xp = same[0].xp
-        total = comm.all_reduce(xp.concatenate([g.reshape(-1) for g in grads]), "sum", group)
+        flat = FlatBuffer.of(grads)
+        total = comm.all_reduce(flat.data, "sum", group)
         if scale != 1.0:
             total *= scale
-        offset = 0
-        for p in same:
-            p.grad = Tensor(total[offset:offset + p.size].reshape(p.shape), device=p.device)
-            offset += p.size
+        for p, value in zip(same, flat.views()):
+            p.grad = Tensor(value, device=p.device)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -177,7 +174,10 @@ class PipelineEngine:
     for an evaluation-only engine), ``micro_batches`` M per step, ``schedule`` — ``"1f1b"``
     (default), ``"gpipe"``, ``"interleaved"`` (its chunk count is ``module.chunks``), ``"zb-h1"``,
     a :class:`~minigrad.distributed.pipeline.Schedule` class, or a built schedule of the right
-    shape. Every configuration error is raised here, on every rank, before any message is sent.
+    shape; ``zero_stage=1`` shards the optimizer state over the stage's data-parallel group
+    (``dist.ZeroRedundancyOptimizer`` with the optimizer's class and param groups; the engine's
+    ``optimizer`` is then that wrapper), 2 and 3 are refused (DeepSpeed's rule). Every
+    configuration error is raised here, on every rank, before any message is sent.
 
     Construction is collective (every rank of the job, in the same order): it creates the
     process groups (data-parallel group, pipeline, one group per tied key and pipeline), makes
@@ -194,7 +194,17 @@ class PipelineEngine:
     """
 
     def __init__(self, module: PipelineModule, optimizer, micro_batches: int,
-                 schedule: str | type | Schedule = "1f1b"):
+                 schedule: str | type | Schedule = "1f1b", zero_stage: int = 0):
+        if zero_stage not in (0, 1, 2, 3):
+            raise ValueError(
+                f"PipelineEngine: zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+        if zero_stage in (2, 3):
+            raise ValueError(
+                f"PipelineEngine: zero_stage={zero_stage} is not supported with pipeline "
+                "parallelism (DeepSpeed refuses it too): ZeRO-2 and ZeRO-3 partition the "
+                "gradients (and ZeRO-3 the parameters) over the data-parallel ranks, which "
+                "conflicts with the pipeline accumulating each gradient over the micro-batches "
+                "of a step; use zero_stage=1 (optimizer state sharded)")
         if not isinstance(module, PipelineModule):
             raise TypeError(
                 f"PipelineEngine: module must be a PipelineModule, got {type(module).__name__}")
@@ -245,6 +255,9 @@ class PipelineEngine:
         if self._data_group is not None:
             bcast_list_(list(module.tensors()), self._data_group)
         self._broadcast_tied_weights()
+        self.zero_stage = zero_stage
+        if zero_stage == 1 and optimizer is not None and self._data_group is not None:
+            self.optimizer = _zero_redundancy(optimizer, self._data_group)
         module.bind_engine()
 
     # -- set-up ----------------------------------------------------------------------------------
@@ -646,6 +659,13 @@ class PipelineEngine:
         self.optimizer.step()
         for p in self.module.parameters():
             p.grad = None
+
+
+def _zero_redundancy(optimizer, group: Group) -> ZeroRedundancyOptimizer:
+    """The same optimizer (class, param groups, hyper-parameters) with its state sharded over the
+    stage's data-parallel ``group`` (ZeRO-1): each replica updates its shard, then all-gather."""
+    groups = [dict(g) for g in optimizer.param_groups]
+    return ZeroRedundancyOptimizer(groups, optimizer_class=type(optimizer), group=group)
 
 
 def _check_optimizer(optimizer, module: PipelineModule) -> None:

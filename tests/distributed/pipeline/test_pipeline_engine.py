@@ -654,3 +654,42 @@ def test_engine_configuration_errors():
     with pytest.raises(PipelineError, match="loss_fn\\(outputs, labels\\) of micro-batch 0 gave "
                                             "a Tensor of shape \\(2, 3\\)"):
         PipelineEngine(bad, sgd(list(bad.parameters())), 2).train_batch(iter(items(2)))
+
+
+# ------------------------------------------------------------------------------------------------
+# ZeRO-1 over the data-parallel axis
+# ------------------------------------------------------------------------------------------------
+def _zero_job(zero_stage):
+    rank = dist.get_rank()
+    net = PipelineModule(specs(), topology=PipeDataParallelTopology(2, 2),
+                         loss_fn=F.nn.cross_entropy)
+    replica = net.topology.get_coord(rank).data
+    data = items(8 * STEPS)
+    mine = [x for s in range(STEPS) for x in data[s * 8 + replica * 4:s * 8 + replica * 4 + 4]]
+    engine = PipelineEngine(net, adam(list(net.parameters())), 4, "1f1b", zero_stage=zero_stage)
+    losses = [engine.train_batch(Counting(mine[s * 4:(s + 1) * 4])) for s in range(STEPS)]
+    state_bytes = engine.optimizer.local_state_bytes() if zero_stage else None
+    return losses, params_of(net), replica, state_bytes
+
+
+def test_zero1_x_pp_equals_plain_dp_x_pp_and_the_global_batch():
+    plain = run_workers(_zero_job, 4, 0, timeout=120)
+    zero = run_workers(_zero_job, 4, 1, timeout=120)
+    ref_losses, layers = reference([s.build() for s in specs()], items(8 * STEPS), 8, STEPS, adam)
+    for (lz, pz, rz, sb), (lp, pp, rp, _) in zip(zero, plain):
+        assert rz == rp and lz == lp
+        for name, value in pp.items():
+            np.testing.assert_array_equal(pz[name], value, err_msg=name)  # bit for bit
+        full = 2 * 8 * sum(v.size for v in pp.values())  # Adam: two float64 moments
+        assert sb <= full / 2 + 2 * 8 * 2 * len(pp)  # half the stage's state, plus padding
+    for replica in (0, 1):
+        state = merged_state([r[1] for r in zero if r[2] == replica])
+        assert_same_training(zero[0][0], state, ref_losses, state_by_layer(layers))
+
+
+def test_zero_stages_2_and_3_are_refused_with_the_reason():
+    net = PipelineModule(specs(), num_stages=1, loss_fn=F.nn.cross_entropy)
+    for stage in (2, 3):
+        with pytest.raises(ValueError, match=f"zero_stage={stage} is not supported with pipeline "
+                           "parallelism.*conflicts with the pipeline accumulating"):
+            PipelineEngine(net, sgd(list(net.parameters())), 2, zero_stage=stage)

@@ -228,3 +228,38 @@ def test_attention_with_dropout_path_equals_the_fused_path(causal):
     attn.train()
     attn.attn_dropout.drop_prob = 1e-300
     np.testing.assert_allclose(attn(x).numpy(), fused, rtol=1e-12, atol=1e-12)
+
+
+# -- sharded data parallelism over the data axis -------------------------------------------------
+
+def _zero_x_tensor(parallel, mode):
+    """data 2 x tensor 1D 2: DDP over the data group, or fully_shard over it (ZeRO-2 / ZeRO-3);
+    returns this rank's (tensor-parallel local) parameters after 3 steps."""
+    ctx = dist.init_parallel(parallel)
+    model = _lm(seed=1)
+    ids, labels = _batch(batch=2 * BATCH)
+    mine = slice(ctx.rank("data") * BATCH, (ctx.rank("data") + 1) * BATCH)
+    data = ctx.group("data")
+    names = [name for name, _ in model.named_parameters()]
+    cbs = [dist.make_allreduce_cb("mean", group=data)] if mode == "ddp" else []
+    if mode != "ddp":
+        dist.fully_shard(model, reshard_after_forward=mode == "zero3", group=data)
+    gm = ad.GradManager().attach(model.parameters(), callbacks=cbs)
+    opt = optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    for _ in range(3):
+        _step(model, ids[mine], labels[mine], gm, opt)
+    if mode == "ddp":
+        return dict(zip(names, [p.numpy() for p in model.parameters()]))
+    state = model._fully_shard
+    return dict(zip(state.names, [np.asarray(a) for a in state.gather()]))
+
+
+@pytest.mark.parametrize("mode", ["zero2", "zero3"])
+def test_sharded_data_parallel_over_the_data_axis_of_data_times_tensor(mode):
+    parallel = dict(tensor=dict(size=2, mode="1d"))  # data 2
+    ddp = run_workers(_zero_x_tensor, 4, parallel, "ddp")
+    zero = run_workers(_zero_x_tensor, 4, parallel, mode)
+    for rank, (z, d) in enumerate(zip(zero, ddp)):
+        assert z.keys() == d.keys()
+        for key, value in d.items():  # bit for bit: the same sums in the same order
+            np.testing.assert_array_equal(z[key], value, err_msg=f"rank {rank} {key}")

@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 
+from minigrad.distributed.comm.flat_buffer import FlatBuffer
 from minigrad.distributed.comm.providers import base
 from minigrad.distributed.comm.providers.base import (
     BOOL_AS_BYTES_OPS,
@@ -287,7 +288,7 @@ class MpiBackend(Backend):
         fp = base.fingerprint("reduce_scatter", seq, None, [metas, op.value], check)
         self._agree(fp)
         widen = chunks[0].dtype == np.float16
-        flat = np.concatenate([c.reshape(-1) for c in chunks])
+        flat = FlatBuffer.of(chunks).data
         flat = flat.astype(np.float32) if widen else flat
         out = np.empty(chunks[me].size, flat.dtype)
         send, mpi_op = self._typed(flat, op)

@@ -41,6 +41,7 @@ import numpy as np
 
 from minigrad.backend.device import get_default_device_obj, probe_gpus
 from minigrad.backend.xp import cupy_import_error, cupy_or_none
+from minigrad.distributed.comm.flat_buffer import FlatBuffer
 from minigrad.distributed.comm.providers.base import (
     BOOL_AS_BYTES_OPS,
     Backend,
@@ -347,7 +348,7 @@ class NcclBackend(Backend):
         out = cp.empty_like(chunks[me])
         if len({c.shape for c in chunks}) == 1:
             # packed on the caller's stream, *before* _begin orders the NCCL stream after it
-            flat = cp.concatenate([c.reshape(-1) for c in chunks])
+            flat = FlatBuffer.of(chunks, xp=cp).data
             comm = self._begin(fp)
             if out.size:
                 comm.reduceScatter(flat.data.ptr, out.data.ptr, out.size, dt, code,

@@ -1,0 +1,71 @@
+"""The flat-buffer utility every packed collective uses: layout, views, padding, shards, reuse."""
+
+import numpy as np
+import pytest
+
+from minigrad.distributed.comm.flat_buffer import BufferPool, FlatBuffer, group_by_layout
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(s) for s in [(2, 3), (5,), (), (1, 4)]]
+
+
+def test_pack_views_and_unpack_round_trip():
+    arrays = _arrays()
+    flat = FlatBuffer.of(arrays)
+    assert flat.data.size == 6 + 5 + 1 + 4
+    np.testing.assert_array_equal(flat.data, np.concatenate([a.reshape(-1) for a in arrays]))
+    for a, v in zip(arrays, flat.views()):
+        assert v.shape == a.shape
+        np.testing.assert_array_equal(v, a)
+    flat.data *= 2  # views see writes to the buffer
+    np.testing.assert_array_equal(flat.view(1), arrays[1] * 2)
+    out = [np.zeros_like(a) for a in arrays]
+    flat.unpack_into(out)
+    for a, o in zip(arrays, out):
+        np.testing.assert_array_equal(o, a * 2)
+
+
+def test_padding_is_zero_and_shards_cover_the_arrays():
+    arrays = _arrays()  # 16 elements
+    flat = FlatBuffer.of(arrays, pad_to=3)
+    assert flat.data.size == 18 and flat.size == 16
+    np.testing.assert_array_equal(flat.data[16:], 0)
+    assert [flat.shard(i, 3).size for i in range(3)] == [6, 6, 6]
+    # segments: which elements of which array each shard holds, padding left out
+    covered = {j: [] for j in range(len(arrays))}
+    for i in range(3):
+        shard = flat.shard(i, 3)
+        pos = 0
+        for j, a, b in flat.segments(i, 3):
+            np.testing.assert_array_equal(shard[pos : pos + b - a], arrays[j].reshape(-1)[a:b])
+            covered[j].extend(range(a, b))
+            pos += b - a
+    for j, a in enumerate(arrays):
+        assert covered[j] == list(range(a.size))
+    with pytest.raises(ValueError, match="equal shards"):
+        flat.shard(0, 4)
+
+
+def test_group_by_layout_keeps_first_seen_order():
+    a, b, c = np.ones(2, np.float32), np.ones(3, np.float64), np.ones(1, np.float32)
+    groups = group_by_layout([a, b, c])
+    assert list(groups) == [("float32", "cpu"), ("float64", "cpu")]
+    assert groups[("float32", "cpu")][1] is c
+
+
+def test_pool_reuses_a_buffer_only_when_no_view_is_alive():
+    arrays = _arrays()
+    pool = BufferPool()
+    first = pool.get("k", arrays)
+    data = first.data
+    del data
+    assert pool.get("k", arrays) is first  # nothing views it: reused, refilled
+    views = first.views()
+    second = pool.get("k", arrays)
+    assert second is not first  # a view is alive: a fresh buffer
+    np.testing.assert_array_equal(views[0], arrays[0])
+    assert pool.get("k", arrays[:2]) is not second  # another layout: a fresh buffer
+    with pytest.raises(ValueError, match="laid out for 4 arrays, got 2"):
+        FlatBuffer.of(arrays).pack(arrays[:2])
