@@ -125,20 +125,35 @@ def reset_layout() -> None:
         ctx.activation_layout = None
 
 
-_TAGS: dict[int, tuple[weakref.ref, Layout]] = {}  # id(tensor) -> (the tensor, its layout)
+_TAGS: dict[int, tuple[weakref.ref, Layout]] = {}  # id(tensor or its array) -> (it, layout)
+
+
+def _tag(obj, layout: Layout) -> None:
+    key = id(obj)
+    try:
+        ref = weakref.ref(obj, lambda _r, key=key: _TAGS.pop(key, None))
+    except TypeError:  # an array type without weak references
+        return
+    _TAGS[key] = (ref, layout)
 
 
 def tag_layout(t: Tensor, layout: Layout) -> Tensor:
-    """Record that ``t`` (a layer's output) is laid out as ``layout``; returns ``t``."""
-    key = id(t)
-    _TAGS[key] = (weakref.ref(t, lambda _r, key=key: _TAGS.pop(key, None)), layout)
+    """Record that ``t`` (a layer's output) is laid out as ``layout``; returns ``t``. The array
+    is tagged too, so a tensor that only re-wraps it (a hook's identity op, such as
+    ``fully_shard``'s) keeps the layout."""
+    _tag(t, layout)
+    _tag(t.data, layout)
     return t
 
 
 def layout_of(t) -> Layout | None:
-    """The layout a tensor-parallel layer gave ``t``, None for any other tensor."""
-    entry = _TAGS.get(id(t))
-    return entry[1] if entry is not None and entry[0]() is t else None
+    """The layout a tensor-parallel layer gave ``t`` (or the array it holds), None for any other
+    tensor."""
+    for obj in (t, getattr(t, "data", None)):
+        entry = _TAGS.get(id(obj))
+        if entry is not None and entry[0]() is obj:
+            return entry[1]
+    return None
 
 
 def tensor_layout(t: Tensor, ctx: ParallelContext, op: str) -> Layout:
