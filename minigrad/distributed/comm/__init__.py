@@ -2,9 +2,11 @@
 
 Bottom up: :mod:`.providers` (the collective backends, one interface: ``cpu`` over shared memory or
 TCP, ``mpi``, ``nccl``), :mod:`.group` (process groups and the rule that routes an array to a
-provider), :mod:`.arrays` (array-level collectives and messages: the one implementation every API
-calls), then the two user-facing spellings on tensors: :mod:`.collectives` (PyTorch's and
-OneFlow's, in place) and :mod:`.functional` (MegEngine's, differentiable).
+provider), :mod:`.flat_buffer` (many arrays in one buffer for one collective), :mod:`.recorder`
+(the flight recorder and the comm log), :mod:`.arrays` (array-level collectives and messages: the
+one implementation every API calls), then the two user-facing spellings on tensors:
+:mod:`.collectives` (PyTorch's and OneFlow's, in place) and :mod:`.functional` (MegEngine's,
+differentiable).
 
 ``minigrad.distributed.comm`` is also the array-level API itself (the names of :mod:`.arrays`),
 as it was before these folders existed::
