@@ -710,7 +710,7 @@ class LayoutReport:
         head = (f"compare_layouts: {self.dtype or 'model dtype'}, differences are max|a-b| / "
                 f"max|a|,|b| vs one device; tolerance 4·eps·rows·width·(step+1) with rows="
                 f"{self.rows}, width={self.width}")
-        cols = ["layout", "step", "loss", "forward", "backward", "grad", "param", "tolerance"]
+        cols = ["layout", "step", *STAGES, "tolerance"]
         lines = [head, "  ".join(f"{c:>12}" if i else f"{c:<26}" for i, c in enumerate(cols))]
         for r in self.results:
             if r.error:

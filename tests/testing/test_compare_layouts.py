@@ -97,6 +97,10 @@ def test_tensor_parallel_bias_added_on_every_rank_is_named_with_module_and_step(
     assert (first.step, first.stage, first.path, first.op) == (0, "forward", "2",
                                                               "BiasOnEveryRank")
     assert first.difference > 1e-3
+    lines = str(report).splitlines()
+    header = next(line for line in lines if line.startswith("layout")).split()
+    row = next(line for line in lines if line.startswith("tensor=2,mode=1d")).split()
+    assert row[header.index("forward")] == f"{first.difference:.3g}"  # the table's column
     assert report["data=2"].equal  # the bug lives in the tensor-parallel layer only
     assert ("FIRST DIVERGENCE step 0: forward output of 2 (BiasOnEveryRank; one device: "
             "Linear)") in str(report)
