@@ -476,7 +476,8 @@ def _standard_step(run: _Run):
 
     def step(batch):
         local = run.local(batch)
-        inputs, target = local[:-1], local[-1]
+        inputs = [a if isinstance(a, Tensor) else Tensor(a) for a in local[:-1]]
+        target = local[-1]
         if acc is not None:
             index, size = run.index("data")
             per_rank = run.blocks // size
@@ -841,7 +842,9 @@ def compare_layouts(build_model: Callable, make_batches: Callable, steps: int = 
 
     base = run_workers(_worker, 1, job({}), timeout=timeout)[0]
     first = np.asarray(list(make_batches())[0][0])
-    rows = int(first.size // first.shape[-1]) if first.ndim > 1 else int(first.shape[0])
+    # rows: samples x positions (the last axis of a float input is its features; ids have none)
+    features = first.ndim > 1 and first.dtype.kind == "f"
+    rows = int(first.size // first.shape[-1]) if features else int(first.size)
     width = max([max(s) for s in base["param_shapes"].values() if s] or [1])
     eps = float(np.finfo(np.dtype(dtype or "float32")).eps)
     tolerances = [rtol * (s + 1) if rtol is not None else 4 * eps * rows * width * (s + 1)
