@@ -70,7 +70,7 @@ def _train(deterministic: bool, micro: int) -> bytes:
     return b"".join(p.numpy().tobytes() for p in model.parameters())
 
 
-LAYOUTS = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 1)]  # (ranks, micro-batches)
+LAYOUTS = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2)]  # (ranks, micro)
 
 
 def _run(deterministic):
