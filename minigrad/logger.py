@@ -52,11 +52,13 @@ _loggers: list[logging.Logger] = []  # every logger get_logger configured, in cr
 _file_handlers: list[logging.Handler] = []  # set_log_file's handlers: on every logger
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to the current ``sys.stderr`` (so a test or a notebook that swaps it sees output)."""
+class StderrHandler(logging.StreamHandler):
+    """Writes to the current ``sys.stderr`` (so a test, a notebook or a launcher that swaps it
+    sees output). The distributed runtime's logger uses it too."""
 
     @property
     def stream(self):
+        """``sys.stderr`` as it is now."""
         return sys.stderr
 
     @stream.setter
@@ -78,7 +80,7 @@ def get_logger(name: str | None = None) -> logging.Logger:
         return logger
     logger.propagate = False
     logger.setLevel(_default_level)
-    logger.handlers[:] = [_formatted(_StderrHandler()), *_file_handlers]
+    logger.handlers[:] = [_formatted(StderrHandler()), *_file_handlers]
     _loggers.append(logger)
     return logger
 

@@ -11,15 +11,7 @@ PyTorch's spellings on the same objects, bfloat16, and float32 master weights.
 This package sits above ``minigrad.distributed`` (the scaler agrees on overflow over process
 groups) and below ``minigrad.testing``.
 
-Example::
-
-    import minigrad.amp as amp
-    scaler = amp.GradScaler(module=net)
-    with gm:
-        with amp.autocast():
-            loss = F.nn.cross_entropy(net(x), y)
-        scaler.backward(gm, loss)
-    opt.step().clear_grad()
+A training step with both (``import minigrad.amp as amp``) is the example of :class:`GradScaler`.
 """
 
 from minigrad.amp.grad_scaler import (

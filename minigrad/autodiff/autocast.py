@@ -19,7 +19,7 @@ flag); the per-thread policy (:func:`thread_policy`) is read only while some thr
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import threading
 
 import numpy as np
@@ -81,7 +81,7 @@ def _dtype(spec, what: str) -> np.dtype:
     return dtype
 
 
-class autocast:  # noqa: N801 (MegEngine's and PyTorch's name)
+class autocast(contextlib.ContextDecorator):  # noqa: N801 (MegEngine's and PyTorch's name)
     """Run the block (or the decorated function) with mixed precision, as ``megengine.amp.
     autocast``: matrix products in ``low_prec_dtype``, the accuracy-sensitive ops in
     ``high_prec_dtype``. ``enabled=False`` turns autocast off inside an autocast block. Blocks
@@ -117,16 +117,6 @@ class autocast:  # noqa: N801 (MegEngine's and PyTorch's name)
         enabled, POLICY.low, POLICY.high = self._saved.pop()
         AUTOCAST._set(enabled)
         return False
-
-    def __call__(self, func):
-        """Use as a decorator: every call of ``func`` runs inside this autocast."""
-
-        @functools.wraps(func)
-        def wrapper(*args, **kwargs):
-            with self:
-                return func(*args, **kwargs)
-
-        return wrapper
 
     def __repr__(self) -> str:
         return (f"autocast(enabled={self.enabled}, low_prec_dtype={self.low_prec_dtype.name}, "

@@ -106,14 +106,18 @@ def _crop(x, ph: int, pw: int, h: int, w: int):
 # convolution
 
 
+def _operands(x: Tensor, w: Tensor) -> tuple:
+    """What a 2-d convolution kernel reads: the array module, the input's and the weight's
+    arrays, and their shapes ``(N, C, H, W)`` and ``(A, B, kh, kw)``."""
+    xd, wd = x._data, w._data
+    return x.xp, xd, wd, xd.shape, wd.shape
+
+
 class Conv2d(Function):
     """Per group: ``out (O/g, N*OH*OW) = W (O/g, K) @ im2col(x) (K, N*OH*OW)``, plus the bias."""
 
     def forward(self, x, w, b, stride, padding, dilation, groups):
-        xp = x.xp
-        xd, wd = x._data, w._data
-        n, c, h, wid = xd.shape
-        o, cg, kh, kw = wd.shape
+        xp, xd, wd, (n, c, h, wid), (o, cg, kh, kw) = _operands(x, w)
         oh = _out_size(h, kh, stride[0], padding[0], dilation[0])
         ow = _out_size(wid, kw, stride[1], padding[1], dilation[1])
         geometry = ((kh, kw), stride, padding, dilation, (oh, ow))
@@ -143,10 +147,7 @@ class ConvTranspose2d(Function):
     """conv2d's adjoint in its input: ``out = col2im(W^T @ x)``, weight (Cin, Cout/g, kh, kw)."""
 
     def forward(self, x, w, stride, padding, dilation, groups, out_hw):
-        xp = x.xp
-        xd, wd = x._data, w._data
-        n, cin, h, wid = xd.shape
-        _, og, kh, kw = wd.shape
+        xp, xd, wd, (n, cin, h, wid), (_, og, kh, kw) = _operands(x, w)
         xmat = xp.ascontiguousarray(xd.transpose(1, 0, 2, 3)).reshape(groups, cin // groups, -1)
         wmat = wd.reshape(groups, cin // groups, og * kh * kw)
         cols = xp.matmul(wmat.swapaxes(-1, -2), xmat)  # (g, Cout/g*kh*kw, N*H*W)

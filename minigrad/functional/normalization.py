@@ -100,6 +100,24 @@ def _normalize(x: Tensor, axes: tuple, eps: float):
     return out, node.mu, node.var
 
 
+def _float_input(op: str, inp, min_ndim: int = 0, layout: str = "(N, C, ...)") -> Tensor:
+    """The input of a normalisation as a Tensor, in float32 under autocast (norms compute in
+    float32, see minigrad.autodiff.autocast), checked to have at least ``min_ndim`` axes."""
+    inp = _f(inp)
+    if AUTOCAST.enabled:
+        (inp,) = autocast_high(inp)
+    if inp.ndim < min_ndim:
+        raise ValueError(f"{op}: expected an input {layout}, got shape {inp.shape}")
+    return inp
+
+
+def _scale_shift(out: Tensor, weight, bias) -> Tensor:
+    """``out * weight + bias``, leaving out whichever of the two is None (the affine part)."""
+    if weight is not None:
+        out = out * weight
+    return out if bias is None else out + bias
+
+
 def _channel_param(op: str, name: str, p, c: int, ndim: int, like: Tensor):
     """A per-channel tensor given as (C,) or (1, C, 1, ...), reshaped to broadcast over NC..."""
     if p is None:
@@ -149,11 +167,7 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
         y = F.batch_norm(x, rm, rv, w, b, training=True)  # updates rm, rv in place
     """
     op = "batch_norm"
-    inp = _f(inp)
-    if AUTOCAST.enabled:  # norms compute in float32 (see minigrad.autodiff.autocast)
-        (inp,) = autocast_high(inp)
-    if inp.ndim < 2:
-        raise ValueError(f"{op}: expected an input (N, C, ...), got shape {inp.shape}")
+    inp = _float_input(op, inp, 2)
     c, nd = inp.shape[1], inp.ndim
     axes = (0,) + tuple(range(2, nd))
     rm = _channel_param(op, "running_mean", running_mean, c, nd, inp)
@@ -170,10 +184,7 @@ def batch_norm(inp, running_mean=None, running_var=None, weight=None, bias=None,
                                                      momentum)
     else:
         out = (inp - rm.detach()) / sqrt(rv.detach() + eps)
-    if w is not None:
-        out = out * w
-    if b is not None:
-        out = out + b
+    out = _scale_shift(out, w, b)
     if not inplace:
         if new_mean is None:
             return out, running_mean, running_var
@@ -194,9 +205,7 @@ def layer_norm(inp, normalized_shape, affine: bool = True, weight=None, bias=Non
     """Normalise over the trailing ``normalized_shape`` axes of each sample; with ``affine`` the
     result is scaled by ``weight`` and shifted by ``bias`` (both of shape ``normalized_shape``)."""
     op = "layer_norm"
-    inp = _f(inp)
-    if AUTOCAST.enabled:  # norms compute in float32 (see minigrad.autodiff.autocast)
-        (inp,) = autocast_high(inp)
+    inp = _float_input(op, inp)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(shape)
     if k == 0 or inp.shape[inp.ndim - k :] != shape:
@@ -214,9 +223,7 @@ def layer_norm(inp, normalized_shape, affine: bool = True, weight=None, bias=Non
     if all(p is None or p.dtype == inp.dtype for p in (weight, bias)):
         return LayerNorm()(inp, weight, bias, axes, float(eps))
     out, _, _ = _normalize(inp, axes, eps)  # mixed dtypes: the composition promotes as usual
-    if weight is not None:
-        out = out * weight
-    return out if bias is None else out + bias
+    return _scale_shift(out, weight, bias)
 
 
 def group_norm(inp, num_groups: int, affine: bool = True, weight=None, bias=None,
@@ -224,11 +231,7 @@ def group_norm(inp, num_groups: int, affine: bool = True, weight=None, bias=None
     """Normalise each sample over groups of ``C // num_groups`` channels (and all spatial axes);
     ``weight``/``bias`` are per channel, (C,) or (1, C, 1, 1)."""
     op = "group_norm"
-    inp = _f(inp)
-    if AUTOCAST.enabled:  # norms compute in float32 (see minigrad.autodiff.autocast)
-        (inp,) = autocast_high(inp)
-    if inp.ndim < 2:
-        raise ValueError(f"{op}: expected an input (N, C, ...), got shape {inp.shape}")
+    inp = _float_input(op, inp, 2)
     n, c = inp.shape[:2]
     if num_groups < 1 or c % num_groups:
         raise ValueError(f"{op}: num_groups={num_groups} must divide the {c} channels")
@@ -238,10 +241,7 @@ def group_norm(inp, num_groups: int, affine: bool = True, weight=None, bias=None
     if affine:
         w = _channel_param(op, "weight", weight, c, inp.ndim, inp)
         b = _channel_param(op, "bias", bias, c, inp.ndim, inp)
-        if w is not None:
-            out = out * w
-        if b is not None:
-            out = out + b
+        out = _scale_shift(out, w, b)
     return out
 
 
@@ -255,16 +255,12 @@ def instance_norm(inp, affine: bool = True, weight=None, bias=None, eps: float =
         y = F.nn.instance_norm(x, affine=False)  # x (N, C, H, W): every y[n, c] has mean 0, var 1
     """
     op = "instance_norm"
-    inp = _f(inp)
-    if AUTOCAST.enabled:  # norms compute in float32 (see minigrad.autodiff.autocast)
-        (inp,) = autocast_high(inp)
-    if inp.ndim < 3:
-        raise ValueError(f"{op}: expected an input (N, C, spatial...), got shape {inp.shape}")
+    inp = _float_input(op, inp, 3, "(N, C, spatial...)")
     if affine and (weight is None or bias is None):
         raise ValueError(f"{op}: affine=True needs both weight and bias")
     out, _, _ = _normalize(inp, tuple(range(2, inp.ndim)), eps)
     if affine:
         c = inp.shape[1]
-        out = out * _channel_param(op, "weight", weight, c, inp.ndim, inp)
-        out = out + _channel_param(op, "bias", bias, c, inp.ndim, inp)
+        out = _scale_shift(out, _channel_param(op, "weight", weight, c, inp.ndim, inp),
+                           _channel_param(op, "bias", bias, c, inp.ndim, inp))
     return out

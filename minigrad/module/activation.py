@@ -9,8 +9,10 @@ from minigrad.module.module import Module, no_parameters
 
 class _Activation(Module):
     """A layer without parameters that applies ``function`` (one of ``F``'s activations) to its
-    input: the shared body of ReLU, GELU, SiLU, Sigmoid and Tanh."""
+    input: the shared body of ReLU, GELU, SiLU, Sigmoid and Tanh. They inherit ``Module``'s
+    constructor, so they share this ``count_parameters`` too (see ``LayerSpec.num_parameters``)."""
 
+    count_parameters = staticmethod(no_parameters)
     function = staticmethod(lambda x: x)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -25,35 +27,30 @@ class ReLU(_Activation):
         net = M.Sequential(M.Linear(784, 256), M.ReLU(), M.Linear(256, 10))
     """
 
-    count_parameters = staticmethod(no_parameters)
     function = staticmethod(F.relu)
 
 
 class GELU(_Activation):
     """Exact (erf-based) GELU, ``x * Phi(x)``."""
 
-    count_parameters = staticmethod(no_parameters)
     function = staticmethod(F.gelu)
 
 
 class SiLU(_Activation):
     """``x * sigmoid(x)`` (a.k.a. swish)."""
 
-    count_parameters = staticmethod(no_parameters)
     function = staticmethod(F.silu)
 
 
 class Sigmoid(_Activation):
     """``1 / (1 + exp(-x))``."""
 
-    count_parameters = staticmethod(no_parameters)
     function = staticmethod(F.sigmoid)
 
 
 class Tanh(_Activation):
     """The hyperbolic tangent."""
 
-    count_parameters = staticmethod(no_parameters)
     function = staticmethod(F.tanh)
 
 

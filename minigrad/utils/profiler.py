@@ -32,7 +32,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import threading
@@ -57,12 +56,13 @@ def _shapes(values) -> list:
     return [list(v.shape) for v in values if isinstance(v, Tensor)]
 
 
-class Profiler:
+class Profiler(contextlib.ContextDecorator):
     """Record a per-rank timeline of ops, backward passes, modules, data loading, pipeline
     actions and collectives, and write it as Chrome trace JSON (see the module docstring).
 
     ``path``: the output folder (created); ``format``: MegEngine's file-name suffix;
     ``model``: a Module whose sub-module paths name the module events (else their class names).
+    A context manager, or a decorator that profiles every call of the function it decorates.
     """
 
     def __init__(self, path: str = "profile", format: str = "chrome_timeline.json",
@@ -168,14 +168,6 @@ class Profiler:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-    def __call__(self, func: Callable) -> Callable:
-        """Use as a decorator: profile every call of ``func``."""
-        @functools.wraps(func)
-        def profiled(*args, **kwargs):
-            with self:
-                return func(*args, **kwargs)
-        return profiled
 
     # -- output -------------------------------------------------------------------------------
     def trace(self) -> dict:

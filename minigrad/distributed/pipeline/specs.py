@@ -10,9 +10,12 @@ know each layer's count. Where it can, a spec's count comes from its arguments, 
 without building anything:
 
 * a classmethod ``parameter_count(*args, **kwargs)`` (a user's layer; subclasses inherit it);
-* else the layer's own ``count_parameters(*args, **kwargs)``, which minigrad's layers define
-  (``M.Linear.count_parameters(64, 32) == 2080``). It is asked only of the class that defines it:
-  a subclass may take other arguments, so its count is not guessed.
+* else the layer's ``count_parameters(*args, **kwargs)``, which minigrad's layers define
+  (``M.Linear.count_parameters(64, 32) == 2080``). The count mirrors a constructor, so it is asked
+  of the class that defines it, or inherited from a base that defines it for the constructor it
+  inherits itself (a base without its own ``__init__``, such as the activations' shared base),
+  as long as no class in between adds an ``__init__``. A subclass of a layer that defines both
+  may take other arguments, so its count is not guessed.
 
 Otherwise (:meth:`LayerSpec.num_parameters` is None) the spec is built once, its trainable
 parameters counted and the layer discarded, as DeepSpeed does (:meth:`LayerSpec.count_by_building`).
@@ -62,8 +65,7 @@ class LayerSpec:
         counter = getattr(self.typename, "parameter_count", None)
         if counter is not None:
             return int(counter(*self.module_args, **self.module_kwargs))
-        counter = vars(self.typename).get("count_parameters")
-        if counter is None:
+        if not _counts_its_constructor(self.typename):
             return None
         counter = self.typename.count_parameters
         try:
@@ -95,6 +97,25 @@ class LayerSpec:
         args = [repr(a) for a in self.module_args]
         args += [f"{k}={v!r}" for k, v in self.module_kwargs.items()]
         return f"{type(self).__name__}({', '.join([self.typename.__name__, *args])})"
+
+
+def _defining_class(cls: type, name: str) -> type | None:
+    """The nearest class in ``cls``'s MRO whose own namespace holds ``name`` (None: none does)."""
+    return next((c for c in cls.__mro__ if name in vars(c)), None)
+
+
+def _counts_its_constructor(cls: type) -> bool:
+    """Whether ``cls.count_parameters`` describes ``cls``'s constructor: it is ``cls``'s own, or
+    it comes from a base that defines no ``__init__`` and sits below the class whose ``__init__``
+    ``cls`` uses (a count written for the constructor that the base inherits, so for ``cls`` too).
+    A count defined next to a constructor (``M.Linear``'s) is not passed to subclasses."""
+    owner = _defining_class(cls, "count_parameters")
+    if owner is None or vars(owner)["count_parameters"] is None:
+        return False
+    if owner is cls:
+        return True
+    init_owner = _defining_class(cls, "__init__")
+    return owner is not init_owner and issubclass(owner, init_owner)
 
 
 class TiedLayerSpec(LayerSpec):

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 from minigrad.distributed.runtime.settings import PREFIXED_ENV
+from minigrad.logger import StderrHandler
 
 LOGGER_NAME = "minigrad.distributed"
 
@@ -47,16 +47,14 @@ class _RankFormatter(logging.Formatter):
         return f"[rank {_rank}] {line}"
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to the *current* ``sys.stderr`` (launchers and test harnesses replace it)."""
+class _RankHandler(StderrHandler):
+    """The distributed logger's handler: writes to the *current* ``sys.stderr`` (launchers and
+    test harnesses replace it), through the rank filter and the rank prefix."""
 
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):  # StreamHandler.__init__ assigns it; the property always wins
-        pass
+    def __init__(self):
+        super().__init__()
+        self.addFilter(_RankFilter())
+        self.setFormatter(_RankFormatter("%(levelname)s %(name)s: %(message)s"))
 
 
 def get_logger(name: str | None = None) -> logging.Logger:
@@ -66,11 +64,8 @@ def get_logger(name: str | None = None) -> logging.Logger:
     it, or set its level, like any ``logging.Logger``.
     """
     base = logging.getLogger(LOGGER_NAME)
-    if not any(isinstance(h, _StderrHandler) for h in base.handlers):
-        handler = _StderrHandler()
-        handler.addFilter(_RankFilter())
-        handler.setFormatter(_RankFormatter("%(levelname)s %(name)s: %(message)s"))
-        base.addHandler(handler)
+    if not any(isinstance(h, _RankHandler) for h in base.handlers):
+        base.addHandler(_RankHandler())
         base.setLevel(logging.INFO)
         base.propagate = False
     if name is None or name == LOGGER_NAME:

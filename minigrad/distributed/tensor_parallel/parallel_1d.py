@@ -58,6 +58,19 @@ __all__ = [
 ]
 
 
+def _row_parallel_linear(layer: ParallelModule, x: Tensor, input_is_split: bool) -> Tensor:
+    """The forward of a layer whose weight is split by input features (``Linear1DRow``,
+    ``Classifier1D``): split a whole input along its features unless it is split already,
+    multiply by this rank's block of the weight, sum the partial products over the layer's group,
+    then add the (whole) bias."""
+    if not input_is_split:
+        layer.check_features(x, layer.in_features)
+        x = split_to_region(x, layer.group, -1)
+    layer.check_features(x, layer.weight.shape[1])
+    y = reduce_from_region(F.linear(x, layer.weight), layer.group)
+    return y if layer.bias is None else y + layer.bias
+
+
 class Linear1DCol(ParallelModule):
     """Column-parallel ``y = x @ weight.T + bias``: this rank keeps ``out_features / P`` output
     features (rows of the ``(out, in)`` weight and the bias). The input is whole; the output is
@@ -127,12 +140,7 @@ class Linear1DRow(ParallelModule):
         advance_layout(self.ctx, self.output_layout)
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.input_is_parallel:
-            self.check_features(x, self.in_features)
-            x = split_to_region(x, self.group, -1)
-        self.check_features(x, self.weight.shape[1])
-        y = reduce_from_region(F.linear(x, self.weight), self.group)
-        return y if self.bias is None else y + self.bias
+        return _row_parallel_linear(self, x, self.input_is_parallel)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -357,12 +365,7 @@ class Classifier1D(ParallelModule):
         advance_layout(self.ctx, self.output_layout)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.input_layout is not SPLIT_1D:
-            self.check_features(x, self.in_features)
-            x = split_to_region(x, self.group, -1)
-        self.check_features(x, self.weight.shape[1])
-        y = reduce_from_region(F.linear(x, self.weight), self.group)
-        return y if self.bias is None else y + self.bias
+        return _row_parallel_linear(self, x, self.input_layout is SPLIT_1D)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, num_classes={self.num_classes}, "
