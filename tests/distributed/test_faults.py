@@ -16,6 +16,7 @@ import pytest
 
 import minigrad.distributed as dist
 from minigrad.distributed import comm
+from minigrad.distributed.runtime import launcher as launcher_module
 from minigrad.testing.distributed import run_workers
 from minigrad.testing.wait import wait_until
 
@@ -231,8 +232,17 @@ def test_port_already_in_use_is_a_clear_error():
         blocker.close()
 
 
-def test_no_shared_memory_left_behind():
-    before = _mg_shm_files()
+def test_no_shared_memory_left_behind(monkeypatch):
+    # only this test's jobs count (another suite may run on the machine at the same time)
+    jobs = []
+    start = launcher_module.start_job_store
+
+    def recording_start(*args):
+        server, port, secret, job = start(*args)
+        jobs.append(job)
+        return server, port, secret, job
+
+    monkeypatch.setattr(launcher_module, "start_job_store", recording_start)
 
     def body():
         comm.send(np.ones(10), (dist.get_rank() + 1) % 2)
@@ -244,7 +254,9 @@ def test_no_shared_memory_left_behind():
     run_workers(body, 2, timeout=30)
     with pytest.raises(dist.LaunchError):
         run_workers(lambda: os.kill(os.getpid(), signal.SIGKILL), 2, timeout=30)
-    assert _mg_shm_files() - before == set()
+    assert len(jobs) == 2
+    assert {f for f in _mg_shm_files() for job in jobs if f.startswith(f"/dev/shm/mg-{job}-")} \
+        == set()
 
 
 @pytest.mark.stress
