@@ -9,7 +9,7 @@ import minigrad.functional as F
 import minigrad.module as M
 import minigrad.optimizer as optim
 
-IN, HID, OUT, BATCH = 4, 8, 3, 8
+IN, HID, OUT, BATCH = 4, 8, 4, 8
 
 
 def float64(model):

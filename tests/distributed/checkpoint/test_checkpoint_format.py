@@ -55,7 +55,7 @@ def _steps(state, gm, it, start, stop):
     out = []
     for step in range(start, stop):
         (x,) = next(it)
-        y = np.tanh(x[:, :3])
+        y = np.tanh(x[:, :4])
         train_step(state["model"], state["optim"], gm, x, y, state["sched"])
         state["step"] = step + 1
         out.append(mg.random.rand(1).item())  # the random stream must continue too
