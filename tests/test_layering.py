@@ -227,6 +227,7 @@ SEAM_USERS = {  # seam -> (modules that install into it, modules that watch it)
         "minigrad.backend.transfer"}),
     "TRACER": ({"minigrad.utils.profiler"}, {
         "minigrad.autodiff.function", "minigrad.autodiff.engine", "minigrad.module.module"}),
+    "CHECKPOINT": ({"minigrad.distributed.checkpoint"}, set()),
 }
 # the dispatch hook is a class attribute (read on every op): who may name it, and why
 DISPATCH_USERS = {

@@ -8,6 +8,8 @@
 * :mod:`.storage`: the directory: one safetensors file per writing rank, ``index.json`` (the
   commit), ``latest``;
 * :mod:`.saving`: ``save`` and ``async_save``; :mod:`.loading`: ``load`` and ``latest``;
+* :mod:`.engine`: DeepSpeed's ``engine.save_checkpoint``/``load_checkpoint`` on the pipeline
+  engine (through :data:`minigrad.seams.CHECKPOINT`);
 * :mod:`.consolidate`: one full-weights file (``python -m minigrad.distributed.checkpoint
   consolidate DIR OUT``).
 
@@ -23,11 +25,15 @@ Example::
     dist.checkpoint.load(state, dist.checkpoint.latest("ckpt"))
 """
 
+from minigrad import seams
 from minigrad.distributed.checkpoint.consolidate import consolidate, full_tensors
+from minigrad.distributed.checkpoint.engine import EngineCheckpoints
 from minigrad.distributed.checkpoint.loading import latest, load
 from minigrad.distributed.checkpoint.saving import async_save, save
 from minigrad.distributed.checkpoint.storage import read_index
 from minigrad.serialization import CheckpointError
+
+seams.CHECKPOINT.install(EngineCheckpoints())
 
 __all__ = [
     "CheckpointError",
