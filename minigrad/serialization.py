@@ -260,15 +260,17 @@ def save(obj: Any, f, pickle: bool = False, global_dst_rank: int | None = None) 
     atomic_write(os.fspath(f), payload)
 
 
-def atomic_write(path: str, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` so that readers see the old file or the new one, never a
-    part: a temporary file in the same directory, fsynced, renamed over ``path``."""
+def atomic_write(path: str, payload) -> None:
+    """Write ``payload`` (bytes, or a list of buffers written one after another without joining
+    them) to ``path`` so that readers see the old file or the new one, never a part: a temporary
+    file in the same directory, fsynced, renamed over ``path``."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
                                suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(payload)
+            for part in (payload if isinstance(payload, list) else [payload]):
+                out.write(part)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)

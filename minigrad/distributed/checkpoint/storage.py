@@ -22,7 +22,6 @@ import os
 
 import numpy as np
 from safetensors import safe_open
-from safetensors.numpy import save as st_save
 
 from minigrad.backend.dtypes import bfloat16
 from minigrad.serialization import CheckpointError, atomic_write, checksum
@@ -81,9 +80,37 @@ def write_pieces(directory: str, rank: int, pieces: list) -> dict | None:
         records.append({"key": key, "name": name, "offsets": list(box.offsets),
                         "sizes": list(box.sizes), "crc32": checksum(stored)})
     file = rank_file(rank)
-    payload = st_save(arrays, metadata={"format": FORMAT})
-    atomic_write(os.path.join(directory, file), payload)
-    return {"file": file, "bytes": len(payload), "pieces": records}
+    parts = safetensors_parts(arrays, {"format": FORMAT})
+    atomic_write(os.path.join(directory, file), parts)
+    return {"file": file, "bytes": sum(memoryview(p).nbytes for p in parts), "pieces": records}
+
+
+#: safetensors' names of the dtypes a checkpoint stores (bfloat16 is stored as uint16 bits)
+_ST_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64",
+              "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64", "uint32": "U32",
+              "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
+
+
+def safetensors_parts(arrays: dict, metadata: dict) -> list:
+    """A safetensors file as a list of buffers — the length-prefixed JSON header, then each
+    array's bytes in place — so that large arrays are written without first being joined into
+    one payload (the layout of the safetensors specification; ``safe_open`` reads it)."""
+    header, offset, data = {"__metadata__": metadata}, 0, []
+    for name, arr in arrays.items():
+        dtype = _ST_DTYPES.get(arr.dtype.name)
+        if dtype is None:
+            raise TypeError(f"dist.checkpoint.save: {name!r} has dtype {arr.dtype.name}, which "
+                            "safetensors cannot store")
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        header[name] = {"dtype": dtype, "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+        data.append(memoryview(arr.reshape(-1)).cast("B") if arr.size else b"")
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    return [len(text).to_bytes(8, "little"), text, *data]
 
 
 def write_index(directory: str, index: dict) -> None:
