@@ -174,3 +174,24 @@ def test_consolidate_command_writes_one_full_weights_file(tmp_path):
     assert sorted(full) == sorted(params(model))
     for k, v in params(model).items():
         assert np.array_equal(full[k], v), k
+
+
+def test_loading_into_another_layout_names_both_layouts(tmp_path):
+    import logging
+
+    run_workers(_replicas_save, 2, str(tmp_path))
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = dist.get_logger()
+    logger.addHandler(handler)
+    try:
+        model = mlp(3)
+        dist.checkpoint.load({"model": model, "optim": adam(model)}, str(tmp_path / "a"))
+        dist.checkpoint.load({"model": model, "optim": adam(model)}, str(tmp_path / "a"),
+                             rng=False)
+    finally:
+        logger.removeHandler(handler)
+    messages = [r.getMessage() for r in records if "resharding" in r.getMessage()]
+    assert len(messages) == 2
+    assert "saved with world size 2; resharding to world size 1" in messages[0]
