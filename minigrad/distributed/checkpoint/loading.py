@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from minigrad.distributed.checkpoint.pieces import Box, check_coverage, fill
+from minigrad.distributed.checkpoint.pieces import Box, assemble, check_coverage
 from minigrad.distributed.checkpoint.saving import describe_layout, gather, world
 from minigrad.distributed.checkpoint.state import collect
 from minigrad.distributed.checkpoint.storage import (
@@ -40,33 +40,23 @@ def validate_index(index: dict, directory: str) -> None:
                 f"dist.checkpoint.load: {os.path.join(directory, INDEX)!r} is inconsistent: {why}")
 
 
-def _bounds_overlap(index, piece: dict) -> bool:
-    for idx, a, n in zip(index, piece["offsets"], piece["sizes"]):
-        if len(idx) == 0 or idx[-1] < a or idx[0] >= a + n:
-            return False
-    return True
-
-
 def _read_shard(shard, meta: dict, reader: PieceReader) -> np.ndarray:
     if tuple(meta["shape"]) != tuple(shard.shape):
         raise CheckpointError(
             f"dist.checkpoint.load: tensor {shard.key!r} has shape {tuple(meta['shape'])} in the "
             f"checkpoint, but {tuple(shard.shape)} here")
-    for piece in meta["pieces"]:  # the same layout: one stored piece is exactly this shard
-        if list(piece["sizes"]) == list(shard.local_shape) and all(
-                len(i) == 0 or (i[0] == a and i[-1] == a + n - 1)
-                for i, a, n in zip(shard.index, piece["offsets"], piece["sizes"])):
-            return reader.read(shard.key, meta["dtype"], piece)
-    out = np.empty(shard.local_shape, np_dtype(meta["dtype"]))
-    done = np.zeros(shard.local_shape, bool)
-    for piece in meta["pieces"]:
-        if _bounds_overlap(shard.index, piece):
-            arr = reader.read(shard.key, meta["dtype"], piece)
-            fill(out, done, shard.index, Box(tuple(piece["offsets"]), tuple(piece["sizes"])), arr)
-    if not done.all():
+    if shard.flat is None:
+        for piece in meta["pieces"]:  # the same layout: one stored piece is exactly this shard
+            if list(piece["sizes"]) == list(shard.local_shape) and all(
+                    len(i) == 0 or (i[0] == a and i[-1] == a + n - 1)
+                    for i, a, n in zip(shard.index, piece["offsets"], piece["sizes"])):
+                return reader.read(shard.key, meta["dtype"], piece)
+    out = assemble(shard, np_dtype(meta["dtype"]), meta["pieces"],
+                   lambda piece: reader.read(shard.key, meta["dtype"], piece))
+    if out is None:
         raise CheckpointError(
-            f"dist.checkpoint.load: tensor {shard.key!r}: {int((~done).sum())} of the elements "
-            "this rank needs are in no piece")
+            f"dist.checkpoint.load: tensor {shard.key!r}: some of the elements this rank needs "
+            "are in no piece")
     return out
 
 

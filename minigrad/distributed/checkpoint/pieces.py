@@ -10,12 +10,15 @@ layout holds a tensor is only a question of which logical elements each rank has
   or several for a fused query/key/value weight cut chunk by chunk);
 * a pipeline stage holds whole tensors of its own layers only;
 * a global tensor holds the box that its SBP gives its mesh coordinate;
-* a sharded optimizer (ZeRO) holds its slice of a parameter's rows: again a box.
+* a sharded optimizer (ZeRO) holds a range of the flattened parameter: a *flat* shard, which
+  is a few boxes in row-major order (:func:`flat_boxes`).
 
-:class:`Shard` is one rank's part of one logical tensor, as per-dimension index arrays into the
-logical tensor. :func:`boxes` cuts a shard into boxes for writing; :func:`check_coverage` proves
-that a set of boxes covers a logical tensor exactly once; :func:`fill` copies the overlap of a
-stored piece into a shard being loaded, whatever the two layouts.
+:class:`Shard` is one rank's part of one logical tensor: per-dimension index arrays into the
+logical tensor, or a flat range ``[start, stop)`` of its row-major elements (then the local array
+is 1-D). :func:`boxes` cuts a shard into boxes for writing; :func:`check_coverage` proves that a
+set of boxes covers a logical tensor exactly once; :func:`fill` copies the overlap of a stored
+piece into a shard being loaded, whatever the two layouts; :func:`assemble` builds a shard's local
+array from the stored pieces.
 """
 
 from __future__ import annotations
@@ -26,7 +29,16 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Box", "Shard", "boxes", "check_coverage", "fill", "full_index"]
+__all__ = [
+    "Box",
+    "Shard",
+    "assemble",
+    "boxes",
+    "check_coverage",
+    "fill",
+    "flat_boxes",
+    "full_index",
+]
 
 
 @dataclass(frozen=True)
@@ -53,20 +65,38 @@ class Box:
 @dataclass
 class Shard:
     """This rank's part of the logical tensor ``key`` of ``shape`` and ``dtype``: per dimension,
-    the logical indices it holds (ascending). ``read()`` returns the local array (for saving),
-    ``write(array)`` stores a loaded one (of the local shape)."""
+    the logical indices it holds (ascending), or with ``flat = (start, stop)`` that range of the
+    row-major elements (``index`` unused; the local array is 1-D). ``read()`` returns the local
+    array (for saving), ``write(array)`` stores a loaded one (of the local shape)."""
 
     key: str
     shape: tuple[int, ...]
     dtype: np.dtype
-    index: tuple[np.ndarray, ...]
+    index: tuple[np.ndarray, ...] | None
     read: Callable[[], np.ndarray]
     write: Callable[[np.ndarray], None]
+    flat: tuple[int, int] | None = None
 
     @property
     def local_shape(self) -> tuple[int, ...]:
         """The shape of the local array."""
+        if self.flat is not None:
+            return (self.flat[1] - self.flat[0],)
         return tuple(len(i) for i in self.index)
+
+    def parts(self) -> list[tuple[Box, tuple[np.ndarray, ...], slice | None]]:
+        """The shard as ``(bounding box, index, segment)``: for a flat shard one per box of its
+        range, with the segment of the 1-D local array that holds it; else the index itself."""
+        if self.flat is None:
+            bound = Box(tuple(int(i[0]) if len(i) else 0 for i in self.index),
+                        tuple(int(i[-1] - i[0] + 1) if len(i) else 0 for i in self.index))
+            return [(bound, self.index, None)]
+        out, pos = [], 0
+        for box in flat_boxes(self.shape, *self.flat):
+            index = tuple(np.arange(a, a + n) for a, n in zip(box.offsets, box.sizes))
+            out.append((box, index, slice(pos, pos + box.volume)))
+            pos += box.volume
+        return out
 
 
 def full_index(shape) -> tuple[np.ndarray, ...]:
@@ -84,15 +114,47 @@ def _runs(index: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(index[a]), int(a), int(b - a)) for a, b in zip(starts, stops)]
 
 
-def boxes(shard: Shard) -> list[tuple[Box, tuple[slice, ...]]]:
-    """The shard as boxes of the logical tensor, each with the slice of the local array that
-    holds it."""
+def flat_boxes(shape, start: int, stop: int) -> list[Box]:
+    """The boxes, in row-major order, that make up the elements ``[start, stop)`` of a tensor
+    of ``shape`` flattened (at most two partial rows per dimension around one block)."""
+    shape = tuple(int(n) for n in shape)
+    if stop <= start:
+        return []
+    if not shape:
+        return [Box((), ())]
+    inner = math.prod(shape[1:])
+    first, first_at = divmod(start, inner)
+    last, last_at = divmod(stop, inner)
+    rest = shape[1:]
+
+    def rows(row: int, a: int, b: int) -> list[Box]:
+        return [Box((row,) + x.offsets, (1,) + x.sizes) for x in flat_boxes(rest, a, b)]
+
+    if first == last:
+        return rows(first, first_at, last_at)
+    out = []
+    if first_at:
+        out += rows(first, first_at, inner)
+        first += 1
+    if last > first:
+        out.append(Box((first,) + (0,) * len(rest), (last - first,) + rest))
+    if last_at:
+        out += rows(last, 0, last_at)
+    return out
+
+
+def boxes(shard: Shard) -> list[tuple[Box, Callable[[np.ndarray], np.ndarray]]]:
+    """The shard as boxes of the logical tensor, each with a function taking the local array to
+    the box's part of it (box-shaped)."""
+    if shard.flat is not None:
+        return [(box, lambda a, seg=seg, box=box: a[seg].reshape(box.sizes))
+                for box, _, seg in shard.parts()]
     per_dim = [_runs(np.asarray(i)) for i in shard.index]
     out = [((), (), ())]
     for runs in per_dim:
         out = [(o + (g,), s + (n,), sl + (slice(l, l + n),))
                for o, s, sl in out for g, l, n in runs]
-    return [(Box(o, s), sl) for o, s, sl in out]
+    return [(Box(o, s), lambda a, sl=sl: a[sl]) for o, s, sl in out]
 
 
 def check_coverage(key: str, shape: tuple[int, ...], pieces: list[tuple[Box, str]]) -> str | None:
@@ -142,3 +204,23 @@ def fill(out: np.ndarray, done: np.ndarray, index: tuple[np.ndarray, ...], box: 
         src = np.ix_(*[np.arange(s.start, s.stop) if isinstance(s, slice) else s for s in src])
     out[dst] = piece[src]
     done[dst] = True
+
+
+def assemble(shard: Shard, dtype: np.dtype, pieces: list,
+             read: Callable[[dict], np.ndarray]) -> np.ndarray | None:
+    """The local array of ``shard`` from the stored ``pieces`` (index records with
+    ``offsets``/``sizes``; ``read(piece)`` returns its array), reading only the pieces that
+    overlap it; None when some element is in no piece."""
+    out = np.empty(shard.local_shape, dtype)
+    complete = True
+    for bound, index, seg in shard.parts():
+        target = out if seg is None else np.empty(bound.sizes, dtype)
+        done = np.zeros(target.shape, bool)
+        for piece in pieces:
+            box = Box(tuple(piece["offsets"]), tuple(piece["sizes"]))
+            if bound.volume and box.volume and bound.overlaps(box):
+                fill(target, done, index, box, read(piece))
+        complete = complete and bool(done.all())
+        if seg is not None:
+            out[seg] = target.reshape(-1)
+    return out if complete else None

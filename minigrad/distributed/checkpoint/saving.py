@@ -147,7 +147,7 @@ def _prepare(state: dict, directory: str, rng: bool, copy: bool):
             continue
         if id(shard) not in arrays:
             arrays[id(shard)] = shard.read()
-        arr = arrays[id(shard)][where]
+        arr = where(arrays[id(shard)])
         pieces.append((key, box, arr.copy() if copy else arr, dtype))
     return directory, plan, pieces
 

@@ -9,7 +9,10 @@
 * an :class:`~minigrad.optimizer.Optimizer`: each parameter's state (Adam's moments) is a logical
   tensor sharded exactly like the parameter (``"<key>/state/<param name>/exp_avg"``), the step
   counts and hyper-parameters are plain values per parameter, so a checkpoint taken with one
-  grouping or layout (a pipeline stage's parameters) loads into another (the whole model);
+  grouping or layout (a pipeline stage's parameters) loads into another (the whole model). A
+  sharded optimizer (ZeRO) whose state arrays hold a range of each flattened parameter says so
+  with ``state_shard(param) -> (start, stop)``: its state is then a flat shard of the same
+  logical tensor, and loads into any other sharding (or none);
 * any other object with ``state_dict``/``load_state_dict`` ("stateful": an LR scheduler, a
   GradScaler, a DataLoader): its state dict, arrays in it stored as replicated tensors;
 * a Tensor or NumPy array (loaded in place), or a plain value (replaced in ``state``);
@@ -191,9 +194,15 @@ def _optimizer(items: StateItems, key: str, opt: Optimizer, names: _ParamNames) 
             pname = names.name(p, i)
             hyper = {k: v for k, v in group_of[id(p)].items() if k != "params"}
             items.objects[f"{key}/param_groups/{pname}"] = to_json(hyper, key, _no_arrays)
+            flat = _flat_range(opt, p)
             for sname, value in saved["state"].get(i, {}).items():
                 skey = f"{key}/state/{pname}/{sname}"
-                if _is_param_shaped(value, p):
+                if flat is not None and np.ndim(value) == 1 and \
+                        len(value) == flat[1] - flat[0]:
+                    arr = np.ascontiguousarray(to_numpy(value))
+                    items.shards.append(Shard(skey, _logical_shape(p, names), arr.dtype, None,
+                                              lambda a=arr: a, None, flat=flat))
+                elif _is_param_shaped(value, p):
                     arr = np.ascontiguousarray(to_numpy(value))
                     shard = names.shard(skey, p, lambda a=arr: a, None)
                     if shard is not None:
@@ -213,7 +222,12 @@ def _optimizer(items: StateItems, key: str, opt: Optimizer, names: _ParamNames) 
             if skey in tensors and tuple(tensors[skey]["shape"]) == _logical_shape(p, names):
                 def write(arr, i=i, sname=sname):
                     restored.setdefault(i, {})[sname] = arr
-                shard = names.shard(skey, p, lambda: None, write)
+                flat = _flat_range(opt, p)
+                if flat is not None:
+                    shard = Shard(skey, _logical_shape(p, names), tensors[skey]["dtype"], None,
+                                  lambda: None, write, flat=flat)
+                else:
+                    shard = names.shard(skey, p, lambda: None, write)
                 if shard is not None:
                     items.shards.append(shard)
             elif skey in objects:
@@ -244,6 +258,17 @@ def _optimizer(items: StateItems, key: str, opt: Optimizer, names: _ParamNames) 
         opt.load_state_dict({"param_groups": groups, "state": state})
 
     items.finishers.append(finish)
+
+
+def _flat_range(opt, p) -> tuple[int, int] | None:
+    """The range of ``p``'s flattened logical elements whose state ``opt`` keeps on this rank,
+    for a sharded optimizer (ZeRO) that says so with ``state_shard(param) -> (start, stop)``;
+    None: the state has the parameter's own shape."""
+    state_shard = getattr(opt, "state_shard", None)
+    if state_shard is None:
+        return None
+    got = state_shard(p)
+    return None if got is None else (int(got[0]), int(got[1]))
 
 
 def _logical_shape(p, names: _ParamNames) -> tuple:

@@ -17,7 +17,14 @@ from minigrad.data import DataLoader
 from minigrad.data.dataset import ArrayDataset
 from minigrad.data.sampler import Infinite, RandomSampler
 from minigrad.distributed.checkpoint import saving
-from minigrad.distributed.checkpoint.pieces import Box, Shard, boxes, check_coverage
+from minigrad.distributed.checkpoint.pieces import (
+    Box,
+    Shard,
+    assemble,
+    boxes,
+    check_coverage,
+    flat_boxes,
+)
 from minigrad.testing.distributed import run_workers
 
 
@@ -35,8 +42,46 @@ def test_chunked_shard_is_cut_into_one_box_per_run():
     local = np.arange(8.0).reshape(4, 2)
     shard = Shard("qkv", (8, 2), local.dtype, (np.array([0, 1, 4, 5]), np.arange(2)),
                   lambda: local, None)
-    got = [(b.offsets, b.sizes, local[s].tolist()) for b, s in boxes(shard)]
+    got = [(b.offsets, b.sizes, part(local).tolist()) for b, part in boxes(shard)]
     assert got == [((0, 0), (2, 2), [[0, 1], [2, 3]]), ((4, 0), (2, 2), [[4, 5], [6, 7]])]
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (2, 3, 4), (7,), (1, 1, 6)])
+def test_flat_ranges_are_boxes_in_row_major_order(shape):
+    full = np.arange(np.prod(shape)).reshape(shape)
+    n = full.size
+    for start in range(n):
+        for stop in range(start, n + 1):
+            parts = flat_boxes(shape, start, stop)
+            got = np.concatenate([full[tuple(slice(a, a + k) for a, k in
+                                             zip(b.offsets, b.sizes))].reshape(-1)
+                                  for b in parts] or [np.zeros(0, int)])
+            assert got.tolist() == list(range(start, stop)), (start, stop, parts)
+            assert len(parts) <= 2 * len(shape) - 1
+
+
+def test_flat_shards_and_per_dimension_shards_exchange_values():
+    """A ZeRO-style flat shard (a range of the flattened tensor) is another sharding of the same
+    logical tensor: pieces written by flat shards fill per-dimension shards and the reverse."""
+    full = np.arange(15.0).reshape(5, 3)
+    written = []
+    for lo, hi in [(0, 7), (7, 15)]:
+        local = full.reshape(-1)[lo:hi].copy()
+        shard = Shard("w", (5, 3), local.dtype, None, lambda a=local: a, None, flat=(lo, hi))
+        for box, part in boxes(shard):
+            written.append(({"offsets": box.offsets, "sizes": box.sizes}, part(local)))
+    assert check_coverage("w", (5, 3), [(Box(p["offsets"], p["sizes"]), "") for p, _ in
+                                        written]) is None
+    arrays = {id(p): a for p, a in written}
+    pieces = [p for p, _ in written]
+    rows = Shard("w", (5, 3), full.dtype, (np.arange(1, 4), np.arange(3)), None, None)
+    assert np.array_equal(assemble(rows, full.dtype, pieces, lambda p: arrays[id(p)]),
+                          full[1:4])
+    flat = Shard("w", (5, 3), full.dtype, None, None, None, flat=(2, 13))
+    assert np.array_equal(assemble(flat, full.dtype, pieces, lambda p: arrays[id(p)]),
+                          full.reshape(-1)[2:13])
+    half = Shard("w", (5, 3), full.dtype, None, None, None, flat=(2, 13))
+    assert assemble(half, full.dtype, pieces[:1], lambda p: arrays[id(p)]) is None
 
 
 # -- one process: everything a run needs ---------------------------------------------------------
