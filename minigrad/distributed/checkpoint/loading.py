@@ -87,8 +87,10 @@ def load(state: dict, checkpoint_id, *, rng: bool = True) -> dict:
                 raise CheckpointError(
                     f"dist.checkpoint.load: tensor {shard.key!r} is not in {directory!r}")
             pending.append((shard, _read_shard(shard, meta, reader)))
-    except (CheckpointError, KeyError) as exc:
-        error = str(exc).strip("'\"")
+    except CheckpointError as exc:
+        error = str(exc)
+    except Exception as exc:  # reported on every rank below, instead of one rank leaving
+        error = f"dist.checkpoint.load: {type(exc).__name__}: {str(exc).strip(chr(39))}"
     errors = gather(error)
     if any(errors):
         messages = []

@@ -130,16 +130,23 @@ def _prepare(state: dict, directory: str, rng: bool, copy: bool):
         for name in os.listdir(directory):
             if name == INDEX or name.endswith(".manifest.json"):
                 os.unlink(os.path.join(directory, name))
-    items = collect(state, rng=rng)
-    proposals, local = [], {}
-    for shard in items.shards:
-        dtype = dtype_name(shard.dtype)
-        for box, where in boxes(shard):
-            proposals.append([shard.key, list(shard.shape), dtype, list(box.offsets),
-                              list(box.sizes)])
-            local[(shard.key, (box.offsets, box.sizes))] = (shard, box, where, dtype)
+    proposals, local, objects, error = [], {}, {}, None
+    try:
+        items = collect(state, rng=rng)
+        objects = items.objects
+        for shard in items.shards:
+            dtype = dtype_name(shard.dtype)
+            for box, where in boxes(shard):
+                proposals.append([shard.key, list(shard.shape), dtype, list(box.offsets),
+                                  list(box.sizes)])
+                local[(shard.key, (box.offsets, box.sizes))] = (shard, box, where, dtype)
+    except (TypeError, ValueError, KeyError) as exc:  # told to every rank: none waits alone
+        error = f"rank {rank}: {exc}"
     gathered = gather({"save_id": uuid.uuid4().hex, "layout": describe_layout(),
-                       "pieces": proposals, "objects": items.objects})
+                       "pieces": proposals, "objects": objects, "error": error})
+    errors = [g["error"] for g in gathered if g["error"]]
+    if errors:
+        raise CheckpointError("dist.checkpoint.save: " + "; ".join(errors))
     plan = _Plan(gathered, rank)
     pieces, arrays = [], {}
     for (key, box_key), (shard, box, where, dtype) in local.items():

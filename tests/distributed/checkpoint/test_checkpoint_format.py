@@ -240,3 +240,18 @@ def test_loading_into_another_layout_names_both_layouts(tmp_path):
     messages = [r.getMessage() for r in records if "resharding" in r.getMessage()]
     assert len(messages) == 2
     assert "saved with world size 2; resharding to world size 1" in messages[0]
+
+
+def _unsavable_on_rank_1(root):
+    state = {"step": 1, "note": object() if dist.get_rank() == 1 else "fine"}
+    try:
+        dist.checkpoint.save(state, os.path.join(root, "c"))
+    except dist.checkpoint.CheckpointError as exc:
+        return str(exc)
+    return "saved"
+
+
+def test_a_value_one_rank_cannot_save_fails_every_rank(tmp_path):
+    for msg in run_workers(_unsavable_on_rank_1, 2, str(tmp_path), timeout=60):
+        assert "rank 1: dist.checkpoint.save: cannot store builtins.object at 'note'" in msg
+    assert not os.path.exists(tmp_path / "c" / "index.json")
