@@ -54,7 +54,7 @@ def _global_train(sbp_name, stop, root=None, save_at=None, resume=False):
     layer.to_global(P, mg.sbp.broadcast)
     layer.weight = mg.Parameter(layer.weight.to_global(sbp=sbp))
     layer.bias = mg.Parameter(layer.bias.to_global(sbp=sbp))
-    opt = optim.SGD(layer.parameters(), lr=0.1)
+    opt = optim.Adam(layer.parameters(), lr=0.05)
     gm = ad.GradManager().attach(layer.parameters())
     state = {"model": layer, "optim": opt, "step": 0}
     if resume:
@@ -75,15 +75,18 @@ def _global_train(sbp_name, stop, root=None, save_at=None, resume=False):
             "local": layer.weight.to_local().numpy().shape}
 
 
-def test_global_tensor_model_split0_resumes_as_broadcast(tmp_path):
+@pytest.mark.parametrize("saved, loaded", [("split0", "broadcast"), ("broadcast", "split0")])
+def test_global_tensor_model_resumes_in_another_sbp(tmp_path, saved, loaded):
+    """Adam on global parameters: the moments are pieces of the same SBP as their parameter."""
     root = str(tmp_path)
-    saved = run_workers(_global_train, 2, "split0", K, root, save_at=K)
-    assert saved[0]["local"] == (4, 4)  # each rank held half of the rows
-    got = run_workers(_global_train, 2, "broadcast", N, root, resume=True)
-    ref = run_workers(_global_train, 2, "broadcast", N)
-    assert got[0]["local"] == (8, 4)
+    local = {"split0": (4, 4), "broadcast": (8, 4)}
+    first = run_workers(_global_train, 2, saved, K, root, save_at=K)
+    assert first[0]["local"] == local[saved]  # split: each rank held half of the rows
+    got = run_workers(_global_train, 2, loaded, N, root, resume=True)
+    ref = run_workers(_global_train, 2, loaded, N)
+    assert got[0]["local"] == local[loaded]
     for r in range(2):
         for name in ("weight", "bias"):
             np.testing.assert_allclose(got[r][name], ref[r][name], rtol=0, atol=1e-10)
-    moved = run_workers(_global_train, 2, "broadcast", K)
+    moved = run_workers(_global_train, 2, loaded, K)
     assert not np.allclose(moved[0]["weight"], ref[0]["weight"])
