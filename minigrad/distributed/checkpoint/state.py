@@ -338,8 +338,7 @@ def _walk(items: StateItems, state: dict, prefix: str, names: _ParamNames) -> No
         elif isinstance(value, (Tensor, np.ndarray)):
             _array_entry(items, key, value)
         elif _stateful(value):
-            template = value.state_dict()
-            items.add_value(key, template if not items.loading else None,
+            items.add_value(key, None if items.loading else value.state_dict(),
                             value.load_state_dict)
         else:
             items.add_value(key, value, lambda v, state=state, k=k: state.__setitem__(k, v))
