@@ -1,7 +1,7 @@
 """The places where a lower layer calls a higher one at run time, named in one module.
 
 minigrad's layers import one way (backend -> autodiff/tensor -> functional -> module ->
-optimizer/data -> distributed), checked by ``tests/test_layering.py``. Six behaviours still need
+optimizer/data -> distributed), checked by ``tests/test_layering.py``. Seven behaviours still need
 a lower layer to call code that lives above it. Each is a :class:`Seam` here: the lower layer
 reads it, the higher layer fills it when it is imported, and nobody imports upward.
 
@@ -18,7 +18,13 @@ seam              read by                       filled by                     wh
                   ``data.dataloader``,
                   ``distributed.pipeline`` (and
                   ``comm``)
+``CHECKPOINT``    ``distributed.pipeline``      ``distributed.checkpoint``    the engine's
+                  (``PipelineEngine``)                                        ``save_checkpoint``
 ================= ============================= ============================= ====================
+
+``CHECKPOINT`` joins two folders of ``distributed`` rather than two layers: the checkpoint
+folder sits above every strategy (it must know their layouts), so DeepSpeed's
+``engine.save_checkpoint`` on the pipeline engine reaches it through here.
 
 ``DISPATCH_HOOK`` is the one seam that is an attribute rather than a slot, because it is read on
 every op: a Tensor subclass sets the class attribute named ``__minigrad_dispatch__`` and
@@ -101,4 +107,10 @@ TRACER = Seam(
     filler="minigrad.utils.profiler",
 )
 
-SEAMS = (FUNCTIONAL, WORLD, GLOBAL_IO, GPU_ARRAYS, TRACER)
+CHECKPOINT = Seam(
+    "checkpoint", _Missing("engine checkpoints need minigrad.distributed.checkpoint"),
+    reader="minigrad.distributed.pipeline.engine (save_checkpoint, load_checkpoint)",
+    filler="minigrad.distributed.checkpoint",
+)
+
+SEAMS = (FUNCTIONAL, WORLD, GLOBAL_IO, GPU_ARRAYS, TRACER, CHECKPOINT)

@@ -72,7 +72,8 @@ def _native(arr: np.ndarray) -> np.ndarray:
     return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
 
 
-def _crc(arr: np.ndarray) -> int:
+def checksum(arr: np.ndarray) -> int:
+    """The CRC32 of an array's bytes (C order): what checkpoints store to detect corruption."""
     if not arr.size:
         return 0
     if not arr.flags.c_contiguous:
@@ -245,7 +246,7 @@ def save(obj: Any, f, pickle: bool = False, global_dst_rank: int | None = None) 
     tree = enc.encode(obj, "")
     if global_dst_rank is not None and _global_io().rank() != global_dst_rank:
         return
-    checksums = {k: _crc(a) for k, a in enc.arrays.items()}
+    checksums = {k: checksum(a) for k, a in enc.arrays.items()}
     meta = {
         "format": FORMAT,
         "version": str(VERSION),
@@ -256,16 +257,20 @@ def save(obj: Any, f, pickle: bool = False, global_dst_rank: int | None = None) 
     if hasattr(f, "write"):
         f.write(payload)
         return
-    _atomic_write(os.fspath(f), payload)
+    atomic_write(os.fspath(f), payload)
 
 
-def _atomic_write(path: str, payload: bytes) -> None:
+def atomic_write(path: str, payload) -> None:
+    """Write ``payload`` (bytes, or a list of buffers written one after another without joining
+    them) to ``path`` so that readers see the old file or the new one, never a part: a temporary
+    file in the same directory, fsynced, renamed over ``path``."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
                                suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(payload)
+            for part in (payload if isinstance(payload, list) else [payload]):
+                out.write(part)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
@@ -484,7 +489,7 @@ def _load_payload(payload: bytes, where: str, map_location, allow_pickle: bool, 
     except (KeyError, ValueError) as exc:
         raise CheckpointError(f"mg.load: {where} is corrupt: bad metadata ({exc})") from None
     for key, arr in arrays.items():
-        crc = _crc(arr)
+        crc = checksum(arr)
         if checksums.get(key) != crc:
             raise CheckpointError(
                 f"mg.load: {where} is corrupt: checksum mismatch for array {key!r} "

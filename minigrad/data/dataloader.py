@@ -141,6 +141,11 @@ class DataLoader:
         self.num_workers, self.timeout = num_workers, float(timeout)
         self.prefetch_factor, self.worker_init_fn = prefetch_factor, worker_init_fn
         self.pin_memory = bool(pin_memory)
+        # The data position (state_dict): the sampler's state before the current pass, the
+        # batches handed out in it, and batches to skip in the next pass (after a load).
+        self._pass_start: dict | None = None
+        self._delivered = 0
+        self._skip = 0
         if self.pin_memory and not is_cuda_available():
             warnings.warn(
                 f"DataLoader: pin_memory=True but no GPU is usable ({probe_gpus().reason}); "
@@ -174,15 +179,72 @@ class DataLoader:
             return _TimedStream(batches, self.timeout) if self.timeout > 0 else batches
         return (("indices", list(indices)) for indices in self.sampler)
 
+    def state_dict(self) -> dict:
+        """The data position: the sampler's epoch counter at the start of the current pass and
+        the batches handed out in it, so that a resumed run (``load_state_dict`` then ``iter``)
+        reads the next batch, not the first. Map-style datasets only."""
+        if self.stream:
+            raise TypeError("DataLoader.state_dict: a StreamDataset has no position to resume")
+        if self._pass_start is None:
+            return {"sampler": self.sampler.state_dict(), "batches": 0}
+        return {"sampler": dict(self._pass_start), "batches": self._delivered}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at the position :meth:`state_dict` returned: the next ``iter`` continues that
+        pass after its last batch (the order comes from the sampler's seed and epoch; skipped
+        batches are not loaded), or starts the following epoch when the pass was complete."""
+        if self.stream:
+            raise TypeError("DataLoader.load_state_dict: a StreamDataset has no position")
+        self.sampler.load_state_dict(state["sampler"])
+        batches = int(state["batches"])
+        self._pass_start, self._delivered, self._skip = None, 0, batches
+        if batches and batches >= len(self.sampler):  # that pass was over: start the next one
+            self.sampler.load_state_dict(
+                {"epoch": self.sampler.upcoming_epoch(), "started": True})
+            self._skip = 0
+
+    def _positioned(self, tasks: Iterator) -> Iterator:
+        """``tasks`` after the batches to skip (a resumed pass); counts the pass's start."""
+        skip, self._skip = self._skip, 0
+        self._delivered = skip
+        return itertools.islice(tasks, skip, None) if skip else tasks
+
     def __iter__(self) -> Iterator[Any]:
+        resumable = not self.stream and hasattr(self.sampler, "state_dict")
+        if resumable:
+            self._pass_start = self.sampler.state_dict()
         tasks = self._tasks()
+        if resumable:
+            tasks = self._positioned(tasks)
         if self.num_workers == 0:
             batches = (_build(self.dataset, self.transform, self.collator, t) for t in tasks)
         else:
             batches = _WorkerPool(self, tasks)
         batches = map(pin_memory, batches) if self.pin_memory else batches
         tracer = seams.TRACER.value  # the profiler, when one runs
-        return batches if tracer is None else _traced(batches, tracer)
+        batches = batches if tracer is None else _traced(batches, tracer)
+        return batches if self.stream else _Counted(batches, self)
+
+
+class _Counted:
+    """The batches of a pass, counting those handed out (the loader's position); other
+    attributes are the wrapped iterator's (a worker pool's ``pids``, ``shutdown``)."""
+
+    def __init__(self, batches: Iterator[Any], loader: DataLoader) -> None:
+        self._batches, self._loader = batches, loader
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._batches)
+        self._loader._delivered += 1
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_batches", "_loader"):
+            raise AttributeError(name)
+        return getattr(self._batches, name)
 
 
 def _traced(batches: Iterator[Any], tracer) -> Iterator[Any]:

@@ -135,6 +135,20 @@ class Sampler:
         self.epoch = _check_int("epoch", type(self).__name__, epoch, 0)
         self._epoch_started = False
 
+    def state_dict(self) -> dict:
+        """The epoch counter (``epoch`` and whether it was iterated): what the next pass draws
+        follows from it, and the order of an epoch from ``(seed, epoch)``."""
+        return {"epoch": self.epoch, "started": self._epoch_started}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`: the next pass draws what it would have drawn then."""
+        self.epoch = _check_int("epoch", type(self).__name__, state["epoch"], 0)
+        self._epoch_started = bool(state["started"])
+
+    def upcoming_epoch(self) -> int:
+        """The epoch the next pass will draw."""
+        return self.epoch + 1 if self._epoch_started else self.epoch
+
 
 class MapSampler(Sampler):
     """Shared machinery of the map-style samplers: validation, sharding and batching.
@@ -348,6 +362,18 @@ class Infinite(Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """The wrapped sampler's epoch counter."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the wrapped sampler's epoch counter."""
+        self.sampler.load_state_dict(state)
+
+    def upcoming_epoch(self) -> int:
+        """The epoch the wrapped sampler's next pass will draw."""
+        return self.sampler.upcoming_epoch()
 
     def __iter__(self) -> Iterator[list[int]]:
         while True:

@@ -12,7 +12,9 @@ The folders, bottom up (each imports only those before it; ``tests/test_layering
 * :mod:`.data_parallel`: ``bcast_list_``, the bucketed gradient all-reduce, DDP, SyncBatchNorm;
 * :mod:`.mesh`: the ranks as a grid of named axes, and ``init_parallel``;
 * the strategies: :mod:`.pipeline`, :mod:`.tensor_parallel`, :mod:`.sequence_parallel`,
-  :mod:`.global_tensor`.
+  :mod:`.global_tensor`;
+* :mod:`.checkpoint`: the logical sharded checkpoint format every strategy saves to and loads
+  from (``dist.checkpoint.save``/``load``/``latest``/``async_save``).
 
 MegEngine's module paths ``minigrad.distributed.functional`` and ``minigrad.distributed.helper``
 still import (see :mod:`minigrad.aliases`).
@@ -30,7 +32,7 @@ Example::
     main()   # -> [array([1., 1.]), array([1., 1.])]
 """
 
-from minigrad.distributed import comm
+from minigrad.distributed import checkpoint, comm
 from minigrad.distributed.comm import functional
 from minigrad.distributed.comm.arrays import group_barrier
 from minigrad.distributed.comm.collectives import (
@@ -130,6 +132,7 @@ __all__ = [
     "bcast_list_",
     "broadcast",
     "broadcast_object_list",
+    "checkpoint",
     "comm",
     "comm_log",
     "destroy_process_group",

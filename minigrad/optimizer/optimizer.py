@@ -231,10 +231,11 @@ class Optimizer:
             for name, value in st.items():
                 if _is_array(value):
                     arr = to_numpy(value.data if isinstance(value, Tensor) else value)
-                    if arr.ndim and arr.shape != p.shape:
+                    own = tuple(p.data.shape)  # a global parameter's state is its local piece
+                    if arr.ndim and arr.shape != own:
                         raise ValueError(
                             f"{self._name}.load_state_dict: state {name!r} of parameter {idx} "
-                            f"has shape {arr.shape}, expected {p.shape}"
+                            f"has shape {arr.shape}, expected {own}"
                         )
                     value = p.device.put(arr)
                     value = value.copy() if value is arr else value

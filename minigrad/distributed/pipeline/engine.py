@@ -373,6 +373,26 @@ class PipelineEngine:
         self.module.load_state_dir(load_dir, strict=strict)
         self._broadcast_tied_weights()
 
+    def save_checkpoint(self, save_dir: str, tag: str | None = None,
+                        client_state: dict | None = None) -> str:
+        """DeepSpeed's engine checkpoint: the module and optimizer (Adam moments and step counts
+        resharded like their parameters), ``global_steps`` and ``client_state`` (plain values
+        and arrays) saved with ``dist.checkpoint.save`` to ``save_dir/tag`` (default
+        ``global_step<N>``), and ``save_dir/latest`` naming ``tag``. Collective; returns the
+        checkpoint directory. The checkpoint loads into any layout, pipeline or not.
+
+        Example::
+
+            engine.save_checkpoint("ckpt", client_state={"epoch": 3})
+        """
+        return seams.CHECKPOINT.value.save_checkpoint(self, save_dir, tag, client_state or {})
+
+    def load_checkpoint(self, load_dir: str, tag: str | None = None) -> tuple:
+        """Load what :meth:`save_checkpoint` wrote (``tag`` None: the one ``load_dir/latest``
+        names), whatever stage count or layout saved it. Returns ``(path, client_state)``, or
+        ``(None, None)`` when there is no checkpoint (DeepSpeed's convention). Collective."""
+        return seams.CHECKPOINT.value.load_checkpoint(self, load_dir, tag)
+
     def is_first_stage(self) -> bool:
         """Whether this rank runs the model's first layers (it reads the inputs)."""
         return self.module.is_first_stage

@@ -10,7 +10,9 @@ Each rank gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MAST
 store secret, so ``dist.init_process_group()`` needs no arguments. Without ``--logdir`` every line a
 rank prints appears here prefixed with ``[rank N]`` (stdout and stderr kept apart, lines never
 mixed). When a rank fails, the others are terminated and the launcher exits non-zero naming the
-rank (and the end of its log).
+rank (and the end of its log). With ``--max_restarts N`` (torchrun's flag) the whole group is
+then started again, with a new rendezvous, up to N times; each rank sees the start number in
+``MINIGRAD_RESTART_COUNT`` and resumes from ``dist.checkpoint.latest(...)``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from minigrad.distributed.runtime.launcher import (
     visible_gpu_count,
 )
 from minigrad.distributed.runtime.output import OutputForwarder
-from minigrad.distributed.runtime.settings import NPROC_ENV
+from minigrad.distributed.runtime.settings import NPROC_ENV, RESTART_COUNT_ENV
 
 POLL_INTERVAL = 0.05  # seconds between checks of the ranks' exit status
 TAIL_LINES = 30  # lines of a failed rank's log quoted in the error
@@ -52,6 +54,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--master_addr", default="127.0.0.1")
     p.add_argument("--master_port", type=int, default=0, help="store port (0: any free port)")
     p.add_argument("--logdir", default=None, help="write rank{i}.log files here")
+    p.add_argument("--max_restarts", type=int, default=0,
+                   help="when a rank fails, stop the others and start the group again, up to "
+                        "this many times (torchrun's flag; the script resumes from its latest "
+                        "checkpoint, MINIGRAD_RESTART_COUNT says which start this is)")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     return p.parse_args(argv)
@@ -69,8 +75,25 @@ def _tail(path: str | None, n: int = TAIL_LINES) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the job; return the exit status (0 when every rank succeeded)."""
+    """Run the job; return the exit status (0 when every rank succeeded). With
+    ``--max_restarts N`` a failed group is stopped and started again (a new rendezvous) up to N
+    times."""
     a = _parse(argv)
+    if a.max_restarts < 0:
+        print(f"launch: --max_restarts must be >= 0, got {a.max_restarts}", file=sys.stderr)
+        return 2
+    for restart in range(a.max_restarts + 1):
+        code = _run_group(a, restart)
+        if code != 1 or restart == a.max_restarts:
+            return code
+        print(f"launch: restarting the group (restart {restart + 1} of {a.max_restarts})",
+              file=sys.stderr)
+    return 1
+
+
+def _run_group(a: argparse.Namespace, restart: int) -> int:
+    """Start every local rank once (start number ``restart``) and wait: 0 when all succeeded,
+    1 when a rank failed (the others are stopped), 2 on a usage error, 130 when interrupted."""
     gpus = visible_gpu_count("xpu")
     nproc = a.nproc_per_node or (gpus or int(os.environ.get(NPROC_ENV, DEFAULT_NPROC)))
     if gpus and nproc > gpus:
@@ -105,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             device = f"gpu{local}" if gpus else "cpu0"
             env.update(rank_environment(rank, local, world, nproc, a.master_addr, port, secret,
                                         job, device))
+            env[RESTART_COUNT_ENV] = str(restart)
             env.setdefault("PYTHONUNBUFFERED", "1")  # lines reach the terminal as they are printed
             if not user_threads:
                 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -46,6 +46,7 @@ from minigrad.distributed.runtime.output import OutputForwarder
 from minigrad.distributed.runtime.settings import (
     LAUNCHED_ENV,
     NPROC_ENV,
+    RESTART_COUNT_ENV,
     TIMEOUT_ENV,
     default_timeout,
 )
@@ -241,7 +242,10 @@ class launcher:
     2), ``world_size`` (default ``n_gpus``; larger for multi-machine jobs), ``rank_start`` (first
     global rank on this machine), ``master_ip``/``port`` of the store (``port=0``: any free port;
     the machine with ``rank_start == 0`` runs the store), ``backend``, ``timeout`` (collectives),
-    ``job_timeout`` (whole run). Calling the decorated function returns the per-rank return values
+    ``job_timeout`` (whole run), ``max_restarts`` (when a rank fails, stop the others and run
+the group again, with a new rendezvous, up to this many times: torchrun's elastic restarts; each
+rank finds the start number in ``MINIGRAD_RESTART_COUNT`` and resumes from
+``dist.checkpoint.latest(...)``). Calling the decorated function returns the per-rank return values
     in rank order (None for a rank that exited with status 0 without returning). Rank i of this
     machine runs on ``gpu{i}`` when there are GPUs (made its current CUDA device); asked for more
     ranks than GPUs, ``device_type="xpu"`` runs them on the CPU (with a warning) and
@@ -269,6 +273,7 @@ class launcher:
         timeout: float | None = None,
         job_timeout: float | None = None,
         nproc: int | None = None,
+        max_restarts: int = 0,
     ):
         functools.update_wrapper(self, func)
         self.func = func
@@ -304,6 +309,11 @@ class launcher:
         self.backend = backend
         self.timeout = timeout
         self.job_timeout = job_timeout
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or \
+                max_restarts < 0:
+            raise ValueError(f"dist.launcher: max_restarts must be an int >= 0, got "
+                             f"{max_restarts!r}")
+        self.max_restarts = max_restarts
 
     def __call__(self, *args, **kwargs) -> list:
         started_by_other = os.environ.get(LAUNCHED_ENV) or _env.detect().external
@@ -317,9 +327,19 @@ class launcher:
         cuda_in_parent = cuda_initialized()
         if self.on_gpu and cuda_in_parent:
             raise RuntimeError(f"dist.launcher: {CUDA_IN_PARENT}")
-        return self._run(args, kwargs, cuda_in_parent)
+        for restart in range(self.max_restarts + 1):
+            try:
+                return self._run(args, kwargs, cuda_in_parent, restart)
+            except LaunchError as exc:
+                if exc.rank is None or restart == self.max_restarts:
+                    raise
+                get_logger().warning(
+                    "dist.launcher: rank %d failed; restarting the group (restart %d of %d)",
+                    exc.rank, restart + 1, self.max_restarts)
+        raise AssertionError("unreachable")
 
-    def _run(self, args: tuple, kwargs: dict, cuda_in_parent: bool = False) -> list:
+    def _run(self, args: tuple, kwargs: dict, cuda_in_parent: bool = False,
+             restart: int = 0) -> list:
         if self.rank_start > 0 and self.port == 0:
             raise ValueError("dist.launcher: rank_start > 0 needs the master's store port")
         server, port, secret, job = start_job_store(self.rank_start == 0, self.port)
@@ -344,6 +364,7 @@ class launcher:
                 env = _env.rank_environment(
                     rank, local, self.world_size, self.n, self.master_ip, port, secret, job, device
                 )
+                env[RESTART_COUNT_ENV] = str(restart)
                 out_r, out_w, err_r, err_w = pipes[local]
                 later_writers = [fd for p in pipes[local + 1 :] for fd in (p[1], p[3])]
                 spec = {

@@ -45,6 +45,9 @@ JOB_ENV = "MINIGRAD_DIST_JOB"  # job id: names shared-memory files so leftovers 
 STORE_ENV = "MINIGRAD_DIST_STORE"  # "external": a launcher runs the store, rank 0 must not
 LAUNCHED_ENV = "MINIGRAD_DIST_LAUNCHED"  # "1": this process is a rank of the launch CLI
 PREFIXED_ENV = "MINIGRAD_DIST_PREFIXED"  # "1": the launcher prefixes output lines with the rank
+#: How many times the launcher has restarted the group (0 on the first start): torchrun's
+#: TORCHELASTIC_RESTART_COUNT, set by ``--max_restarts`` and ``@dist.launcher(max_restarts=)``.
+RESTART_COUNT_ENV = "MINIGRAD_RESTART_COUNT"
 
 
 def seconds(value, what: str = "timeout") -> float:
