@@ -85,6 +85,7 @@ from minigrad.distributed.comm.recorder import comm_log
 from minigrad.distributed.data_parallel import helper
 from minigrad.distributed.data_parallel.ddp import DistributedDataParallel
 from minigrad.distributed.data_parallel.fully_shard import (
+    full_gradients,
     full_optimizer_state_dict,
     full_state_dict,
     fully_shard,
@@ -134,6 +135,7 @@ __all__ = [
     "comm_log",
     "destroy_process_group",
     "estimate_zero_memory",
+    "full_gradients",
     "full_optimizer_state_dict",
     "full_state_dict",
     "fully_shard",
