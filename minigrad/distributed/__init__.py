@@ -96,7 +96,7 @@ from minigrad.distributed.data_parallel.fully_shard import (
 from minigrad.distributed.data_parallel.helper import bcast_list_, make_allreduce_cb, synchronized
 from minigrad.distributed.data_parallel.sync_batch_norm import SyncBatchNorm
 from minigrad.distributed.data_parallel.zero import ZeroRedundancyOptimizer
-from minigrad.distributed.data_parallel.zero_memory import estimate_zero_memory
+from minigrad.distributed.data_parallel.zero_memory import ModelStateMeter, estimate_zero_memory
 from minigrad.distributed.mesh.parallel_context import get_parallel_context, init_parallel
 from minigrad.distributed.runtime.launcher import LaunchError, launcher
 from minigrad.distributed.runtime.log import get_logger
@@ -112,6 +112,7 @@ __all__ = [
     "DistributedDataParallel",
     "Group",
     "LaunchError",
+    "ModelStateMeter",
     "P2POp",
     "ReduceOp",
     "Server",
