@@ -87,6 +87,7 @@ from minigrad.distributed.comm.recorder import comm_log
 from minigrad.distributed.data_parallel import helper
 from minigrad.distributed.data_parallel.ddp import DistributedDataParallel
 from minigrad.distributed.data_parallel.fully_shard import (
+    full_gradients,
     full_optimizer_state_dict,
     full_state_dict,
     fully_shard,
@@ -97,7 +98,7 @@ from minigrad.distributed.data_parallel.fully_shard import (
 from minigrad.distributed.data_parallel.helper import bcast_list_, make_allreduce_cb, synchronized
 from minigrad.distributed.data_parallel.sync_batch_norm import SyncBatchNorm
 from minigrad.distributed.data_parallel.zero import ZeroRedundancyOptimizer
-from minigrad.distributed.data_parallel.zero_memory import estimate_zero_memory
+from minigrad.distributed.data_parallel.zero_memory import ModelStateMeter, estimate_zero_memory
 from minigrad.distributed.mesh.parallel_context import get_parallel_context, init_parallel
 from minigrad.distributed.runtime.launcher import LaunchError, launcher
 from minigrad.distributed.runtime.log import get_logger
@@ -113,6 +114,7 @@ __all__ = [
     "DistributedDataParallel",
     "Group",
     "LaunchError",
+    "ModelStateMeter",
     "P2POp",
     "ReduceOp",
     "Server",
@@ -137,6 +139,7 @@ __all__ = [
     "comm_log",
     "destroy_process_group",
     "estimate_zero_memory",
+    "full_gradients",
     "full_optimizer_state_dict",
     "full_state_dict",
     "fully_shard",

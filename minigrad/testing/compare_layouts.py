@@ -66,8 +66,12 @@ the order of the noise users see.
 
 **Layout kinds** are pluggable: :data:`LAYOUT_KINDS` maps each key of a layout dict to a
 :class:`LayoutKind` (a parent-side check, a ``configure`` step before the model is built, a
-``wrap`` step after). ``zero`` is registered as not available (it needs ``dist.fully_shard`` /
-``dist.ZeroRedundancyOptimizer``); :func:`register_layout_kind` replaces it once they exist.
+``wrap`` step after); :func:`register_layout_kind` adds or replaces one. ``zero`` (with ``data``)
+shards the data-parallel ranks' model state: ``zero=1`` keeps DDP and replaces the optimizer by a
+``ZeroRedundancyOptimizer`` of its class and param groups; ``zero=2``/``3`` call ``fully_shard``
+on each direct sub-module that holds parameters and then on the model (``reshard_after_forward``
+False / True), build the optimizer again on the pieces, and gather parameters and gradients to
+their full shapes for the comparison (``full_state_dict``, ``full_gradients``).
 
 Deterministic data parallelism: inside ``deterministic_reductions(num_blocks)``
 (:mod:`minigrad.distributed.data_parallel.deterministic`) one device and the data layouts train
@@ -97,7 +101,13 @@ from minigrad.backend.xp import to_numpy
 from minigrad.distributed.comm.group import WORLD, get_rank, get_world_size
 from minigrad.distributed.data_parallel.ddp import DistributedDataParallel
 from minigrad.distributed.data_parallel.deterministic import BlockGradients, current_blocks
+from minigrad.distributed.data_parallel.fully_shard import (
+    full_gradients,
+    full_state_dict,
+    fully_shard,
+)
 from minigrad.distributed.data_parallel.helper import make_allreduce_cb
+from minigrad.distributed.data_parallel.zero import ZeroRedundancyOptimizer
 from minigrad.distributed.mesh.parallel_context import ParallelContext, init_parallel
 from minigrad.distributed.pipeline.engine import PipelineEngine
 from minigrad.distributed.pipeline.module import PipelineModule
@@ -127,7 +137,8 @@ STAGES = ("forward", "loss", "backward", "grad", "param")
 
 
 class LayoutNotAvailable(RuntimeError):
-    """A layout kind this build of minigrad cannot apply yet (e.g. ``zero`` before ZeRO)."""
+    """A layout kind this build of minigrad cannot apply (a ``check`` of a registered kind
+    raises it, and the report shows the layout with that error)."""
 
 
 @dataclass
@@ -183,16 +194,60 @@ def _configure_data(run: "_Run") -> None:
 def _wrap_data(run: "_Run") -> None:
     if run.blocks:
         return  # deterministic mode: BlockGradients reduces over the data group
+    if run.ctx.zero >= 2:
+        return  # fully_shard reduce-scatters the gradients itself
     group = run.group("data")
     if group.size > 1:
         run.module = DistributedDataParallel(run.module, group=group)
 
 
 def _check_zero(layout: dict) -> None:
-    raise LayoutNotAvailable(
-        f"compare_layouts: layout {layout}: zero={layout['zero']} is not available: it needs "
-        "dist.fully_shard / dist.ZeroRedundancyOptimizer (minigrad.distributed.data_parallel); "
-        "register it with register_layout_kind('zero', LayoutKind(...)) once they exist")
+    stage = layout["zero"]
+    if stage not in (1, 2, 3):
+        raise ValueError(f"compare_layouts: zero must be 1, 2 or 3, got {stage} in {layout}")
+    if "data" not in layout:
+        raise ValueError(f"compare_layouts: zero shards over the data-parallel ranks; give data "
+                         f"with it, e.g. dict(data=2, zero={stage}), got {layout}")
+    others = set(layout) & {"tensor", "sequence", "pipeline"}
+    if others:
+        raise ValueError(f"compare_layouts: zero with {sorted(others)} is not supported; give "
+                         "them as separate layouts")
+
+
+def _rebuilt_optimizer(optimizer, params_of: Callable, wrapper=None, **extra):
+    """An optimizer of ``optimizer``'s class and param groups over ``params_of(group params)``
+    (hyper-parameters taken from the groups), or a ``wrapper`` of that class (ZeRO-1)."""
+    cls = type(optimizer)
+    groups = [dict(g, params=params_of(g["params"])) for g in optimizer.param_groups]
+    accepted = inspect.signature(cls).parameters
+    first = {k: v for k, v in groups[0].items() if k != "params" and k in accepted}
+    if wrapper is not None:
+        return wrapper(groups, optimizer_class=cls, **extra, **first)
+    return cls(groups, **first)
+
+
+def _wrap_zero(run: "_Run") -> None:
+    """zero=1: ``ZeroRedundancyOptimizer`` over DDP's averaged gradients; zero=2/3:
+    ``fully_shard`` on each direct sub-module holding parameters, then on the model
+    (``reshard_after_forward`` False for 2, True for 3), and the optimizer rebuilt on the
+    pieces. Parameters and gradients are gathered to full shape for the comparison
+    (``full_state_dict`` and ``full_gradients``, collectives of the data group)."""
+    group = run.group("data")
+    stage = run.ctx.zero
+    if stage == 1:
+        run.optimizer = _rebuilt_optimizer(run.optimizer, list, ZeroRedundancyOptimizer,
+                                           group=group)
+        return
+    names = {id(p): n for n, p in run.named_params.items()}
+    for child in run.model.children():  # each wrapped sub-module gathers only its own
+        if any(True for _ in child.parameters()):
+            fully_shard(child, reshard_after_forward=stage == 3, group=group)
+    fully_shard(run.model, reshard_after_forward=stage == 3, group=group)
+    run.named_params = dict(run.model.named_parameters())
+    run.owned = {id(p) for p in run.named_params.values()}
+    run.optimizer = _rebuilt_optimizer(
+        run.optimizer, lambda ps: [run.named_params[names[id(p)]] for p in ps])
+    run.sharded = run.model
 
 
 def _check_tensor(layout: dict) -> None:
@@ -254,7 +309,7 @@ def _wrap_pipeline(run: "_Run") -> None:
 #: layout key -> how it is applied (see :class:`LayoutKind`); ``register_layout_kind`` adds one.
 LAYOUT_KINDS: dict[str, LayoutKind] = {
     "data": LayoutKind(_check_data, _configure_data, _wrap_data),
-    "zero": LayoutKind(_check_zero, _nothing, _nothing),
+    "zero": LayoutKind(_check_zero, _nothing, _wrap_zero),
     "tensor": LayoutKind(_check_tensor, _configure_tensor, _nothing),
     "sequence": LayoutKind(_nothing, _configure_sequence, _wrap_sequence),
     "pipeline": LayoutKind(_check_pipeline, _nothing, _wrap_pipeline),
@@ -262,8 +317,8 @@ LAYOUT_KINDS: dict[str, LayoutKind] = {
 
 
 def register_layout_kind(name: str, kind: LayoutKind) -> None:
-    """Add or replace the layout kind ``name`` (e.g. ``zero`` once ``dist.fully_shard`` exists:
-    its ``wrap`` would shard ``run.module`` and replace ``run.optimizer``)."""
+    """Add or replace the layout kind ``name`` (its ``wrap`` may replace ``run.module`` and
+    ``run.optimizer``, as ``zero``'s does)."""
     if not isinstance(kind, LayoutKind):
         raise TypeError(f"register_layout_kind: expected a LayoutKind, got {type(kind).__name__}")
     LAYOUT_KINDS[name] = kind
@@ -366,11 +421,19 @@ class _Recorder:
 
         def recording_step(*args, **kwargs):
             owned = [(n, p) for n, p in run.named_params.items() if id(p) in run.owned]
-            grads = {n: np.array(to_numpy(p.grad.data)) for n, p in owned if p.grad is not None}
+            if run.sharded is not None:  # fully_shard pieces: gathered (collectives)
+                grads = full_gradients(run.sharded)
+            else:
+                grads = {n: np.array(to_numpy(p.grad.data)) for n, p in owned
+                         if p.grad is not None}
             for n, g in run.logical(grads).items():
                 self.grads[(self.step, n)] = g
             result = step(*args, **kwargs)
-            values = {n: np.array(to_numpy(p.data)) for n, p in owned}
+            if run.sharded is not None:
+                full = full_state_dict(run.sharded)
+                values = {n: full[n] for n, _ in owned}
+            else:
+                values = {n: np.array(to_numpy(p.data)) for n, p in owned}
             for n, v in run.logical(values).items():
                 self.params[(self.step, n)] = v
             return result
@@ -413,6 +476,7 @@ class _Run:
     step: Callable | None = None
     chunks: int = 1
     act_grad_scale: float = 1.0
+    sharded: Any = None  # the model, once fully_shard replaced its parameters by pieces
 
     def group(self, name: str):
         """The context's group ``name`` (WORLD without a parallel context)."""
@@ -829,7 +893,7 @@ def compare_layouts(build_model: Callable, make_batches: Callable, steps: int = 
     ``sequence``, ``zero``), and report how far each layout's loss, forward outputs, input
     gradients, parameter gradients and parameters are from one device's, and the first tensor
     beyond tolerance (see the module docstring for the contract, the gathering and the
-    tolerance). A layout that cannot run (``zero``: not available yet; a failing rank) is
+    tolerance). A layout that cannot run (refused by its kind's check, a failing rank) is
     reported with its error. ``timeout`` bounds each layout's run."""
     layouts = [_normalize(dict(layout)) for layout in (layouts or [])]
     loss_fn = loss_fn or F.nn.square_loss

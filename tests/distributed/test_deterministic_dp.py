@@ -1,5 +1,6 @@
-"""Deterministic data parallelism: one device, DP 2, DP 4 and gradient accumulation over 2 and 4
-micro-batches give the same float32 bytes after 5 Adam steps; the usual all-reduce does not."""
+"""Deterministic data parallelism: one device, DP 2, DP 4, ZeRO-2 (``fully_shard``) and gradient
+accumulation over 2 and 4 micro-batches give the same float32 bytes after 5 Adam steps; the usual
+all-reduce (and reduce-scatter) does not."""
 
 import numpy as np
 import pytest
@@ -37,12 +38,17 @@ def _loss(model):
     return lambda x, y: F.nn.square_loss(model(x), y)
 
 
-def _train(deterministic: bool, micro: int) -> bytes:
+def _train(deterministic: bool, micro: int, zero: int = 0) -> bytes:
     """5 Adam steps on this rank's part of each global batch, in ``micro`` micro-batches; the
-    parameters' bytes."""
+    parameters' bytes. ``zero=2``: ``fully_shard(reshard_after_forward=False)`` (ZeRO-2), each
+    rank updating its shard; the bytes are those of the gathered full parameters."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     model = _model()
+    names = [n for n, _ in model.named_parameters()]
+    if zero:
+        dist.fully_shard(model[0], reshard_after_forward=zero == 3)
+        dist.fully_shard(model, reshard_after_forward=zero == 3)
     opt = optim.Adam(model.parameters(), lr=1e-2)
     x_all, y_all = _data()
     per_rank = N // world
@@ -51,7 +57,7 @@ def _train(deterministic: bool, micro: int) -> bytes:
     acc = BlockGradients(model.parameters(), BLOCKS)
     gm = GradManager().attach(
         model.parameters(),
-        callbacks=[dist.make_allreduce_cb("mean")] if world > 1 else None)
+        callbacks=[dist.make_allreduce_cb("mean")] if world > 1 and not zero else None)
     for step in range(STEPS):
         x, y = x_all[step], y_all[step]
         opt.clear_grad()
@@ -67,37 +73,43 @@ def _train(deterministic: bool, micro: int) -> bytes:
         if deterministic:
             acc.reduce()
         opt.step()
+    if zero:
+        assert all(p.ndim == 1 for p in model.parameters())  # the optimizer saw the shards
+        full = dist.full_state_dict(model)
+        return b"".join(np.asarray(full[n]).tobytes() for n in names)
     return b"".join(p.numpy().tobytes() for p in model.parameters())
 
 
-LAYOUTS = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2)]  # (ranks, micro)
+# (ranks, micro-batches, ZeRO stage)
+LAYOUTS = [(1, 1, 0), (1, 2, 0), (1, 4, 0), (2, 1, 0), (2, 2, 0), (2, 4, 0), (4, 1, 0), (4, 2, 0),
+           (2, 2, 2), (2, 4, 2), (4, 2, 2)]
 
 
 def _run(deterministic):
     out = {}
-    for ranks, micro in LAYOUTS:
+    for ranks, micro, zero in LAYOUTS:
         if ranks == 1:
-            out[(ranks, micro)] = _train(deterministic, micro)
+            out[(ranks, micro, zero)] = _train(deterministic, micro, zero)
         else:
-            results = run_workers(_train, ranks, deterministic, micro)
+            results = run_workers(_train, ranks, deterministic, micro, zero)
             assert all(r == results[0] for r in results)  # replicas agree in both modes
-            out[(ranks, micro)] = results[0]
+            out[(ranks, micro, zero)] = results[0]
     return out
 
 
 def test_deterministic_mode_gives_identical_bytes_for_every_data_parallel_layout():
     same = _run(deterministic=True)
-    base = same[(1, 1)]
+    base = same[(1, 1, 0)]
     assert np.frombuffer(base, np.float32).size == IN * HID + HID + HID * OUT + OUT
     for layout, value in same.items():
-        assert value == base, f"{layout} (ranks, micro-batches) differs from one device"
+        assert value == base, f"{layout} (ranks, micro-batches, zero) differs from one device"
     usual = _run(deterministic=False)
-    differ = [layout for layout, value in usual.items() if value != usual[(1, 1)]]
+    differ = [layout for layout, value in usual.items() if value != usual[(1, 1, 0)]]
     # without the mode the summation order changes the last bits (the test shows the mode acts)
-    assert len(differ) >= 3, differ
+    assert len(differ) >= 3 and any(zero for *_, zero in differ), differ
     # and the deterministic result is the same training: close to the usual one
     np.testing.assert_allclose(np.frombuffer(base, np.float32),
-                               np.frombuffer(usual[(1, 1)], np.float32), rtol=1e-4, atol=1e-5)
+                               np.frombuffer(usual[(1, 1, 0)], np.float32), rtol=1e-4, atol=1e-5)
 
 
 def test_block_tree_sum_adds_in_the_fixed_pairwise_order_whatever_the_arrival_order():

@@ -82,3 +82,45 @@ def test_estimate_formula_and_printout(capsys):
     assert (s0["params"], s0["grads"], s0["optimizer_state"]) == (p, p, p)
     with pytest.raises(ValueError, match="stage must be 0, 1, 2 or 3, got 4"):
         dist.estimate_zero_memory(net, 4, 2)
+
+
+def _zero3_peak(steps=2):
+    """Peak live model-state bytes of a ZeRO-3 rank over ``steps`` Adam steps (each block
+    wrapped), the gathered bytes alive after each step, and the estimator's numbers."""
+    n = dist.get_world_size()
+    net = Net()
+    for block in net.blocks:
+        dist.fully_shard(block)  # reshard_after_forward=True: ZeRO-3
+    dist.fully_shard(net)
+    params = list(net.parameters())
+    gm = ad.GradManager().attach(params)
+    opt = optim.Adam(params, lr=1e-3)
+    rng = np.random.default_rng(dist.get_rank())
+    after_step = []
+    with dist.ModelStateMeter(net, opt) as meter:
+        for _ in range(steps):
+            x = mg.tensor(rng.standard_normal((B, WIDTH)), dtype="float32")
+            with gm:
+                gm.backward((net(x) ** 2).mean())
+            opt.step().clear_grad()
+            after_step.append(meter.live_gathered())
+    ddp = dist.estimate_zero_memory(Net(), 0, n, "adam", verbose=False)
+    zero3 = dist.estimate_zero_memory(Net(), 3, n, "adam", verbose=False,
+                                      largest_module_bytes=(WIDTH * WIDTH + WIDTH) * 4)
+    return meter.peak, meter.samples, after_step, ddp, zero3
+
+
+def test_zero3_peak_is_a_shard_of_ddp_plus_the_largest_module_and_the_gathers_are_freed():
+    for peak, samples, after_step, ddp, zero3 in run_workers(_zero3_peak, 2):
+        block = (WIDTH * WIDTH + WIDTH) * 4  # one wrapped block's parameters, float32
+        assert zero3["working_set"] == block
+        # the performance target: 1/N of DDP's model state plus the largest module's working set
+        # (its gathered parameters, or its full gradient while it is reduce-scattered)
+        assert peak <= ddp["total"] / 2 + zero3["working_set"], (peak, ddp, samples)
+        # the peak includes the gathered block: the first forward's gather shows the shards,
+        # the optimizer state and exactly one gathered block alive
+        assert samples[0] == zero3["params"] + zero3["optimizer_state"] + block, samples
+        assert peak >= samples[0]
+        # the gathered parameters are freed: nothing alive after each step
+        assert after_step == [0, 0]
+        assert len(samples) == 2 * 3 * 3  # per step and block: gather, gather again, scatter

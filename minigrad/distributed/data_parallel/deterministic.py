@@ -53,6 +53,7 @@ from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.xp import to_numpy
 from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.comm.group import WORLD, is_distributed, resolve_group
+from minigrad.distributed.data_parallel.fully_shard import piece_range, unsharded_gradients
 
 __all__ = ["BlockGradients", "block_tree_sum", "current_blocks", "deterministic_reductions"]
 
@@ -136,6 +137,11 @@ class BlockGradients:
     ``num_blocks``: how many equal logical blocks the *global* batch is cut into (the same for
     every layout you want bitwise equal; a power of two divisible by ranks x micro-batches keeps
     every rank's part a complete subtree).
+
+    ``params`` may be the pieces of ``dist.fully_shard`` (ZeRO-2/3): their blocks' gradients are
+    then taken in the full shape (the reduce-scatter is skipped, :func:`~.fully_shard.
+    unsharded_gradients`), reduced by the same tree, and each piece keeps its part of the result:
+    the bits of one device, sharded.
     """
 
     def __init__(self, params: Iterable[Tensor], num_blocks: int, group=WORLD):
@@ -145,6 +151,11 @@ class BlockGradients:
         self.group = resolve_group(group)
         self._gm = GradManager().attach(self.params)
         self._nodes: dict = {}
+        # (full shape, start, stop) of fully_shard pieces, None for whole parameters
+        self._ranges = [piece_range(p) for p in self.params]
+        self._shapes = [tuple(p.shape) if r is None else r[0]
+                        for p, r in zip(self.params, self._ranges)]
+        self._sharded = any(r is not None for r in self._ranges)
 
     def backward(self, loss_fn: Callable, *arrays, first_block: int, block_size: int | None = None
                  ) -> list[float]:
@@ -160,29 +171,40 @@ class BlockGradients:
                 f"BlockGradients.backward: {n} rows do not cut into blocks of {size} rows")
         saved = [p.grad for p in self.params]
         losses = []
+        sharded = unsharded_gradients(self.params) if self._sharded else contextlib.nullcontext()
         try:
-            for k in range(n // size):
-                index = first_block + k
-                if not 0 <= index < self.num_blocks:
-                    raise ValueError(
-                        f"BlockGradients.backward: block index {index} is outside "
-                        f"[0, {self.num_blocks})")
-                for p in self.params:
-                    p.grad = None
-                part = [a[k * size:(k + 1) * size] for a in arrays]
-                with self._gm:
-                    loss = loss_fn(*part)
-                    self._gm.backward(loss)
-                grads = [np.zeros(p.shape, p.dtype) if p.grad is None
-                         else np.array(to_numpy(p.grad.data)) for p in self.params]
-                loss_value = np.asarray(
-                    to_numpy(loss.data if isinstance(loss, Tensor) else loss), np.float64)
-                losses.append(float(loss_value))
-                _merge(self._nodes, index, 1, grads + [loss_value.reshape(1)])
+            with sharded as take:
+                for k in range(n // size):
+                    index = first_block + k
+                    if not 0 <= index < self.num_blocks:
+                        raise ValueError(
+                            f"BlockGradients.backward: block index {index} is outside "
+                            f"[0, {self.num_blocks})")
+                    for p in self.params:
+                        p.grad = None
+                    part = [a[k * size:(k + 1) * size] for a in arrays]
+                    with self._gm:
+                        loss = loss_fn(*part)
+                        self._gm.backward(loss)
+                    grads = self._block_grads(take() if self._sharded else None)
+                    loss_value = np.asarray(
+                        to_numpy(loss.data if isinstance(loss, Tensor) else loss), np.float64)
+                    losses.append(float(loss_value))
+                    _merge(self._nodes, index, 1, grads + [loss_value.reshape(1)])
         finally:
             for p, g in zip(self.params, saved):
                 p.grad = g
         return losses
+
+    def _block_grads(self, full: list | None) -> list:
+        """One block's gradients in the full shapes (zeros where none arrived): ``.grad`` of
+        whole parameters, ``full`` (from ``unsharded_gradients``) for pieces."""
+        out = []
+        for k, (p, shape) in enumerate(zip(self.params, self._shapes)):
+            g = full[k] if self._ranges[k] is not None else (
+                None if p.grad is None else p.grad.data)
+            out.append(np.zeros(shape, p.dtype) if g is None else np.array(to_numpy(g)))
+        return out
 
     def reduce(self) -> float:
         """Finish the tree over every rank of the group and set each parameter's ``.grad`` to the
@@ -195,9 +217,11 @@ class BlockGradients:
             nodes = self._gather(nodes)
         total = _finish(nodes, self.num_blocks)
         scale = 1.0 / self.num_blocks
-        for p, g in zip(self.params, total[:-1]):
-            p.grad = Tensor((g * np.asarray(scale, g.dtype)).astype(p.dtype, copy=False),
-                            device=p.device)
+        for p, g, where in zip(self.params, total[:-1], self._ranges):
+            g = (g * np.asarray(scale, g.dtype)).astype(p.dtype, copy=False)
+            if where is not None:  # a fully_shard piece keeps its part of the full gradient
+                g = g.reshape(-1)[where[1]:where[2]]
+            p.grad = Tensor(g, device=p.device)
         return float(total[-1][0] * scale)
 
     def _gather(self, nodes: dict) -> dict:
@@ -218,7 +242,7 @@ class BlockGradients:
             for j, (start, size) in enumerate(rank_keys):
                 value = []
                 for i in range(pieces):
-                    shape = self.params[i].shape if i < len(self.params) else (1,)
+                    shape = self._shapes[i] if i < len(self.params) else (1,)
                     count = int(np.prod(shape))
                     value.append(gathered[i][r][j * count:(j + 1) * count].reshape(shape))
                 _merge(merged, start, size, value)

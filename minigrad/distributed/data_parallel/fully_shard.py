@@ -63,6 +63,7 @@ from minigrad.distributed.data_parallel.zero import (
     ShardedBucket,
     ShardNormReducer,
     check_same_models,
+    grad_array,
     group_size_and_rank,
 )
 from minigrad.module.module import Module
@@ -601,3 +602,84 @@ def load_full_optimizer_state_dict(module: Module, optimizer, state: dict):
             for name, v in st.items()
         }
     return optimizer.load_state_dict({"param_groups": state["param_groups"], "state": local})
+
+
+# ------------------------------------------------------------------------------------------------
+# Gradients in the unsharded shape: for checks (compare_layouts) and reductions of one's own
+# (deterministic data parallelism)
+# ------------------------------------------------------------------------------------------------
+def piece_range(piece) -> tuple[tuple, int, int] | None:
+    """``(full shape, start, stop)`` of a piece made by :func:`fully_shard`: the flat element
+    range of its full parameter it holds on this rank; None for a parameter that is no piece.
+    Lets code that reduces full gradients itself keep this rank's part of the result."""
+    owner, i = _owner_and_index(piece)
+    if owner is None:
+        return None
+    a, b = _ranges(owner, i)[owner.rank]
+    return owner.shapes[i], a, b
+
+
+@contextlib.contextmanager
+def unsharded_gradients(pieces: list):
+    """Inside, backward passes through the wrapped modules that own ``pieces`` skip the
+    reduce-scatter (as :func:`no_sync`) and the pieces get no gradient; the yielded ``take()``
+    returns, for each piece, the full local gradient of its parameter accumulated since the last
+    ``take()`` (None where none arrived) and forgets them. For reductions of one's own, such as
+    the deterministic block tree (:mod:`.deterministic`), which then keep this rank's part
+    (:func:`piece_range`).
+
+    Example::
+
+        with dist.unsharded_gradients(pieces) as take:
+            with gm:
+                gm.backward(loss)
+            full = take()          # full-shape local gradients, one per piece
+    """
+    owners = [_owner_and_index(p) for p in pieces]
+    states = list({id(s): s for s, _ in owners if s is not None}.values())
+    previous = [s.sync for s in states]
+    for s in states:
+        s.sync, s.unsynced = False, None
+
+    def take() -> list:
+        out = [None if s is None or s.unsynced is None else s.unsynced[i] for s, i in owners]
+        for s in states:
+            s.unsynced = None
+        return out
+
+    try:
+        yield take
+    finally:
+        for s, flag in zip(states, previous):
+            s.sync, s.unsynced = flag, None
+
+
+def full_gradients(module: Module) -> dict:
+    """``{name: full gradient}`` of the sharded parameters of ``module`` that have one: the
+    pieces' gradients all-gathered to the unsharded names and shapes (NumPy arrays). Collective:
+    every rank of the wrapped modules' groups calls it (the ranks' pieces have gradients for the
+    same parameters, so the collectives match)."""
+    out = {}
+    for prefix, sub in module.named_modules():
+        fs = vars(sub).get("_fully_shard")
+        if fs is None:
+            continue
+        lead = f"{prefix}." if prefix else ""
+        for idx, bucket in fs.layouts:
+            has = [fs.pieces[i].grad is not None for i in idx]
+            if not any(has):
+                continue
+            xp = get_array_module(fs.pieces[idx[0]].data)
+            flat_grads = [grad_array(fs.pieces[i]).reshape(-1) if h
+                          else xp.zeros(fs.pieces[i].size, fs.pieces[i].dtype)
+                          for i, h in zip(idx, has)]
+            shard = bucket.pack_shard(flat_grads)
+            parts = [shard] if fs.n == 1 else comm.all_gather(shard, fs.group)
+            flat = to_numpy(xp.concatenate(parts))
+            offset = 0
+            for i, size, h in zip(idx, bucket.sizes, has):
+                if h:
+                    out[lead + fs.names[i]] = np.array(flat[offset:offset + size]).reshape(
+                        fs.shapes[i])
+                offset += size
+    return out

@@ -20,10 +20,16 @@ more per wrapped module; the estimate leaves that out (it is below 1% for real m
 working set (parameters gathered during forward/backward) is reported separately: all of ``P``
 for stages 0–2, the largest wrapped module's parameters for stage 3 (by default the largest
 direct sub-module). Activations depend on the batch and the model's code and are not included.
+
+:class:`ModelStateMeter` measures instead of estimating: the peak of the live model-state bytes of
+a rank during the steps of a fully-sharded module, counted from the arrays themselves.
 """
 
 from __future__ import annotations
 
+import weakref
+
+from minigrad.distributed.data_parallel.fully_shard import PIECE_OWNER
 from minigrad.module.module import Module
 
 #: optimizer-state arrays of the parameter's size that each optimizer keeps per parameter
@@ -82,3 +88,115 @@ def estimate_zero_memory(model: Module, stage: int, world_size: int, optimizer: 
             "not included"
         )
     return out
+
+
+class ModelStateMeter:
+    """Peak live model-state bytes of one rank while ``fully_shard`` modules train (ZeRO-2/3),
+    counted from the arrays: inside the ``with`` block, every all-gather of a wrapped module's
+    parameters (forward, and the backward's gather again at stage 3) and every reduce-scatter of
+    its full gradients takes a sample of
+
+    * the pieces (``module.parameters()``) and their gradients (also those reduce-scattered and
+      not yet handed to ``.grad``),
+    * the optimizer state (as it is at the end of the block: an upper bound for the first step),
+    * every gathered parameter array still alive (weak references: freed ones count nothing),
+    * the full gradients being reduce-scattered.
+
+    ``peak`` is the largest sample, ``samples`` all of them; ``live_gathered()`` the bytes of
+    gathered arrays alive now (0 once every wrapped module has freed its working set). Activations
+    and the collectives' own buffers (a prefetched all-gather still in flight) are not counted.
+
+    Example::
+
+        with dist.ModelStateMeter(net, opt) as meter:
+            train_step()
+        print(meter.peak, meter.live_gathered())
+    """
+
+    def __init__(self, module: Module, optimizer=None):
+        self.module, self.optimizer = module, optimizer
+        self.states = [vars(m)["_fully_shard"] for m in module.modules()
+                       if "_fully_shard" in vars(m)]
+        if not self.states:
+            raise ValueError(f"ModelStateMeter: {type(module).__name__} has no fully sharded "
+                             "module (call dist.fully_shard first)")
+        self.samples: list[int] = []
+        self._raw: list[int] = []  # samples without the optimizer state
+        self._gathered: dict = {}  # id -> weak reference of a gathered flat array
+        self._scattered: list = []  # weak references of the pieces' reduce-scattered gradients
+        self._state_bytes = 0
+
+    def __enter__(self) -> "ModelStateMeter":
+        self._state_bytes = self.optimizer_state_bytes()
+        for state in self.states:
+            state.gather = self._gather_of(state)
+            state.reduce_scatter = self._reduce_scatter_of(state)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for state in self.states:
+            del state.gather, state.reduce_scatter  # the class's methods again
+        # the state as it is after the steps, added to every sample (an upper bound for the
+        # samples of a first step, taken before the optimizer created its state)
+        self._state_bytes = self.optimizer_state_bytes()
+        self.samples = [s + self._state_bytes for s in self._raw]
+
+    def _gather_of(self, state):
+        original = type(state).gather.__get__(state)
+
+        def gather(*args, **kwargs):
+            full = original(*args, **kwargs)
+            for ref in state.gathered:
+                self._gathered[id(ref)] = ref
+            self._sample(0)
+            return full
+
+        return gather
+
+    def _reduce_scatter_of(self, state):
+        original = type(state).reduce_scatter.__get__(state)
+
+        def reduce_scatter(grads):
+            self._sample(sum(int(g.nbytes) for g in grads if g is not None))
+            out = original(grads)
+            self._scattered += [weakref.ref(g) for g in out if g is not None]
+            return out
+
+        return reduce_scatter
+
+    def _sample(self, transient: int) -> None:
+        pieces = [p for p in self.module.parameters() if PIECE_OWNER.get(p) is not None]
+        held = sum(int(p.data.nbytes) for p in pieces)
+        # gradients: the pieces' ones, and those reduce-scattered but not yet in .grad (the
+        # backward pass hands them over at its end), each array once
+        self._scattered = [r for r in self._scattered if r() is not None]
+        grads = {id(a): a for a in (r() for r in self._scattered) if a is not None}
+        grads.update({id(p.grad.data): p.grad.data for p in pieces if p.grad is not None})
+        held += sum(int(a.nbytes) for a in grads.values())
+        held += self.live_gathered() + transient
+        self._raw.append(held)
+        self.samples.append(held + self._state_bytes)
+
+    def live_gathered(self) -> int:
+        """Bytes of the gathered parameter arrays alive now (forgets the dead ones)."""
+        total = 0
+        for key, ref in list(self._gathered.items()):
+            a = ref()
+            if a is None:
+                del self._gathered[key]
+            else:
+                total += int(a.nbytes)
+        return total
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of the optimizer's state arrays now (0 without an optimizer)."""
+        if self.optimizer is None:
+            return 0
+        return int(sum(v.nbytes for st in self.optimizer.state_dict()["state"].values()
+                       for v in st.values() if getattr(v, "ndim", 0) > 0))
+
+    @property
+    def peak(self) -> int:
+        """The largest sample (bytes)."""
+        return max(self.samples, default=0)
+

@@ -73,7 +73,9 @@ The pieces:
 * :mod:`.tensor` — ``GlobalTensor``, ``to_global``/``to_local`` and the dispatch;
 * :mod:`.lockstep` — fingerprints of the global ops, compared across ranks;
 * :mod:`.checkpoint` — logical checkpoints (``mg.save(..., global_dst_rank=0)``);
-* :mod:`.graph` — ``mg.Graph``, OneFlow's ``nn.Graph`` with pipeline stages.
+* :mod:`.graph` — ``mg.Graph``, OneFlow's ``nn.Graph`` with pipeline stages;
+* :mod:`.graph_zero` — ``graph.config.enable_zero(True, stage=1|2|3)``: the optimizer state,
+  gradients and parameters of data-parallel graphs sharded as ``split(0)``.
 """
 
 from minigrad import seams

@@ -47,6 +47,7 @@ from __future__ import annotations
 from minigrad.autodiff import GradManager, no_grad
 from minigrad.autodiff.tensor import Tensor
 from minigrad.distributed.comm.group import get_rank
+from minigrad.distributed.global_tensor.graph_zero import GraphZero, ZeroConfig
 from minigrad.distributed.global_tensor.tensor import local_row_chunks
 from minigrad.distributed.pipeline.accumulation import mean_loss_seed
 from minigrad.distributed.pipeline.actions import Forward
@@ -63,6 +64,17 @@ class GraphConfig:
     def __init__(self):
         self.gradient_accumulation_steps = 1
         self.pipeline_schedule = "1f1b"
+        self.zero: ZeroConfig | None = None
+
+    def enable_zero(self, mode: bool = True, *, stage: int = 2, shard_min_size: int = 1024,
+                    shard_restore_level: int = 1) -> None:
+        """Shard the data-parallel optimizer state (stage 1), also the gradients (2) and the
+        parameters (3) over each parameter's placement, OneFlow's signature: a parameter is
+        sharded when each of its ``split(0)`` shards has at least ``shard_min_size`` elements;
+        ``shard_restore_level`` 1 or 2 (the parameter is gathered whole for its ops). Set it
+        before the graph's first call; the training is the same bits as without it
+        (:mod:`minigrad.distributed.global_tensor.graph_zero`)."""
+        self.zero = ZeroConfig(stage, shard_min_size, shard_restore_level) if mode else None
 
     def set_gradient_accumulation_steps(self, value: int) -> None:
         """Split every batch into ``value`` micro-batches and accumulate their gradients."""
@@ -82,7 +94,7 @@ class GraphConfig:
 
     def __repr__(self) -> str:
         return (f"GraphConfig(gradient_accumulation_steps={self.gradient_accumulation_steps}, "
-                f"pipeline_schedule={self.pipeline_schedule!r})")
+                f"pipeline_schedule={self.pipeline_schedule!r}, zero={self.zero})")
 
 
 class _DeferringGradManager(GradManager):
@@ -109,6 +121,7 @@ class Graph:
         self.config = GraphConfig()
         self._optimizers: list = []
         self._stages: dict = {}
+        self._zero: GraphZero | None = None
 
     def build(self, *args):
         """The computation of one (micro-)batch; training graphs call ``loss.backward()``."""
@@ -198,31 +211,64 @@ class Graph:
         else:
             order = [Forward(m) for m in range(n)]
         micro = self._micro_batches(args, n)
+        zero = self._zero_state() if training else None
         params = [p for opt, _ in self._optimizers for g in opt.param_groups for p in g["params"]]
         for opt, _ in self._optimizers:
             opt.clear_grad()
+        if zero is not None:
+            params = zero.attached(params)
         gm = _DeferringGradManager().attach(params)
         outputs, pending = [None] * n, [None] * n
-        with gm:
-            for action in order:
-                m = action.micro_batch
-                if isinstance(action, Forward):
-                    gm.deferred = []
-                    try:
-                        outputs[m] = self.build(*micro[m])
-                    finally:
-                        pending[m], gm.deferred = gm.deferred, None
-                    self._check_backward_calls(pending[m], training)
-                    continue
-                for y, dy in pending[m]:
-                    gm.backward(y, mean_loss_seed(y, n, dy), release=False)
-                pending[m] = None
+        try:
+            with gm:
+                if zero is not None:
+                    zero.begin()
+                self._run_order(order, micro, outputs, pending, gm, training, zero)
+        finally:
+            if zero is not None:
+                zero.end()
         for opt, lr_sch in self._optimizers:
             opt.step()
             opt.clear_grad()
             if lr_sch is not None:
                 lr_sch.step()
+        if zero is not None:
+            zero.after_step()
         return _mean(outputs)
+
+    def _zero_state(self) -> GraphZero | None:
+        """The graph's ZeRO state (built at the first training call with ``enable_zero``)."""
+        if self.config.zero is None:
+            if self._zero is not None:
+                raise RuntimeError(f"{type(self).__name__}: enable_zero cannot be switched off "
+                                   "after the first call (the optimizers hold the shards)")
+            return None
+        if self._zero is None:
+            modules = [v for v in vars(self).values() if isinstance(v, Module)]
+            modules += [module for module, _ in self._stages.values()]
+            self._zero = GraphZero(self.config.zero, modules, [o for o, _ in self._optimizers])
+        elif self._zero.stage != self.config.zero.stage:
+            raise RuntimeError(f"{type(self).__name__}: the ZeRO stage cannot change after the "
+                               f"first call ({self._zero.stage} -> {self.config.zero.stage})")
+        return self._zero
+
+    def _run_order(self, order, micro, outputs, pending, gm, training, zero) -> None:
+        """Run this stage's forwards and backwards in the schedule's order."""
+        for action in order:
+            m = action.micro_batch
+            if isinstance(action, Forward):
+                if zero is not None:
+                    zero.before_forward()
+                gm.deferred = []
+                try:
+                    outputs[m] = self.build(*micro[m])
+                finally:
+                    pending[m], gm.deferred = gm.deferred, None
+                self._check_backward_calls(pending[m], training)
+                continue
+            for y, dy in pending[m]:
+                gm.backward(y, mean_loss_seed(y, len(micro), dy), release=False)
+            pending[m] = None
 
     def _check_backward_calls(self, calls, training: bool) -> None:
         if training and len(calls) != 1:
