@@ -25,8 +25,9 @@
 * a Tensor or NumPy array (loaded in place), or a plain value (replaced in ``state``);
 * a nested dict of the above.
 
-Every rank's CPU random generator is saved too (``"__rng__/rank<r>"``): a resumed rank continues
-the same stream. With another world size, rank ``r`` takes saved rank ``r % saved_world_size``'s.
+Every rank's CPU random generator is saved too (``"__rng__/rank<r>"``), and each GPU generator it
+has drawn from (``"__rng__/rank<r>/gpu<i>"``): a resumed rank continues the same streams. With
+another world size, rank ``r`` takes saved rank ``r % saved_world_size``'s.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ from typing import Any, Callable
 import numpy as np
 
 from minigrad.autodiff.tensor import Tensor
+from minigrad.backend.device import get_device_count
 from minigrad.backend.dtypes import is_bfloat16
-from minigrad.backend.rng import get_rng
+from minigrad.backend.rng import get_state as get_rng_state
+from minigrad.backend.rng import gpu_generators_made
+from minigrad.backend.rng import set_state as set_rng_state
 from minigrad.backend.xp import to_numpy
 from minigrad.distributed.checkpoint.pieces import Shard, full_index
 from minigrad.distributed.checkpoint.values import from_json, to_json
@@ -363,19 +367,33 @@ def collect(state: dict, loading: bool = False, index: dict | None = None,
     names = _ParamNames(state)
     _walk(items, state, "", names)
     if rng:
-        rank = get_rank()
-        generator = get_rng("cpu0")
-        if not loading:
-            items.objects[f"{RNG_KEY}/rank{rank}"] = to_json(
-                generator.bit_generator.state, RNG_KEY, _no_arrays)
-        else:
-            key = f"{RNG_KEY}/rank{rank % (saved_world_size or 1)}"
-            node = items.index["objects"].get(key)
-            if node is not None:
-                def restore(objs, arrays, node=node):
-                    generator.bit_generator.state = from_json(node, arrays.__getitem__)
-                items.finishers.append(restore)
+        _random_generators(items, loading, saved_world_size)
     return items
+
+
+def _random_generators(items: StateItems, loading: bool, saved_world_size: int | None) -> None:
+    """This rank's CPU generator (``"__rng__/rank<r>"``) and the GPU generators it has drawn
+    from (``"__rng__/rank<r>/gpu<i>"``, the state array in CuPy's own layout); on load, those of
+    saved rank ``r % saved_world_size``, each GPU's into the same GPU index here."""
+    rank = get_rank()
+    if not loading:
+        items.objects[f"{RNG_KEY}/rank{rank}"] = to_json(
+            get_rng_state("cpu0"), RNG_KEY, _no_arrays)
+        for i in gpu_generators_made():
+            key = f"{RNG_KEY}/rank{rank}/gpu{i}"
+            items.objects[key] = to_json(get_rng_state(f"gpu{i}"), key, items.add_array)
+        return
+    source = f"{RNG_KEY}/rank{rank % (saved_world_size or 1)}"
+    objects = items.index["objects"]
+    if source in objects:
+        node = objects[source]
+        items.finishers.append(lambda objs, arrays, node=node: set_rng_state(
+            "cpu0", from_json(node, arrays.__getitem__)))
+    gpus = get_device_count("gpu") if any(k.startswith(source + "/gpu") for k in objects) else 0
+    for i in range(gpus):
+        key = f"{source}/gpu{i}"
+        if key in objects:
+            items.add_value(key, None, lambda state, i=i: set_rng_state(f"gpu{i}", state))
 
 
 def _walk(items: StateItems, state: dict, prefix: str, names: _ParamNames) -> None:
