@@ -16,6 +16,11 @@ must already be averaged over the group (attach the all-reduce callback, or wrap
 that need a norm over a whole parameter (LAMB's trust ratio) get it through each piece's
 ``shard_reducer`` (:class:`ShardNormReducer`), which sums the ranks' partial norms.
 
+Checkpoints: ``opt.consolidate_state_dict(to=r)`` then ``state_dict()`` gives PyTorch's full state
+on one rank; ``dist.checkpoint.save``/``load`` instead take each rank's own slices
+(:meth:`~ZeroRedundancyOptimizer.state_shard`, ``sharded_state_dict``), without gathering, and
+reshard them to any group size, to plain data parallelism or to one process.
+
 Example::
 
     gm = GradManager().attach(net.parameters(), callbacks=[dist.make_allreduce_cb("mean")])

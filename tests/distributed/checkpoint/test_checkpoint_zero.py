@@ -195,3 +195,14 @@ def test_zero_checkpoint_resumes_in_another_layout(tmp_path, saved, loaded):
         np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-10, err_msg=name)
         if saved == loaded:
             assert np.array_equal(got[name], value), name
+
+
+def test_a_sharded_optimizer_over_sharded_parameters_is_refused(tmp_path):
+    """A ZeRO-1 range of a fully_shard piece is a range of the piece, not of the parameter: the
+    save refuses it (naming the parameter) instead of writing a wrong layout."""
+    model = dist.fully_shard(mlp(0))
+    opt = dist.ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optim.Adam, lr=0.01)
+    with pytest.raises(dist.checkpoint.CheckpointError,
+                       match=r"ZeroRedundancyOptimizer keeps a flat range of 'model/0.weight', "
+                             r"which is itself a shard"):
+        dist.checkpoint.save({"model": model, "optim": opt}, str(tmp_path / "c"))
