@@ -165,6 +165,7 @@ def _zero_run(layout, *args, **kwargs):
     (("zero1", 2), ("plain", 1)),   # ZeRO-1 -> one process
     (("zero3", 2), ("zero1", 3)),
     (("plain", 1), ("zero2", 2)),
+    (("zero2", 3), ("plain", 2)),   # into all-reduce data parallelism
     (("zero3", 3), ("zero3", 3)),   # the same layout: bitwise
     (("zero1", 2), ("zero1", 2)),
 ])
