@@ -15,6 +15,7 @@ import numpy as np
 
 from minigrad import seams
 from minigrad.backend.device import as_device
+from minigrad.backend.xp import to_numpy
 
 _cpu_rng = np.random.default_rng()
 _gpu_rngs: dict[int, object] = {}  # GPU index -> its generator, made on first use
@@ -53,3 +54,47 @@ def get_rng(device=None):
         with dev.context():  # the generator's state lives on the device current at creation
             rng = _gpu_rngs[dev.index] = dev.xp.random.default_rng(_seed)
     return rng
+
+
+def gpu_generators_made() -> list[int]:
+    """The indices of the GPUs whose generator exists (drawn from since the last :func:`seed`):
+    the ones whose state a checkpoint must keep (the others start from the seed anyway)."""
+    return sorted(_gpu_rngs)
+
+
+def get_state(device=None):
+    """A host copy of the state of ``device``'s generator, which :func:`set_state` takes back:
+    NumPy's state dict on the CPU; on a GPU the NumPy copy of the one device array in which CuPy
+    keeps the generator's whole state. Checkpoints save it, so a resumed run draws the same
+    numbers (dropout masks, random tensors) as an uninterrupted one.
+
+    Example::
+
+        saved = get_state("gpu0")
+        ...
+        set_state("gpu0", saved)      # the next draws on gpu0 repeat
+    """
+    dev = as_device(device)
+    bits = get_rng(dev).bit_generator
+    if dev.kind == "cpu":
+        return bits.state
+    with dev.context():
+        return np.array(to_numpy(bits._state), copy=True)
+
+
+def set_state(device, state) -> None:
+    """Restore ``device``'s generator to ``state`` from :func:`get_state` (on a GPU, an array of
+    the generator's state shape and dtype, written on that GPU)."""
+    dev = as_device(device)
+    bits = get_rng(dev).bit_generator
+    if dev.kind == "cpu":
+        bits.state = state
+        return
+    state = np.asarray(state)
+    with dev.context():
+        own = bits._state
+        if tuple(state.shape) != tuple(own.shape) or state.dtype != own.dtype:
+            raise ValueError(
+                f"set_state: the state of the {dev} generator is {tuple(own.shape)} "
+                f"{np.dtype(own.dtype).name}, got {tuple(state.shape)} {state.dtype.name}")
+        own[...] = dev.xp.asarray(state)

@@ -184,7 +184,7 @@ class DataLoader:
         the batches handed out in it, so that a resumed run (``load_state_dict`` then ``iter``)
         reads the next batch, not the first. Map-style datasets only."""
         if self.stream:
-            raise TypeError("DataLoader.state_dict: a StreamDataset has no position to resume")
+            raise TypeError(f"DataLoader.state_dict: {_NO_STREAM_POSITION}")
         if self._pass_start is None:
             return {"sampler": self.sampler.state_dict(), "batches": 0}
         return {"sampler": dict(self._pass_start), "batches": self._delivered}
@@ -194,7 +194,7 @@ class DataLoader:
         pass after its last batch (the order comes from the sampler's seed and epoch; skipped
         batches are not loaded), or starts the following epoch when the pass was complete."""
         if self.stream:
-            raise TypeError("DataLoader.load_state_dict: a StreamDataset has no position")
+            raise TypeError(f"DataLoader.load_state_dict: {_NO_STREAM_POSITION}")
         self.sampler.load_state_dict(state["sampler"])
         batches = int(state["batches"])
         self._pass_start, self._delivered, self._skip = None, 0, batches
@@ -257,6 +257,15 @@ def _traced(batches: Iterator[Any], tracer) -> Iterator[Any]:
         except StopIteration:
             return
         yield batch
+
+
+#: Why a loader over a stream cannot save or restore its position, and what to do instead.
+_NO_STREAM_POSITION = (
+    "a StreamDataset has no position to save or resume: a stream is read in order, without "
+    "indices, so the loader can neither record where it is nor go back there. Leave this loader "
+    "out of the checkpoint's state and keep the position yourself (save how many samples were "
+    "read, and let the StreamDataset's __iter__ start after them), or use a map-style Dataset "
+    "(__getitem__ and __len__), whose loader resumes at the next batch")
 
 
 def _read_stream(batches: Iterator[Any], out: queue.Queue, stop: threading.Event) -> None:

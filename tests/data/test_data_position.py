@@ -2,9 +2,10 @@
 first."""
 
 import numpy as np
+import pytest
 
 from minigrad.data import DataLoader
-from minigrad.data.dataset import ArrayDataset
+from minigrad.data.dataset import ArrayDataset, StreamDataset
 from minigrad.data.sampler import Infinite, RandomSampler
 
 
@@ -53,3 +54,16 @@ def test_resume_infinite_sampler_across_epochs():
     it2 = iter(fresh)
     assert [_first(next(it2)) for _ in range(8)] == expected
     assert fresh.state_dict()["batches"] == 17
+
+
+def test_a_stream_loader_says_why_it_has_no_position_and_what_to_do():
+    class Numbers(StreamDataset):
+        def __iter__(self):
+            yield from (np.array([float(i)]) for i in range(4))
+
+    loader = DataLoader(Numbers())
+    why = r"a StreamDataset has no position .* read in order, without indices.* Leave this loader"
+    with pytest.raises(TypeError, match=r"DataLoader.state_dict: " + why):
+        loader.state_dict()
+    with pytest.raises(TypeError, match=r"DataLoader.load_state_dict: " + why):
+        loader.load_state_dict({"sampler": {}, "batches": 0})

@@ -10,16 +10,24 @@
   tensor sharded exactly like the parameter (``"<key>/state/<param name>/exp_avg"``), the step
   counts and hyper-parameters are plain values per parameter, so a checkpoint taken with one
   grouping or layout (a pipeline stage's parameters) loads into another (the whole model). A
-  sharded optimizer (ZeRO) whose state arrays hold a range of each flattened parameter says so
-  with ``state_shard(param) -> (start, stop)``: its state is then a flat shard of the same
-  logical tensor, and loads into any other sharding (or none);
+  sharded optimizer (ZeRO-1, ``dist.ZeroRedundancyOptimizer``) whose state arrays hold a range
+  of each flattened parameter says so with ``state_shard(param) -> (start, stop)`` (and gives
+  and takes that local state with ``sharded_state_dict``/``load_sharded_state_dict`` when its
+  ``state_dict`` means the full state): its state is then a flat shard of the same logical
+  tensor, and loads into any other sharding (or none). Its replicated parameters are written by
+  the rank that owns each range (every rank writes its share), and loaded whole;
+* a module wrapped by ``dist.fully_shard`` (ZeRO-2/3) holds 1-D pieces of its parameters: each
+  is saved as its flat range of the full parameter, under the unsharded module's name and
+  shape, and so is an optimizer's state of it; both load into any world size, into plain data
+  parallelism or into one process (and the reverse);
 * any other object with ``state_dict``/``load_state_dict`` ("stateful": an LR scheduler, a
   GradScaler, a DataLoader): its state dict, arrays in it stored as replicated tensors;
 * a Tensor or NumPy array (loaded in place), or a plain value (replaced in ``state``);
 * a nested dict of the above.
 
-Every rank's CPU random generator is saved too (``"__rng__/rank<r>"``): a resumed rank continues
-the same stream. With another world size, rank ``r`` takes saved rank ``r % saved_world_size``'s.
+Every rank's CPU random generator is saved too (``"__rng__/rank<r>"``), and each GPU generator it
+has drawn from (``"__rng__/rank<r>/gpu<i>"``): a resumed rank continues the same streams. With
+another world size, rank ``r`` takes saved rank ``r % saved_world_size``'s.
 """
 
 from __future__ import annotations
@@ -29,12 +37,16 @@ from typing import Any, Callable
 import numpy as np
 
 from minigrad.autodiff.tensor import Tensor
+from minigrad.backend.device import get_device_count
 from minigrad.backend.dtypes import is_bfloat16
-from minigrad.backend.rng import get_rng
+from minigrad.backend.rng import get_state as get_rng_state
+from minigrad.backend.rng import gpu_generators_made
+from minigrad.backend.rng import set_state as set_rng_state
 from minigrad.backend.xp import to_numpy
 from minigrad.distributed.checkpoint.pieces import Shard, full_index
 from minigrad.distributed.checkpoint.values import from_json, to_json
 from minigrad.distributed.comm.group import get_rank
+from minigrad.distributed.data_parallel.fully_shard import flat_shard
 from minigrad.distributed.global_tensor.sbp import broadcast, local_slices
 from minigrad.distributed.tensor_parallel.sharding import ParallelModule
 from minigrad.module import Module
@@ -125,6 +137,11 @@ def tensor_shard(key: str, t: Tensor, spec_owner=None) -> Shard | None:
         index = tuple(np.arange(s.start, s.stop) for s in slices)
         return Shard(key, tuple(t.shape), t.data.dtype, index, lambda: to_numpy(t.data),
                      t.set_value)
+    pieced = flat_shard(t)
+    if pieced is not None:  # a fully_shard piece: a flat range of the full parameter
+        shape, flat = pieced
+        return Shard(key, tuple(shape), t.data.dtype, None, lambda: to_numpy(t.data),
+                     t.set_value, flat=flat)
     if spec_owner is not None:
         layer, spec = spec_owner
         index = spec.indices(layer.ctx.coord, layer.ctx)
@@ -163,6 +180,16 @@ class _ParamNames:
             specs = _specs(model)
             for name, t in model.named_tensors():
                 self.by_id.setdefault(id(t), (f"{key}/{name}", model, name, specs.get(name)))
+        # parameter -> the flat range whose optimizer state this rank keeps (ZeRO-1): the rank
+        # writes that range of the (replicated) parameter, so every rank writes its share
+        self.owned: dict[int, tuple[int, int]] = {}
+        for opt in _optimizers(state):
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    flat = _flat_range(opt, p)
+                    if flat is not None and not p.is_global and flat_shard(p) is None and \
+                            self.by_id.get(id(p), (None,) * 4)[3] is None:
+                        self.owned.setdefault(id(p), flat)
 
     def name(self, p, position: int) -> str:
         entry = self.by_id.get(id(p))
@@ -177,9 +204,16 @@ class _ParamNames:
         return base
 
 
-def _module(items: StateItems, key: str, model: Module) -> None:
+def _module(items: StateItems, key: str, model: Module, names: _ParamNames) -> None:
     specs = _specs(model)
     for name, t in model.named_tensors():
+        owned = None if items.loading else names.owned.get(id(t))
+        if owned is not None:  # a replica whose range a sharded optimizer keeps on this rank
+            items.shards.append(Shard(
+                f"{key}/{name}", tuple(t.shape), t.data.dtype, None,
+                lambda t=t, a=owned[0], b=owned[1]: to_numpy(t.data).reshape(-1)[a:b],
+                t.set_value, flat=owned))
+            continue
         shard = tensor_shard(f"{key}/{name}", t, specs.get(name))
         if shard is not None:
             items.shards.append(shard)
@@ -189,12 +223,13 @@ def _optimizer(items: StateItems, key: str, opt: Optimizer, names: _ParamNames) 
     params = [p for g in opt.param_groups for p in g["params"]]
     group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
     if not items.loading:
-        saved = opt.state_dict()
+        local_state = getattr(opt, "sharded_state_dict", None)
+        saved = opt.state_dict() if local_state is None else local_state()
         for i, p in enumerate(params):
             pname = names.name(p, i)
             hyper = {k: v for k, v in group_of[id(p)].items() if k != "params"}
             items.objects[f"{key}/param_groups/{pname}"] = to_json(hyper, key, _no_arrays)
-            flat = _flat_range(opt, p)
+            flat = _checked_flat_range(opt, p, pname, names)
             for sname, value in saved["state"].get(i, {}).items():
                 skey = f"{key}/state/{pname}/{sname}"
                 if flat is not None and np.ndim(value) == 1 and \
@@ -222,7 +257,7 @@ def _optimizer(items: StateItems, key: str, opt: Optimizer, names: _ParamNames) 
             if skey in tensors and tuple(tensors[skey]["shape"]) == _logical_shape(p, names):
                 def write(arr, i=i, sname=sname):
                     restored.setdefault(i, {})[sname] = arr
-                flat = _flat_range(opt, p)
+                flat = _checked_flat_range(opt, p, pname, names)
                 if flat is not None:
                     shard = Shard(skey, _logical_shape(p, names), tensors[skey]["dtype"], None,
                                   lambda: None, write, flat=flat)
@@ -255,9 +290,34 @@ def _optimizer(items: StateItems, key: str, opt: Optimizer, names: _ParamNames) 
             state[i] = {
                 n: from_json(objs[v[1]], arrays.__getitem__) if isinstance(v, tuple) else v
                 for n, v in st.items()}
-        opt.load_state_dict({"param_groups": groups, "state": state})
+        load = getattr(opt, "load_sharded_state_dict", None) or opt.load_state_dict
+        load({"param_groups": groups, "state": state})
 
     items.finishers.append(finish)
+
+
+def _optimizers(state: dict) -> list[Optimizer]:
+    out = []
+    for value in state.values():
+        if isinstance(value, Optimizer):
+            out.append(value)
+        elif isinstance(value, dict):
+            out.extend(_optimizers(value))
+    return out
+
+
+def _checked_flat_range(opt, p, pname: str, names: _ParamNames) -> tuple[int, int] | None:
+    """:func:`_flat_range`, refused where the flat range is not one of the logical tensor (a
+    sharded optimizer over tensor-parallel blocks or global tensors' pieces)."""
+    flat = _flat_range(opt, p)
+    if flat is not None and (p.is_global or flat_shard(p) is not None or
+                             names.by_id.get(id(p), (None,) * 4)[3] is not None):
+        raise TypeError(
+            f"dist.checkpoint: {type(opt).__name__} keeps a flat range of {pname!r}, which is "
+            "itself a shard (a tensor-parallel block, a global tensor's piece or a fully_shard "
+            "piece); checkpoints of a sharded optimizer over sharded parameters are not "
+            "supported: use a plain optimizer there")
+    return flat
 
 
 def _flat_range(opt, p) -> tuple[int, int] | None:
@@ -272,6 +332,9 @@ def _flat_range(opt, p) -> tuple[int, int] | None:
 
 
 def _logical_shape(p, names: _ParamNames) -> tuple:
+    pieced = flat_shard(p)
+    if pieced is not None:
+        return tuple(pieced[0])
     entry = names.by_id.get(id(p))
     if entry and entry[3] is not None:
         return tuple(entry[3][1].full_shape)
@@ -304,19 +367,33 @@ def collect(state: dict, loading: bool = False, index: dict | None = None,
     names = _ParamNames(state)
     _walk(items, state, "", names)
     if rng:
-        rank = get_rank()
-        generator = get_rng("cpu0")
-        if not loading:
-            items.objects[f"{RNG_KEY}/rank{rank}"] = to_json(
-                generator.bit_generator.state, RNG_KEY, _no_arrays)
-        else:
-            key = f"{RNG_KEY}/rank{rank % (saved_world_size or 1)}"
-            node = items.index["objects"].get(key)
-            if node is not None:
-                def restore(objs, arrays, node=node):
-                    generator.bit_generator.state = from_json(node, arrays.__getitem__)
-                items.finishers.append(restore)
+        _random_generators(items, loading, saved_world_size)
     return items
+
+
+def _random_generators(items: StateItems, loading: bool, saved_world_size: int | None) -> None:
+    """This rank's CPU generator (``"__rng__/rank<r>"``) and the GPU generators it has drawn
+    from (``"__rng__/rank<r>/gpu<i>"``, the state array in CuPy's own layout); on load, those of
+    saved rank ``r % saved_world_size``, each GPU's into the same GPU index here."""
+    rank = get_rank()
+    if not loading:
+        items.objects[f"{RNG_KEY}/rank{rank}"] = to_json(
+            get_rng_state("cpu0"), RNG_KEY, _no_arrays)
+        for i in gpu_generators_made():
+            key = f"{RNG_KEY}/rank{rank}/gpu{i}"
+            items.objects[key] = to_json(get_rng_state(f"gpu{i}"), key, items.add_array)
+        return
+    source = f"{RNG_KEY}/rank{rank % (saved_world_size or 1)}"
+    objects = items.index["objects"]
+    if source in objects:
+        node = objects[source]
+        items.finishers.append(lambda objs, arrays, node=node: set_rng_state(
+            "cpu0", from_json(node, arrays.__getitem__)))
+    gpus = get_device_count("gpu") if any(k.startswith(source + "/gpu") for k in objects) else 0
+    for i in range(gpus):
+        key = f"{source}/gpu{i}"
+        if key in objects:
+            items.add_value(key, None, lambda state, i=i: set_rng_state(f"gpu{i}", state))
 
 
 def _walk(items: StateItems, state: dict, prefix: str, names: _ParamNames) -> None:
@@ -326,7 +403,7 @@ def _walk(items: StateItems, state: dict, prefix: str, names: _ParamNames) -> No
                 f"dist.checkpoint: state keys must be strings without '/', got {k!r}")
         key = prefix + k
         if isinstance(value, Module):
-            _module(items, key, value)
+            _module(items, key, value, names)
         elif isinstance(value, Optimizer):
             _optimizer(items, key, value, names)
         elif isinstance(value, dict):

@@ -21,7 +21,9 @@ Prefetch: the outermost wrapped module records the order of the wrapped forwards
 pass on, each wrapped forward first starts the all-gather of the module that ran next last time,
 so that transfer overlaps this module's compute (unused prefetches are finished and dropped when
 the outermost forward ends). :func:`no_sync` accumulates full gradients locally for gradient
-accumulation with one reduce-scatter per step; :func:`full_state_dict` and
+accumulation with one reduce-scatter per step. ``dist.checkpoint.save``/``load`` handle
+wrapped modules natively (:func:`flat_shard` says which slice of which parameter a piece is:
+each rank writes its own slices); :func:`full_state_dict` and
 :func:`full_optimizer_state_dict` give checkpoints in the unsharded module's names and shapes,
 loadable at any world size (:func:`load_full_state_dict`, :func:`load_full_optimizer_state_dict`)
 or into the module without sharding. The global-tensor machinery (SBP ``split(0)``) is not used:
@@ -499,6 +501,18 @@ def _ranges(owner: FullyShardState, i: int) -> list[tuple[int, int]]:
                 out.append(found[0] if found else (0, 0))
             return out
     raise KeyError(i)
+
+
+def flat_shard(tensor) -> tuple[tuple[int, ...], tuple[int, int]] | None:
+    """For a piece that :func:`fully_shard` made: ``(full shape, (start, stop))``, the shape of
+    the parameter it stands for and the range of that parameter's flattened elements it holds
+    on this rank; None for any other tensor. Distributed checkpoints save a piece (and an
+    optimizer's state of it) as this slice of the full parameter, so it loads at any world size
+    or into the unsharded module. No communication."""
+    owner, i = _owner_and_index(tensor)
+    if owner is None:
+        return None
+    return owner.shapes[i], _ranges(owner, i)[owner.rank]
 
 
 def full_state_dict(module: Module) -> dict:

@@ -16,6 +16,11 @@ must already be averaged over the group (attach the all-reduce callback, or wrap
 that need a norm over a whole parameter (LAMB's trust ratio) get it through each piece's
 ``shard_reducer`` (:class:`ShardNormReducer`), which sums the ranks' partial norms.
 
+Checkpoints: ``opt.consolidate_state_dict(to=r)`` then ``state_dict()`` gives PyTorch's full state
+on one rank; ``dist.checkpoint.save``/``load`` instead take each rank's own slices
+(:meth:`~ZeroRedundancyOptimizer.state_shard`, ``sharded_state_dict``), without gathering, and
+reshard them to any group size, to plain data parallelism or to one process.
+
 Example::
 
     gm = GradManager().attach(net.parameters(), callbacks=[dist.make_allreduce_cb("mean")])
@@ -333,6 +338,73 @@ class ZeroRedundancyOptimizer(Optimizer):
             )
         return self._consolidated
 
+    def state_shard(self, p) -> tuple[int, int] | None:
+        """``(start, stop)``: the range of ``p``'s flattened elements whose optimizer state this
+        rank holds (empty where it holds none of ``p``); None for a tensor this optimizer does
+        not manage. Distributed checkpoints save the state as these slices of the logical
+        tensors, so it loads into any number of ranks, or into a plain optimizer."""
+        j = self._piece_of().get(id(p))
+        if j is None:
+            return None
+        _, (_, a, b), _ = self._pieces[j]
+        return a, b
+
+    def _piece_of(self) -> dict:
+        """id(full parameter) -> position of its piece in the local optimizer."""
+        return {id(bucket.params[i]): j for j, (bucket, (i, _, _), _) in enumerate(self._pieces)}
+
+    def _local_groups(self) -> list:
+        """The local optimizer's param groups as a state dict names them (piece positions),
+        with the user's current hyper-parameters."""
+        groups, start = [], 0
+        for own, g in zip(self.param_groups, self.optim.param_groups, strict=True):
+            hyper = {k: v for k, v in own.items() if k != "params"}
+            hyper["params"] = list(range(start, start + len(g["params"])))
+            start += len(g["params"])
+            groups.append(hyper)
+        return groups
+
+    def sharded_state_dict(self) -> dict:
+        """This rank's part of the state, without communication: the plain optimizer's format
+        over the full parameters (``param_groups`` and state keys as in :meth:`state_dict`), each
+        state array being the 1-D slice :meth:`state_shard` names. What distributed checkpoints
+        save; :meth:`load_sharded_state_dict` takes it back."""
+        local = self.optim.state_dict()["state"]
+        index = {id(p): k for k, p in enumerate(self._params())}
+        state = {}
+        for j, (bucket, (i, _, _), _) in enumerate(self._pieces):
+            if local.get(j):
+                state[index[id(bucket.params[i])]] = local[j]
+        groups = []
+        for g in self.param_groups:
+            hyper = {k: v for k, v in g.items() if k != "params"}
+            hyper["params"] = [index[id(p)] for p in g["params"]]
+            groups.append(hyper)
+        return {"param_groups": groups, "state": state}
+
+    def load_sharded_state_dict(self, state_dict: dict) -> ZeroRedundancyOptimizer:
+        """Load this rank's part of the state (the format of :meth:`sharded_state_dict`: arrays
+        are the slices :meth:`state_shard` names, for this rank and this group size)."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"ZeroRedundancyOptimizer.load_sharded_state_dict: the state has "
+                f"{len(saved_groups)} param group(s), this optimizer has {len(self.param_groups)}")
+        for own, saved in zip(self.param_groups, saved_groups, strict=True):
+            own.update({k: v for k, v in saved.items() if k != "params"})
+        params = self._params()
+        piece_of = self._piece_of()
+        local = {}
+        for key, st in state_dict["state"].items():
+            k = int(key)
+            if not 0 <= k < len(params):
+                raise ValueError(
+                    f"ZeroRedundancyOptimizer.load_sharded_state_dict: state for parameter {k}, "
+                    f"but there are only {len(params)} parameters")
+            local[piece_of[id(params[k])]] = st
+        self.optim.load_state_dict({"param_groups": self._local_groups(), "state": local})
+        return self
+
     def load_state_dict(self, state_dict: dict) -> ZeroRedundancyOptimizer:
         """Load a full state (from :meth:`state_dict` or from a plain optimizer): each rank keeps
         the slice of its pieces."""
@@ -349,13 +421,7 @@ class ZeroRedundancyOptimizer(Optimizer):
             if st:
                 local[j] = {name: (v.reshape(-1)[a:b].copy() if getattr(v, "ndim", 0) > 0 else v)
                             for name, v in st.items()}
-        groups, start = [], 0
-        for own, g in zip(self.param_groups, self.optim.param_groups, strict=True):
-            hyper = {k: v for k, v in own.items() if k != "params"}
-            hyper["params"] = list(range(start, start + len(g["params"])))
-            start += len(g["params"])
-            groups.append(hyper)
-        self.optim.load_state_dict({"param_groups": groups, "state": local})
+        self.optim.load_state_dict({"param_groups": self._local_groups(), "state": local})
         return self
 
 

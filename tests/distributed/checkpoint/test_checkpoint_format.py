@@ -14,7 +14,7 @@ import minigrad.distributed as dist
 import minigrad.optimizer as optim
 from minigrad.amp import GradScaler
 from minigrad.data import DataLoader
-from minigrad.data.dataset import ArrayDataset
+from minigrad.data.dataset import ArrayDataset, StreamDataset
 from minigrad.data.sampler import Infinite, RandomSampler
 from minigrad.distributed.checkpoint import saving
 from minigrad.distributed.checkpoint.pieces import (
@@ -254,4 +254,16 @@ def _unsavable_on_rank_1(root):
 def test_a_value_one_rank_cannot_save_fails_every_rank(tmp_path):
     for msg in run_workers(_unsavable_on_rank_1, 2, str(tmp_path), timeout=60):
         assert "rank 1: dist.checkpoint.save: cannot store builtins.object at 'note'" in msg
+    assert not os.path.exists(tmp_path / "c" / "index.json")
+
+
+def test_a_stream_loader_in_the_state_is_refused_with_the_reason(tmp_path):
+    class Numbers(StreamDataset):
+        def __iter__(self):
+            yield from (np.array([float(i)]) for i in range(4))
+
+    with pytest.raises(dist.checkpoint.CheckpointError,
+                       match=r"DataLoader.state_dict: a StreamDataset has no position.*"
+                             r"Leave this loader out of the checkpoint's state"):
+        dist.checkpoint.save({"data": DataLoader(Numbers()), "step": 1}, str(tmp_path / "c"))
     assert not os.path.exists(tmp_path / "c" / "index.json")
