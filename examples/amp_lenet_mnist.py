@@ -81,6 +81,8 @@ def run(precision: str, args) -> dict:
     for epoch in range(args.epochs):
         train_loader.sampler.set_epoch(epoch)
         for images, labels in train_loader:
+            if args.max_steps is not None and len(losses) >= args.max_steps:
+                break
             with gm:
                 with cast():
                     loss = F.nn.cross_entropy(net(to_input(images)), mg.tensor(labels))
@@ -89,11 +91,14 @@ def run(precision: str, args) -> dict:
             losses.append(float(loss.item()))
     seconds = time.perf_counter() - start
     net.eval()
-    correct = 0
+    correct = seen = 0
     with mg.no_grad(), cast():
         for images, labels in test_loader:
+            if args.test_images is not None and seen >= args.test_images:
+                break
             correct += int((net(to_input(images)).numpy().argmax(axis=1) == labels).sum())
-    return {"precision": precision, "accuracy": 100.0 * correct / len(test_set),
+            seen += len(labels)
+    return {"precision": precision, "accuracy": 100.0 * correct / seen, "test_images": seen,
             "final_loss": float(np.mean(losses[-50:])), "skipped_steps": scaler.skipped_steps,
             "final_scale": scaler.get_scale(), "train_seconds": seconds,
             "steps": len(losses)}
@@ -105,6 +110,10 @@ def main(argv=None) -> dict:
                    help="comma-separated precisions (float32 is the reference)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="stop each run after this many steps (a quick check)")
+    p.add_argument("--test-images", type=int, default=None,
+                   help="evaluate on the first N test images, rounded up to 500 (default: all)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--init-scale", type=float, default=2.0**16,
                    help="GradScaler's initial loss scale (float16 runs)")
