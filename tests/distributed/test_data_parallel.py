@@ -203,3 +203,6 @@ def test_reduce_dtype_float16_all_reduces_in_float16_and_returns_float32(wrapper
 def test_reduce_dtype_must_be_floating():
     with pytest.raises(ValueError, match="reduce_dtype must be a floating dtype, got int32"):
         dist.make_allreduce_cb("mean", reduce_dtype="int32")
+    pytest.importorskip("ml_dtypes")
+    with pytest.raises(ValueError, match="reduce_dtype bfloat16: the collectives cannot reduce"):
+        dist.make_allreduce_cb("mean", reduce_dtype="bfloat16")

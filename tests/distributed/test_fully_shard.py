@@ -472,7 +472,7 @@ class MPNet(M.Module):
         return y.astype(self.out) if self.out else y
 
 
-def _mp_train(mode, reduce_dtype, output_dtype, reshard=True):
+def _mp_train(mode, reduce_dtype, output_dtype, reshard=True, param_dtype="float16"):
     """``mode``: "ref" (float32 parameters cast to float16 by hand, all-reduce mean in
     ``reduce_dtype``) or "fsdp" (plain float32 model, fully_shard with the policy)."""
     from minigrad.distributed.comm import arrays
@@ -485,17 +485,16 @@ def _mp_train(mode, reduce_dtype, output_dtype, reshard=True):
     def recorder(name):
         def call(x, *args, **kwargs):
             first = x[0] if isinstance(x, list) else x
-            if first.dtype.kind == "f":
-                sent[name].add(first.dtype.name)
+            sent[name].add(first.dtype.name)
             return real[name](x, *args, **kwargs)
         return call
 
     if mode == "ref":
-        net = MPNet(cast="float16", out=output_dtype)
+        net = MPNet(cast=param_dtype, out=output_dtype)
         cbs = [dist.make_allreduce_cb("mean", reduce_dtype=reduce_dtype or "float32")]
     else:
         net = MPNet()
-        policy = dist.MixedPrecisionPolicy(param_dtype="float16", reduce_dtype=reduce_dtype)
+        policy = dist.MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
         dist.fully_shard(net.block, reshard_after_forward=reshard, mp_policy=policy)
         # the output dtype on the root only (on the block it would make the head's product
         # float32, by promotion)
@@ -559,7 +558,21 @@ def test_mixed_precision_policy_equals_a_hand_cast_float16_model(reduce_dtype, o
         _mp_train, 2, "fsdp", None if reduce_dtype else "float16", output_dtype)[0]["params"][0])
 
 
+def test_mixed_precision_policy_in_bfloat16_gathers_its_bytes():
+    # the collectives carry no bfloat16: the shards travel as bytes and are read back bitwise
+    ref = run_workers(_mp_train, 2, "ref", None, None, True, "bfloat16")
+    fsdp = run_workers(_mp_train, 2, "fsdp", None, None, True, "bfloat16")
+    for f, r in zip(fsdp, ref):
+        for a, b in zip(f["params"], r["params"]):
+            np.testing.assert_array_equal(a, b)
+        assert f["seen"] == r["seen"] == {("bfloat16", "bfloat16")}
+        assert f["held"] == f["grads"] == f["state"] == {"float32"}
+        assert f["sent"] == {"all_gather": {"uint8"}, "reduce_scatter": {"float32"}}
+
+
 def test_mixed_precision_policy_checks_its_dtypes():
+    with pytest.raises(ValueError, match="reduce_dtype: the collectives cannot reduce bfloat16"):
+        dist.MixedPrecisionPolicy(param_dtype="bfloat16", reduce_dtype="bfloat16")
     with pytest.raises(ValueError, match="MixedPrecisionPolicy: param_dtype must be a floating "
                                          "dtype, got int32"):
         dist.MixedPrecisionPolicy(param_dtype="int32")

@@ -53,7 +53,7 @@ import numpy as np
 from minigrad.autodiff import is_recording
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Parameter, Tensor
-from minigrad.backend.dtypes import is_floating
+from minigrad.backend.dtypes import is_bfloat16, is_floating
 from minigrad.backend.xp import get_array_module, to_numpy
 from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.comm.collectives import all_gather_object
@@ -215,6 +215,8 @@ class FullyShardState:
             if self.n == 1:
                 works.append((idx, bucket, None, shard))
             else:
+                if is_bfloat16(shard.dtype):  # the collectives carry no bfloat16: its bytes
+                    shard = shard.view(np.uint8)
                 works.append((idx, bucket, comm.all_gather(shard, self.group, async_op=True),
                                None))
         return works
@@ -247,6 +249,10 @@ class FullyShardState:
         self.gathered = []  # weak references to the gathered arrays: tests check they are freed
         for k, (idx, bucket, work, shard) in enumerate(works):
             parts = [shard] if work is None else work.wait()
+            dtype = self.pieces[idx[0]].dtype
+            dtype = self.policy.compute_dtype(dtype) if compute else dtype
+            if parts[0].dtype != dtype:  # bfloat16 sent as bytes
+                parts = [p.view(dtype) for p in parts]
             self._check_tags(k, parts)
             flat = get_array_module(parts[0]).concatenate([p[1:] for p in parts])
             self.gathered.append(weakref.ref(flat))

@@ -92,6 +92,10 @@ class AllreduceCallback:
         self.reduce_method = method
         self.reduce_dtype = (None if reduce_dtype is None
                              else as_float_dtype(reduce_dtype, "make_allreduce_cb: reduce_dtype"))
+        if self.reduce_dtype is not None and self.reduce_dtype.name not in comm.DTYPES:
+            raise ValueError(
+                f"make_allreduce_cb: reduce_dtype {self.reduce_dtype.name}: the collectives "
+                "cannot reduce it; use float16, or None (each gradient's own dtype)")
         self.backend = backend
         self.group = resolve_group(group)
         self.bucket_bytes = int(bucket_size_mb * 1024 * 1024)

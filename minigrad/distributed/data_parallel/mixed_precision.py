@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from minigrad.backend.dtypes import as_float_dtype, is_floating
+from minigrad.distributed.comm.arrays import DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,7 @@ class MixedPrecisionPolicy:
             if value is not None:
                 object.__setattr__(
                     self, field, as_float_dtype(value, f"MixedPrecisionPolicy: {field}"))
+        check_reducible(self.reduce_dtype, "MixedPrecisionPolicy: reduce_dtype")
 
     def compute_dtype(self, dtype: np.dtype) -> np.dtype:
         """The dtype parameters of ``dtype`` are gathered and computed in."""
@@ -77,6 +79,16 @@ class MixedPrecisionPolicy:
         return (f"MixedPrecisionPolicy(param_dtype={name(self.param_dtype)}, reduce_dtype="
                 f"{name(self.reduce_dtype)}, output_dtype={name(self.output_dtype)}, "
                 f"cast_forward_inputs={self.cast_forward_inputs})")
+
+
+def check_reducible(dtype, where: str) -> None:
+    """Refuse a reduce dtype the collective backends cannot sum (bfloat16: they carry float16,
+    float32 and float64), naming ``where``; None passes."""
+    if dtype is not None and dtype.name not in DTYPES:
+        raise ValueError(
+            f"{where}: the collectives cannot reduce {dtype.name} (they reduce "
+            f"{', '.join(d for d in DTYPES if d.startswith('float'))}); use float16, or None "
+            "(float32)")
 
 
 #: no policy: every dtype as the parameters have it
