@@ -29,7 +29,8 @@ how many steps were skipped in a row; it is :attr:`GradScaler.last_overflow` and
 
 Distributed: whether any gradient overflowed is summed over ``group`` (default: every rank of
 the job, which covers the data, tensor and pipeline groups at once), so every rank skips the same
-steps and keeps the same scale.
+steps and keeps the same scale. The pipeline engine drives a scaler itself:
+``PipelineEngine(..., scaler=GradScaler(module=net))`` (``docs/amp.md``).
 """
 
 from __future__ import annotations

@@ -86,3 +86,17 @@ def finfo(dtype):
 
         return ml_dtypes.finfo(dtype)
     return np.finfo(dtype)
+
+
+def as_float_dtype(spec, where: str) -> np.dtype:
+    """``spec`` (a name such as ``"float16"``/``"bfloat16"``, or a dtype) as a floating
+    ``np.dtype``; a ValueError naming ``where`` and what it got otherwise (settings such as
+    ``reduce_dtype=`` and ``param_dtype=`` use it)."""
+    extra = parse_extra_dtype(spec) if isinstance(spec, str) else None
+    try:
+        dtype = extra if extra is not None else np.dtype(spec)
+    except TypeError:
+        raise ValueError(f"{where} must be a floating dtype, got {spec!r}") from None
+    if not is_floating(dtype):
+        raise ValueError(f"{where} must be a floating dtype, got {dtype.name}")
+    return dtype

@@ -96,6 +96,7 @@ from minigrad.distributed.data_parallel.fully_shard import (
     no_sync,
 )
 from minigrad.distributed.data_parallel.helper import bcast_list_, make_allreduce_cb, synchronized
+from minigrad.distributed.data_parallel.mixed_precision import MixedPrecisionPolicy
 from minigrad.distributed.data_parallel.sync_batch_norm import SyncBatchNorm
 from minigrad.distributed.data_parallel.zero import ZeroRedundancyOptimizer
 from minigrad.distributed.data_parallel.zero_memory import ModelStateMeter, estimate_zero_memory
@@ -114,6 +115,7 @@ __all__ = [
     "DistributedDataParallel",
     "Group",
     "LaunchError",
+    "MixedPrecisionPolicy",
     "ModelStateMeter",
     "P2POp",
     "ReduceOp",

@@ -87,6 +87,16 @@ def accumulate_dtype(dtype) -> np.dtype:
     return np.dtype(np.int32)
 
 
+def float_sum(xp, d, axis=None, keepdims: bool = False):
+    """``d.sum(axis)`` of a float array, with float16 and bfloat16 accumulated in float32 and the
+    result rounded to their dtype (what GPUs do). ml_dtypes' bfloat16 sum adds in bfloat16: 50,000
+    values in [0, 1) sum to 256, so gradient sums over a batch (bias gradients, broadcasts'
+    adjoints) would stall."""
+    if d.dtype.itemsize < 4 and is_floating(d.dtype):
+        return xp.sum(d, axis=axis, keepdims=keepdims, dtype=np.float32).astype(d.dtype)
+    return d.sum(axis=axis, keepdims=keepdims)
+
+
 def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):
     """Apply MegEngine's ``compute_mode`` to the inputs of a matrix product or convolution.
 
@@ -208,6 +218,7 @@ __all__ = [
     "as_tensor",
     "binary_args",
     "accumulate_dtype",
+    "float_sum",
     "autocast_high",
     "autocast_low",
     "check_compatible",

@@ -9,9 +9,11 @@ from __future__ import annotations
 from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function, dispatches
 from minigrad.autodiff.tensor import Tensor
+from minigrad.backend.dtypes import is_floating
 from minigrad.functional._util import (
     accumulate_dtype,
     autocast_high,
+    float_sum,
     normalize_axis,
     recording_backward,
 )
@@ -33,6 +35,8 @@ class Sum(Function):
     def forward(self, x, axes, keepdims):
         self.shape, self.axes, self.keepdims = x.shape, axes, keepdims
         dtype = accumulate_dtype(x._data.dtype)
+        if is_floating(dtype):
+            return float_sum(x.xp, x._data, axes, keepdims)
         return x.xp.sum(x._data, axis=axes, keepdims=keepdims, dtype=dtype)
 
     def backward(self, dy):

@@ -10,7 +10,12 @@ from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Tensor, raw_index
 from minigrad.backend.device_checks import check_range
 from minigrad.backend.xp import scatter_add
-from minigrad.functional._util import accumulate_dtype, check_compatible, normalize_axis
+from minigrad.functional._util import (
+    accumulate_dtype,
+    check_compatible,
+    float_sum,
+    normalize_axis,
+)
 
 
 def _t(x) -> Tensor:
@@ -76,7 +81,7 @@ class SumTo(Function):
         axes = tuple(range(lead)) + tuple(
             lead + i for i, s in enumerate(shape) if s == 1 and d.shape[lead + i] != 1
         )
-        out = d.sum(axis=axes, keepdims=True) if axes else d
+        out = float_sum(x.xp, d, axes, True) if axes else d
         return out.reshape(shape)
 
     def backward(self, dy):

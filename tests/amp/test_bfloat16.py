@@ -165,3 +165,25 @@ def test_a_bfloat16_array_made_outside_minigrad_is_noticed_in_a_fresh_process():
                          cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
                          check=True).stdout
     assert out.split() == ["bfloat16", "bfloat16"]
+
+
+def test_long_sums_accumulate_in_float32_forward_and_backward():
+    # ml_dtypes adds bfloat16 in bfloat16: 50,000 values in [0, 1) would sum to 256. The sum,
+    # a broadcast's gradient (SumTo) and linear's bias gradient must keep float32 accuracy
+    n = 50_000
+    v = np.random.default_rng(3).random(n)
+    vb = v.astype(BF16)
+    exact = vb.astype(np.float64).sum()
+    assert abs(float(_bf(v).sum().item()) - exact) <= exact * EPS
+    assert abs(float(F.mean(_bf(v)).item()) - exact / n) <= exact / n * EPS
+    b = mg.Parameter(np.zeros((1, 1)), dtype="bfloat16")
+    bias = mg.Parameter(np.zeros(1), dtype="bfloat16")
+    w = mg.Parameter(np.ones((1, 1)), dtype="bfloat16")
+    gm = ad.GradManager().attach([b, bias, w])
+    dy = mg.tensor(vb.reshape(n, 1))
+    with gm:
+        y = F.broadcast_to(b, (n, 1)) + F.linear(_bf(np.zeros((n, 1))), w, bias)
+        gm.backward(y, dy)
+    for p in (b, bias):
+        assert p.grad.dtype == BF16
+        assert abs(float(p.grad.numpy().astype(np.float64).sum()) - exact) <= exact * EPS

@@ -134,3 +134,75 @@ def test_accumulated_and_held_gradients_survive_buffer_reuse():
         assert intact, "a gradient from an earlier step was overwritten by a later all-reduce"
         for g, r in zip(grads, ref):
             np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+
+
+# -- reduce_dtype: low-precision all-reduce, opt-in ------------------------------------------------
+def _grad_values(rank):
+    """Per-rank gradients that float16 cannot hold exactly (and differ between ranks)."""
+    rng = np.random.default_rng(100 + rank)
+    return (rng.standard_normal(9) * [1, 1e-2, 1e-4, 3, 1e2, 1e-3, 7, 1e-1, 1]).astype(np.float32)
+
+
+def _reduce_dtype_worker(reduce_dtype, wrapper):
+    import minigrad.module as M
+    from minigrad.distributed.comm import arrays
+
+    rank = dist.get_rank()
+    sent = []
+    real = arrays.all_reduce
+
+    def recording(x, *args, **kwargs):
+        sent.append(np.dtype(x.dtype).name)
+        return real(x, *args, **kwargs)
+
+    arrays.all_reduce = recording
+    try:
+        c = mg.tensor(_grad_values(rank))
+        if wrapper == "ddp":
+            class Scale(M.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.w = mg.Parameter(np.ones(9, np.float32))
+
+                def forward(self, x):
+                    return (self.w * x).sum()
+
+            net = dist.DistributedDataParallel(Scale(), reduce_dtype=reduce_dtype)
+            w = net.module.w
+            gm = ad.GradManager().attach([w])
+            with gm:
+                gm.backward(net(c))
+        else:
+            w = mg.Parameter(np.ones(9, np.float32))
+            gm = ad.GradManager().attach(
+                [w], callbacks=[dist.make_allreduce_cb("mean", reduce_dtype=reduce_dtype)])
+            with gm:
+                gm.backward((w * c).sum())
+    finally:
+        arrays.all_reduce = real
+    return w.grad.numpy(), sent
+
+
+@pytest.mark.parametrize("wrapper", ["cb", "ddp"])
+def test_reduce_dtype_float16_all_reduces_in_float16_and_returns_float32(wrapper):
+    g0, g1 = _grad_values(0), _grad_values(1)
+    low = run_workers(_reduce_dtype_worker, 2, "float16", wrapper)
+    full = run_workers(_reduce_dtype_worker, 2, None, wrapper)
+    # float16: each rank's gradient rounded, summed and halved in float16, then back to float32
+    h = (g0.astype(np.float16) + g1.astype(np.float16)) / np.float16(2)
+    expected_low = h.astype(np.float32)
+    for (grad, sent), (grad32, sent32) in zip(low, full):
+        assert grad.dtype == grad32.dtype == np.float32
+        assert "float16" in sent and "float32" not in sent
+        assert "float32" in sent32 and "float16" not in sent32  # float32 is the default
+        np.testing.assert_array_equal(grad, expected_low)
+        np.testing.assert_array_equal(grad32, (g0 + g1) / np.float32(2))
+    assert not np.array_equal(low[0][0], full[0][0])  # the rounding is visible
+
+
+def test_reduce_dtype_must_be_floating():
+    with pytest.raises(ValueError, match="reduce_dtype must be a floating dtype, got int32"):
+        dist.make_allreduce_cb("mean", reduce_dtype="int32")
+    pytest.importorskip("ml_dtypes")
+    with pytest.raises(ValueError, match="reduce_dtype bfloat16: the collectives cannot reduce"):
+        dist.make_allreduce_cb("mean", reduce_dtype="bfloat16")

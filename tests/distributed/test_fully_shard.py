@@ -2,6 +2,7 @@
 parallelism in float32 and to one process in float64; bad input fails on every rank."""
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import pytest
@@ -435,3 +436,145 @@ def test_a_rank_without_backward_fails_on_every_rank_instead_of_mixing_gathers()
     assert "rank 1 sent the parameters of fully_shard(Block)" in msgs[0]
     assert "a rank skipped a backward" in msgs[0]
     assert "the ranks' all-gathers do not match" in msgs[1] or "rank(s) [0] died" in msgs[1]
+
+
+# -- MixedPrecisionPolicy ------------------------------------------------------------------------
+class MPBlock(M.Module):
+    """Linear + tanh with float32 parameters; ``cast`` (the hand-built reference): the block
+    casts its input and parameters to that dtype itself, as the policy does for fully_shard."""
+
+    def __init__(self, cast=None):
+        super().__init__()
+        rng = np.random.default_rng(11)
+        self.w = mg.Parameter(rng.standard_normal((IN, HID)) * 0.5, dtype="float32")
+        self.b = mg.Parameter(rng.standard_normal(HID) * 0.5, dtype="float32")
+        self.cast = cast
+        self.seen = []  # dtypes of the input and the weight inside forward
+
+    def forward(self, x):
+        c = (lambda t: t.astype(self.cast)) if self.cast else (lambda t: t)
+        x, w, b = c(x), c(self.w), c(self.b)
+        self.seen.append((x.dtype.name, w.dtype.name))
+        return F.tanh(F.matmul(x, w) + b)
+
+
+class MPNet(M.Module):
+    def __init__(self, cast=None, out=None):
+        super().__init__()
+        rng = np.random.default_rng(12)
+        self.block = MPBlock(cast)
+        self.head = mg.Parameter(rng.standard_normal((HID, OUT)) * 0.5, dtype="float32")
+        self.cast, self.out = cast, out
+
+    def forward(self, x):
+        c = (lambda t: t.astype(self.cast)) if self.cast else (lambda t: t)
+        y = F.matmul(self.block(c(x)), c(self.head))
+        return y.astype(self.out) if self.out else y
+
+
+def _mp_train(mode, reduce_dtype, output_dtype, reshard=True, param_dtype="float16"):
+    """``mode``: "ref" (float32 parameters cast to float16 by hand, all-reduce mean in
+    ``reduce_dtype``) or "fsdp" (plain float32 model, fully_shard with the policy)."""
+    from minigrad.distributed.comm import arrays
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x_all, y_all = _data(n)
+    sent = {"all_gather": set(), "reduce_scatter": set()}
+    real = {k: getattr(arrays, k) for k in sent}
+
+    def recorder(name):
+        def call(x, *args, **kwargs):
+            first = x[0] if isinstance(x, list) else x
+            sent[name].add(first.dtype.name)
+            return real[name](x, *args, **kwargs)
+        return call
+
+    if mode == "ref":
+        net = MPNet(cast=param_dtype, out=output_dtype)
+        cbs = [dist.make_allreduce_cb("mean", reduce_dtype=reduce_dtype or "float32")]
+    else:
+        net = MPNet()
+        policy = dist.MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        dist.fully_shard(net.block, reshard_after_forward=reshard, mp_policy=policy)
+        # the output dtype on the root only (on the block it would make the head's product
+        # float32, by promotion)
+        policy = dataclasses.replace(policy, output_dtype=output_dtype)
+        dist.fully_shard(net, reshard_after_forward=reshard, mp_policy=policy)
+        cbs = []
+        for k in sent:
+            setattr(arrays, k, recorder(k))
+    try:
+        params = list(net.parameters())
+        gm = ad.GradManager().attach(params, callbacks=cbs)
+        opt = optim.Adam(params, lr=0.01)
+        out_dtypes, grad_dtypes = set(), set()
+        for step in range(3):
+            sl = slice(rank * B, (rank + 1) * B)
+            with gm:
+                out = net(mg.tensor(x_all[step, sl], dtype="float32"))
+                out_dtypes.add(out.dtype.name)
+                gm.backward(F.nn.cross_entropy(out, mg.tensor(y_all[step, sl])))
+            grad_dtypes |= {p.grad.dtype.name for p in params}
+            opt.step().clear_grad()
+    finally:
+        for k, f in real.items():
+            setattr(arrays, k, f)
+    full = (_full_mp(net) if mode == "fsdp" else [p.numpy() for p in net.parameters()])
+    return dict(params=full, seen=set(net.block.seen), out=out_dtypes, grads=grad_dtypes,
+                held={p.dtype.name for p in net.parameters()}, sent=sent,
+                state={v.dtype.name for st in opt.state_dict()["state"].values()
+                       for v in st.values() if getattr(v, "ndim", 0)})
+
+
+def _full_mp(net):
+    found = {}
+    for prefix, module in (("", net), ("block.", net.block)):
+        state = module._fully_shard
+        found.update({prefix + k: np.asarray(a) for k, a in zip(state.names, state.gather())})
+    return [found[name] for name, _ in MPNet().named_parameters()]
+
+
+@pytest.mark.parametrize("reduce_dtype,output_dtype,reshard", [
+    (None, None, True), ("float16", None, True), (None, "float32", False)])
+def test_mixed_precision_policy_equals_a_hand_cast_float16_model(reduce_dtype, output_dtype,
+                                                                 reshard):
+    ref = run_workers(_mp_train, 2, "ref", reduce_dtype, output_dtype)
+    fsdp = run_workers(_mp_train, 2, "fsdp", reduce_dtype, output_dtype, reshard)
+    init = [p.numpy() for p in MPNet().parameters()]
+    for f, r in zip(fsdp, ref):
+        for a, b, start in zip(f["params"], r["params"], init):
+            assert a.dtype == np.float32  # the master weights stay float32
+            np.testing.assert_array_equal(a, b)
+            assert not np.array_equal(a, start)
+        # the module computed in float16, its output as the policy says
+        assert f["seen"] == r["seen"] == {("float16", "float16")}
+        assert f["out"] == r["out"] == {output_dtype or "float16"}
+        # the shards, their gradients and the optimizer state are float32
+        assert f["held"] == f["grads"] == f["state"] == {"float32"}
+        # gathered in float16; reduced in reduce_dtype (float32 by default)
+        assert f["sent"]["all_gather"] == {"float16"}
+        assert f["sent"]["reduce_scatter"] == {reduce_dtype or "float32"}
+    assert not np.array_equal(fsdp[0]["params"][0], run_workers(
+        _mp_train, 2, "fsdp", None if reduce_dtype else "float16", output_dtype)[0]["params"][0])
+
+
+def test_mixed_precision_policy_in_bfloat16_gathers_its_bytes():
+    # the collectives carry no bfloat16: the shards travel as bytes and are read back bitwise
+    ref = run_workers(_mp_train, 2, "ref", None, None, True, "bfloat16")
+    fsdp = run_workers(_mp_train, 2, "fsdp", None, None, True, "bfloat16")
+    for f, r in zip(fsdp, ref):
+        for a, b in zip(f["params"], r["params"]):
+            np.testing.assert_array_equal(a, b)
+        assert f["seen"] == r["seen"] == {("bfloat16", "bfloat16")}
+        assert f["held"] == f["grads"] == f["state"] == {"float32"}
+        assert f["sent"] == {"all_gather": {"uint8"}, "reduce_scatter": {"float32"}}
+
+
+def test_mixed_precision_policy_checks_its_dtypes():
+    with pytest.raises(ValueError, match="reduce_dtype: the collectives cannot reduce bfloat16"):
+        dist.MixedPrecisionPolicy(param_dtype="bfloat16", reduce_dtype="bfloat16")
+    with pytest.raises(ValueError, match="MixedPrecisionPolicy: param_dtype must be a floating "
+                                         "dtype, got int32"):
+        dist.MixedPrecisionPolicy(param_dtype="int32")
+    with pytest.raises(TypeError, match="mp_policy must be a MixedPrecisionPolicy, got dict"):
+        dist.fully_shard(MPNet(), mp_policy={"param_dtype": "float16"})

@@ -18,6 +18,9 @@ LAUNCH = ["-m", "minigrad.distributed.launch", "--nproc_per_node"]
 
 # (example, arguments after `python`, a line every successful run prints)
 COMMANDS = [
+    ("amp_lenet_mnist", ["examples/amp_lenet_mnist.py", "--max-steps", "2", "--test-images",
+                         "500", "--out-dir", "{tmp}"],
+     r"bfloat16: mean test accuracy \d+\.\d+ %, [+-]\d"),
     ("train_mnist", ["examples/train_mnist.py", "--epochs", "1", "--nproc", "2", "--device",
                      "cpu", "--out-dir", "{tmp}"], r"test accuracy"),
     ("megengine_dp_mnist", ["examples/megengine_dp_mnist.py", "--max-steps", "3", "--save",

@@ -23,6 +23,8 @@ from minigrad.module.module import Module
 
 class DistributedDataParallel(Module):
     """Wrap ``module`` so that its gradients are averaged over ``group`` during backward.
+    ``reduce_dtype`` (None: each gradient's own dtype) opts in to all-reducing the buckets in a
+    lower precision such as ``"float16"`` (see ``make_allreduce_cb``).
 
     Example::
 
@@ -38,12 +40,14 @@ class DistributedDataParallel(Module):
         broadcast_buffers: bool = True,
         bucket_cap_mb: float = DEFAULT_BUCKET_MB,
         group=WORLD,
+        reduce_dtype=None,
     ):
         super().__init__()
         self.module = module
         self.broadcast_buffers = broadcast_buffers
         self._group = resolve_group(group)
-        self._reducer = AllreduceCallback("mean", self._group, bucket_size_mb=bucket_cap_mb)
+        self._reducer = AllreduceCallback("mean", self._group, bucket_size_mb=bucket_cap_mb,
+                                          reduce_dtype=reduce_dtype)
         self._sync = True
         bcast_list_(list(module.tensors()), self._group)
         self._hooks = [register_grad_hook(p, self._grad_hook) for p in module.parameters()]

@@ -55,12 +55,17 @@ import numpy as np
 from minigrad.autodiff import is_recording
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Parameter, Tensor
+from minigrad.backend.dtypes import is_bfloat16, is_floating
 from minigrad.backend.xp import get_array_module, to_numpy
 from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.comm.collectives import all_gather_object
 from minigrad.distributed.comm.flat_buffer import group_by_layout
 from minigrad.distributed.comm.group import WORLD, resolve_group
 from minigrad.distributed.data_parallel.helper import bcast_list_
+from minigrad.distributed.data_parallel.mixed_precision import (
+    FULL_PRECISION,
+    MixedPrecisionPolicy,
+)
 from minigrad.distributed.data_parallel.zero import (
     ShardedBucket,
     ShardNormReducer,
@@ -150,7 +155,9 @@ class FullyShardState:
     """What ``fully_shard`` keeps for one wrapped module: the managed parameters' names, shapes
     and slots, one :class:`ShardedBucket` per (dtype, device) layout, and the pieces."""
 
-    def __init__(self, module: Module, names: list, params: list, group, reshard: bool):
+    def __init__(self, module: Module, names: list, params: list, group, reshard: bool,
+                 policy: MixedPrecisionPolicy = FULL_PRECISION):
+        self.policy = policy
         self.module_ref = weakref.ref(module)
         self.module_name = type(module).__name__
         self.names = names
@@ -168,7 +175,7 @@ class FullyShardState:
         self.reducer = ShardNormReducer.of(group, self.n)
         self.tags = []  # one small integer per layout, the same on every rank (same call order)
         for _ in range(len(group_by_layout(params))):
-            tag = next(_TAG_COUNTER) % 2048 + 1  # exact in float16 too
+            tag = next(_TAG_COUNTER) % 256 + 1  # exact in float16 and bfloat16 too
             self.tags.append(tag)
             _TAGGED[float(tag)] = f"the parameters of fully_shard({self.module_name}) #{tag}"
         index = {id(p): i for i, p in enumerate(params)}
@@ -198,14 +205,21 @@ class FullyShardState:
             for slot in slots:
                 slot.set(value)
 
-    def start_gather(self) -> list:
-        """Start the all-gathers of the pieces (one per layout, asynchronous); the handles."""
+    def start_gather(self, compute: bool = False) -> list:
+        """Start the all-gathers of the pieces (one per layout, asynchronous); the handles.
+        ``compute``: in the policy's ``param_dtype`` (each shard cast before it is sent)."""
         works = []
         for k, (idx, bucket) in enumerate(self.layouts):
             shard = bucket.pack_shard([self.pieces[i].data for i in idx], self.tags[k])
+            if compute:
+                dtype = self.policy.compute_dtype(shard.dtype)
+                if dtype != shard.dtype:
+                    shard = shard.astype(dtype)
             if self.n == 1:
                 works.append((idx, bucket, None, shard))
             else:
+                if is_bfloat16(shard.dtype):  # the collectives carry no bfloat16: its bytes
+                    shard = shard.view(np.uint8)
                 works.append((idx, bucket, comm.all_gather(shard, self.group, async_op=True),
                                None))
         return works
@@ -213,7 +227,7 @@ class FullyShardState:
     def prefetch(self) -> None:
         """Start gathering now, for the coming forward (which then only waits)."""
         if self.prefetched is None:
-            self.prefetched = self.start_gather()
+            self.prefetched = self.start_gather(compute=True)
 
     def discard_prefetch(self) -> None:
         """Finish and drop a prefetch nobody used (every rank started it, so every rank waits)."""
@@ -223,19 +237,25 @@ class FullyShardState:
                     work.wait()
             self.prefetched = None
 
-    def gather(self, use_prefetch: bool = False) -> list:
+    def gather(self, use_prefetch: bool = False, compute: bool = False) -> list:
         """All-gather the pieces: the full parameter arrays (views of one array per layout).
-        ``use_prefetch``: finish the gather :meth:`prefetch` started, if any."""
+        ``compute``: in the policy's ``param_dtype`` (for the forward and backward; checkpoints
+        gather the pieces' own dtype). ``use_prefetch``: finish the gather :meth:`prefetch`
+        started (a compute gather), if any."""
         works = None
         if use_prefetch and self.prefetched is not None:
             works, self.prefetched = self.prefetched, None
             self.prefetch_hits += 1
         if works is None:
-            works = self.start_gather()
+            works = self.start_gather(compute)
         full = [None] * len(self.pieces)
         self.gathered = []  # weak references to the gathered arrays: tests check they are freed
         for k, (idx, bucket, work, shard) in enumerate(works):
             parts = [shard] if work is None else work.wait()
+            dtype = self.pieces[idx[0]].dtype
+            dtype = self.policy.compute_dtype(dtype) if compute else dtype
+            if parts[0].dtype != dtype:  # bfloat16 sent as bytes
+                parts = [p.view(dtype) for p in parts]
             self._check_tags(k, parts)
             flat = get_array_module(parts[0]).concatenate([p[1:] for p in parts])
             self.gathered.append(weakref.ref(flat))
@@ -263,9 +283,20 @@ class FullyShardState:
                 "a backward or ran the wrapped modules in another order)"
             )
 
+    def to_reduce_dtype(self, grads: list) -> list:
+        """The full gradients (arrays or None) in their layout's reduce dtype."""
+        out = list(grads)
+        for idx, _ in self.layouts:
+            dtype = self.policy.gradient_reduce_dtype(self.pieces[idx[0]].dtype)
+            for i in idx:
+                if out[i] is not None and out[i].dtype != dtype:
+                    out[i] = out[i].astype(dtype)
+        return out
+
     def reduce_scatter(self, grads: list) -> list:
         """The pieces' gradients: the full gradients (None where a parameter got none) averaged
-        over the group and cut to this rank's shard (None for parameters that got none)."""
+        over the group (in the policy's reduce dtype) and cut to this rank's shard (None for
+        parameters that got none), in the pieces' dtype."""
         out = [None] * len(self.pieces)
         works = []
         for idx, bucket in self.layouts:
@@ -273,7 +304,8 @@ class FullyShardState:
                 continue
             p0 = self.pieces[idx[0]]
             xp = get_array_module(p0.data)
-            flat = xp.zeros(bucket.shard_size * self.n, p0.dtype)
+            flat = xp.zeros(bucket.shard_size * self.n, self.policy.gradient_reduce_dtype(
+                p0.dtype))
             offset = 0
             for i, size in zip(idx, bucket.sizes):
                 if grads[i] is not None:
@@ -288,6 +320,9 @@ class FullyShardState:
                                                             async_op=True), None))
         for idx, bucket, work, mine in works:
             mine = mine if work is None else work.wait()
+            dtype = self.pieces[idx[0]].dtype
+            if mine.dtype != dtype:  # the shard's gradient in float32 for the optimizer
+                mine = mine.astype(dtype)
             ranges = {idx[j]: (a, b) for j, a, b in bucket.segments}
             pos = 0
             for i in idx:
@@ -306,11 +341,12 @@ class GatherParams(Function):
 
     def forward(self, state, *pieces):
         self.state = state
-        return tuple(state.gather(use_prefetch=True))
+        return tuple(state.gather(use_prefetch=True, compute=True))
 
     def backward(self, *grads):
         state = self.state
-        arrays = [None if g is None else (g.data if isinstance(g, Tensor) else g) for g in grads]
+        arrays = state.to_reduce_dtype(
+            [None if g is None else (g.data if isinstance(g, Tensor) else g) for g in grads])
         if state.unsynced is not None:  # fold in what accumulated under no_sync(), like DDP
             arrays = [a if u is None else u if a is None else a + u
                       for a, u in zip(arrays, state.unsynced)]
@@ -330,7 +366,7 @@ class RegatherForBackward(Function):
         return tuple(o.data for o in outs)
 
     def backward(self, *grads):
-        for t, value in zip(self.fulls, self.state.gather()):
+        for t, value in zip(self.fulls, self.state.gather(compute=True)):
             t.set_(value)
         self.fulls = None
         return (None, None, *grads)
@@ -390,10 +426,39 @@ def _pre_forward(module, args):
     fulls = GatherParams()(state, *state.pieces)
     state.live = list(fulls)
     state.set_params(state.live)
+    policy = state.policy
+    if policy.cast_forward_inputs and policy.param_dtype is not None:
+        return _cast_floats(args, policy.param_dtype)
     return None
 
 
+def _cast_floats(values: tuple, dtype) -> tuple | None:
+    """``values`` with each floating Tensor cast to ``dtype`` (differentiably); None when no value
+    changes (the module keeps its arguments)."""
+    out = tuple(v.astype(dtype) if isinstance(v, Tensor) and is_floating(v.dtype)
+                and v.dtype != dtype else v for v in values)
+    return None if all(a is b for a, b in zip(out, values)) else out
+
+
 def _post_forward(module, args, out):
+    new = _reshard(module, out)
+    dtype = module._fully_shard.policy.output_dtype
+    if dtype is None:
+        return new
+    value = out if new is None else new
+    flat = value if isinstance(value, (tuple, list)) else (value,)
+    cast = _cast_floats(tuple(flat), dtype)
+    if cast is None:
+        return new
+    if isinstance(value, (tuple, list)):
+        return type(value)(cast)
+    return cast[0]
+
+
+def _reshard(module, out):
+    """After the wrapped forward: point the module at its pieces again; under ZeRO-3 free the
+    gathered parameters and wrap the outputs in :class:`RegatherForBackward` (the new outputs,
+    or None when they stay as they are)."""
     state = module._fully_shard
     fulls, state.live = state.live, None
     state.set_params(state.pieces)
@@ -407,7 +472,7 @@ def _post_forward(module, args, out):
     for t in fulls:
         t.set_(_placeholder(t.data))
     flat_outs = out if isinstance(out, (tuple, list)) else (out,)
-    wrap = [i for i, o in enumerate(flat_outs) if isinstance(o, Tensor) and o.dtype.kind == "f"]
+    wrap = [i for i, o in enumerate(flat_outs) if isinstance(o, Tensor) and is_floating(o.dtype)]
     if not wrap:
         return None
     new = RegatherForBackward()(state, fulls, *[flat_outs[i] for i in wrap])
@@ -449,7 +514,8 @@ def _managed_params(module: Module) -> tuple[list, list]:
     return names, params
 
 
-def fully_shard(module: Module, reshard_after_forward: bool = True, group=None) -> Module:
+def fully_shard(module: Module, reshard_after_forward: bool = True, group=None,
+                mp_policy: MixedPrecisionPolicy | None = None) -> Module:
     """Shard ``module``'s parameters over ``group`` (None: WORLD); returns the module.
 
     Call it on sub-modules first (each gathers only its own parameters around its forward),
@@ -458,6 +524,9 @@ def fully_shard(module: Module, reshard_after_forward: bool = True, group=None) 
     Build the optimizer and attach the GradManager *after* this call: they must see the pieces.
     Every rank must call it in the same order on modules of the same structure; the initial
     values are taken from the group's first rank (like ``DistributedDataParallel``).
+    ``mp_policy``: a :class:`MixedPrecisionPolicy` (gather and compute in ``param_dtype``,
+    reduce in ``reduce_dtype``; the shards stay the float32 master weights); pass it to every
+    ``fully_shard`` call that should use it (sub-modules do not inherit it).
     """
     if not isinstance(module, Module):
         raise TypeError(f"fully_shard: expected a Module, got {type(module).__name__}")
@@ -470,7 +539,13 @@ def fully_shard(module: Module, reshard_after_forward: bool = True, group=None) 
     check_same_models(where, names, params, group, n)
     if n > 1 and params:
         bcast_list_(params, group)
-    state = FullyShardState(module, names, params, group, bool(reshard_after_forward))
+    if mp_policy is None:
+        mp_policy = FULL_PRECISION
+    if not isinstance(mp_policy, MixedPrecisionPolicy):
+        raise TypeError(f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got "
+                        f"{type(mp_policy).__name__}")
+    state = FullyShardState(module, names, params, group, bool(reshard_after_forward),
+                            mp_policy)
     object.__setattr__(module, "_fully_shard", state)
     if params:
         module.register_forward_pre_hook(_pre_forward)

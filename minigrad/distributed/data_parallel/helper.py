@@ -22,6 +22,7 @@ from minigrad import functional as F
 from minigrad.autodiff.grad_manager import get_backwarding_grad_manager
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.device import get_device_count
+from minigrad.backend.dtypes import as_float_dtype, is_floating
 from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.comm.collectives import broadcast_object_list
 from minigrad.distributed.comm.flat_buffer import BufferPool, FlatBuffer, group_by_layout
@@ -55,7 +56,11 @@ class AllreduceCallback:
     ``bucket_size_mb`` and all-reduces each bucket asynchronously as soon as it is full.
 
     ``reduce_method``: ``"sum"`` or ``"mean"`` (any case); ``bucket_size_mb=0``: one all-reduce per
-    gradient; ``backend``: None (the group's routing) or a backend name for these all-reduces.
+    gradient; ``backend``: None (the group's routing) or a backend name for these all-reduces;
+    ``reduce_dtype``: None (default) reduces each gradient in its own dtype; a floating dtype
+    (``"float16"``, ``"bfloat16"``) casts each floating bucket to it for the all-reduce and the
+    result back to the gradients' dtype (half the bytes on the wire from float32, at the cost of
+    rounding the gradients and summing in that dtype: opt-in, see ``docs/amp.md``).
 
     Example::
 
@@ -68,6 +73,7 @@ class AllreduceCallback:
         group=WORLD,
         backend=None,
         bucket_size_mb: float = DEFAULT_BUCKET_MB,
+        reduce_dtype=None,
     ):
         method = str(reduce_method).lower()
         if method not in REDUCE_METHODS:
@@ -84,6 +90,12 @@ class AllreduceCallback:
                 f"make_allreduce_cb: backend must be None or one of {BACKENDS}, got {backend!r}"
             )
         self.reduce_method = method
+        self.reduce_dtype = (None if reduce_dtype is None
+                             else as_float_dtype(reduce_dtype, "make_allreduce_cb: reduce_dtype"))
+        if self.reduce_dtype is not None and self.reduce_dtype.name not in comm.DTYPES:
+            raise ValueError(
+                f"make_allreduce_cb: reduce_dtype {self.reduce_dtype.name}: the collectives "
+                "cannot reduce it; use float16, or None (each gradient's own dtype)")
         self.backend = backend
         self.group = resolve_group(group)
         self.bucket_bytes = int(bucket_size_mb * 1024 * 1024)
@@ -117,11 +129,23 @@ class AllreduceCallback:
         self._bucket_bytes.pop(key)
         nth = self._started.get(key, 0)
         self._started[key] = nth + 1
-        # this bucket's buffer of an earlier step when no gradient views it any more
-        flat = self._pool.get((key, nth), [a for _, a in items])
+        arrays = [a for _, a in items]
+        cast = self._cast_to(arrays[0].dtype)
+        if cast is not None:  # a new buffer in reduce_dtype: the casts copy anyway
+            flat = FlatBuffer.of([a.astype(cast) for a in arrays])
+        else:  # this bucket's buffer of an earlier step when no gradient views it any more
+            flat = self._pool.get((key, nth), arrays)
         op = "avg" if self.reduce_method == "mean" else "sum"
         work = comm.all_reduce(flat.data, op, self.group, async_op=True, backend=self.backend)
         self._works.append((work, items, flat))
+
+    def _cast_to(self, dtype):
+        """The dtype a bucket of ``dtype`` gradients is all-reduced in when it is not their own
+        (``reduce_dtype`` given, the gradients floating and of another dtype); else None."""
+        rd = self.reduce_dtype
+        if rd is None or dtype == rd or not is_floating(dtype):
+            return None
+        return rd
 
     def _flush(self) -> None:
         try:
@@ -129,8 +153,9 @@ class AllreduceCallback:
                 self._start(key)
             for work, items, flat in self._works:
                 work.wait()  # reduced in place: the views below see the result
-                for (placeholder, _), value in zip(items, flat.views()):
-                    placeholder.set_(value)
+                for (placeholder, grad), value in zip(items, flat.views()):
+                    placeholder.set_(value if value.dtype == grad.dtype
+                                     else value.astype(grad.dtype))
         finally:
             self._works = []
             self._buckets = {}
@@ -140,15 +165,21 @@ class AllreduceCallback:
 
 
 def make_allreduce_cb(
-    reduce_method: str = "sum", group=WORLD, backend=None, bucket_size_mb: float = DEFAULT_BUCKET_MB
+    reduce_method: str = "sum",
+    group=WORLD,
+    backend=None,
+    bucket_size_mb: float = DEFAULT_BUCKET_MB,
+    reduce_dtype=None,
 ) -> AllreduceCallback:
-    """A GradManager callback that all-reduces gradients over ``group`` ("sum" or "mean").
+    """A GradManager callback that all-reduces gradients over ``group`` ("sum" or "mean");
+    ``reduce_dtype`` (e.g. ``"float16"``) opts in to reducing them in a lower precision (the
+    gradients come back in their own dtype), see :class:`AllreduceCallback`.
 
     Example::
 
         gm = GradManager().attach(model.parameters(), callbacks=[dist.make_allreduce_cb("mean")])
     """
-    return AllreduceCallback(reduce_method, group, backend, bucket_size_mb)
+    return AllreduceCallback(reduce_method, group, backend, bucket_size_mb, reduce_dtype)
 
 
 def synchronized(func):

@@ -21,6 +21,7 @@ action                 what the engine does on this rank
 ``ReduceTiedGrads``    sum each tied weight's gradient over the stages that hold a copy
 ``ReduceGrads``        average every gradient over the stage's data-parallel group
 ``OptimizerStep``      ``optimizer.step()`` on the stage's own parameters, then drop the gradients
+                       (with a ``scaler``: ``scaler.step(optimizer)``, then ``scaler.update()``)
 =====================  ==========================================================================
 
 One step is one recording (``with gm:``) holding every micro-batch's graph; each backward
@@ -45,6 +46,15 @@ batch), but the number of tensors and their dtypes must stay those of the step's
 the receiving stage raises naming the stage, the micro-batch and both signatures. Everything the
 engine sends or receives goes through :class:`~.transport.Transport`, the one seam over
 ``comm.send`` / ``comm.recv``.
+
+Mixed precision. The engine owns the loss scaler, as DeepSpeed's does:
+``PipelineEngine(..., scaler=amp.GradScaler(module=net))``. Each micro-batch's loss seed
+``1 / M`` is multiplied by the scale, so every activation gradient sent between stages is scaled;
+at ``OptimizerStep`` every stage calls ``scaler.step(optimizer)`` (unscale its gradients, check
+them, agree over the scaler's group (default: every rank of the job, i.e. data x pipeline), step
+unless some rank found inf/nan) and ``scaler.update()``: every stage and replica skips the same
+steps and keeps the same scale. Any object with ``scale``, ``step`` and ``update`` works (this
+layer does not import ``minigrad.amp``).
 
 Failures. An exception on one rank during a step (a layer returning a list, a changed dtype, a
 bad data item) is raised there with its own traceback, and the rank sends an *abort* message to
@@ -176,7 +186,8 @@ class PipelineEngine:
     a :class:`~minigrad.distributed.pipeline.Schedule` class, or a built schedule of the right
     shape; ``zero_stage=1`` shards the optimizer state over the stage's data-parallel group
     (``dist.ZeroRedundancyOptimizer`` with the optimizer's class and param groups; the engine's
-    ``optimizer`` is then that wrapper), 2 and 3 are refused (DeepSpeed's rule). Every
+    ``optimizer`` is then that wrapper), 2 and 3 are refused (DeepSpeed's rule). ``scaler``: an
+    ``amp.GradScaler`` the engine drives (loss scaling, see the module docstring). Every
     configuration error is raised here, on every rank, before any message is sent.
 
     Construction is collective (every rank of the job, in the same order): it creates the
@@ -194,7 +205,7 @@ class PipelineEngine:
     """
 
     def __init__(self, module: PipelineModule, optimizer, micro_batches: int,
-                 schedule: str | type | Schedule = "1f1b", zero_stage: int = 0):
+                 schedule: str | type | Schedule = "1f1b", zero_stage: int = 0, scaler=None):
         if zero_stage not in (0, 1, 2, 3):
             raise ValueError(
                 f"PipelineEngine: zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
@@ -215,6 +226,12 @@ class PipelineEngine:
                 f"PipelineEngine: {self.schedule!r} is an inference schedule; give a training "
                 f"schedule (eval_batch runs the inference schedule by itself)")
         _check_optimizer(optimizer, module)
+        if scaler is not None and not all(
+                callable(getattr(scaler, name, None)) for name in ("scale", "step", "update")):
+            raise TypeError(
+                f"PipelineEngine: scaler must be a loss scaler such as amp.GradScaler() (with "
+                f"scale, step and update), got {type(scaler).__name__}")
+        self.scaler = scaler
         world = get_world_size() if is_distributed() else 1
         if module.topology.world_size() != world:
             raise ValueError(
@@ -598,7 +615,8 @@ class PipelineEngine:
         outputs = self._step.outputs[key]
         if position == self._last_position:
             loss = outputs[0]
-            return [loss], [mean_loss_seed(loss, self._step.micro_batches)]
+            seed = mean_loss_seed(loss, self._step.micro_batches)
+            return [loss], [seed if self.scaler is None else self.scaler.scale(seed)]
         grads = self._step.output_grads.pop(key)
         return _floats(outputs), [Tensor(g) for g in grads]
 
@@ -676,7 +694,11 @@ class PipelineEngine:
             _all_reduce_into_grads(params, self._data_group, 1.0 / self._data_group.size)
 
     def _optimizer_step(self, a: A.OptimizerStep) -> None:
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:  # collective over the scaler's group: every stage runs OptimizerStep last
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         for p in self.module.parameters():
             p.grad = None
 
