@@ -76,6 +76,14 @@ def leaky_relu(inp, negative_slope: float = 0.01) -> Tensor:
     return where(inp > 0, inp, inp * negative_slope)
 
 
+def prelu(inp, weight) -> Tensor:
+    """``x`` for ``x > 0``, else ``weight * x``: leaky_relu with a learned slope. ``weight`` is one
+    slope of shape ``(1,)`` or one per channel, ``(1, C, 1, 1)`` for NCHW input (MegEngine's
+    layout); it broadcasts against ``inp`` and gets the summed gradient."""
+    inp = _f(inp)
+    return where(inp > 0, inp, inp * weight)
+
+
 def relu6(x) -> Tensor:
     """``min(max(x, 0), 6)`` (MobileNet's bounded relu)."""
     return clip(_f(x), 0.0, 6.0)
@@ -197,6 +205,7 @@ __all__ = [
     "pad",
     "pixel_shuffle",
     "relu",
+    "prelu",
     "relu6",
     "remap",
     "scaled_dot_product_attention",

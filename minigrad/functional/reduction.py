@@ -191,6 +191,16 @@ def norm(inp, ord: float | None = 2, axis=None,  # noqa: A002
     return sum(_abs(x) ** ord, axis, keepdims) ** (1.0 / ord)
 
 
+def normalize(inp, ord: float | None = None, axis=None,  # noqa: A002
+              eps: float = 1e-12) -> Tensor:
+    """``inp / max(norm(inp, ord, axis), eps)``: every vector along ``axis`` (the whole tensor
+    when None) scaled to unit ``ord``-norm (2 when None, as in MegEngine); ``eps`` keeps an
+    all-zero vector at zero instead of dividing by zero."""
+    x = _f(inp)
+    n = norm(x, ord, axis, keepdims=True)
+    return x / where(n > eps, n, eps)
+
+
 def logsumexp(inp, axis=None, keepdims: bool = False) -> Tensor:
     """``log(sum(exp(x)))`` over ``axis``, computed stably by shifting by the (constant) maximum."""
     x = _f(inp)

@@ -126,11 +126,29 @@ def swapaxes(inp, axis1: int, axis2: int) -> Tensor:
     return transpose(x, axes)
 
 
+def _broadcast_shape_arg(have: tuple, shape) -> tuple:
+    """``broadcast_to``'s target as ints: a ``None`` entry keeps the input's size on that axis
+    (axes aligned from the right, MegEngine's rule); it must name an existing axis."""
+    if isinstance(shape, (Tensor, int)) or not any(s is None for s in shape):
+        return _shape_arg(shape)
+    shape = tuple(shape)
+    offset = len(shape) - len(have)
+    out = []
+    for i, s in enumerate(shape):
+        if s is None:
+            if i < offset:
+                raise ValueError(f"broadcast_to: None at position {i} of {shape} names no axis "
+                                 f"of the input of shape {have}")
+            s = have[i - offset]
+        out.append(int(s))
+    return tuple(out)
+
+
 def broadcast_to(inp, shape) -> Tensor:
     """``inp`` repeated along new leading axes and size-1 axes to ``shape`` (NumPy's rule); the
-    gradient sums back."""
+    gradient sums back. A ``None`` in ``shape`` keeps the input's size on that axis."""
     x = _t(inp)
-    shape = _shape_arg(shape)
+    shape = _broadcast_shape_arg(x.shape, shape)
     if x.shape == shape:
         return x
     ok = len(shape) >= x.ndim and all(

@@ -4,6 +4,7 @@ from minigrad.module import graph, init
 from minigrad.module.activation import (
     GELU,
     LeakyReLU,
+    PReLU,
     ReLU,
     Sigmoid,
     SiLU,
@@ -29,6 +30,7 @@ from minigrad.module.normalization import (
     SyncBatchNorm,
 )
 from minigrad.module.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from minigrad.module.rnn import LSTM, RNN, LSTMCell, RNNCell
 from minigrad.module.sequential import Sequential
 from minigrad.module.transformer import (
     MLP,
@@ -60,6 +62,8 @@ __all__ = [
     "HookHandler",
     "Identity",
     "InstanceNorm",
+    "LSTM",
+    "LSTMCell",
     "LayerNorm",
     "LeakyReLU",
     "Linear",
@@ -67,6 +71,9 @@ __all__ = [
     "MaxPool2d",
     "Module",
     "MultiHeadAttention",
+    "PReLU",
+    "RNN",
+    "RNNCell",
     "ReLU",
     "SelfAttention",
     "Sequential",

@@ -118,7 +118,7 @@ class BatchNormBase(Module):
         self.check_input(x)
         shape = x.shape
         if x.ndim != 4:  # (N, C) or (N, C, L) -> (N, C, L, 1)
-            x = x.reshape(shape[0], shape[1], -1, 1)
+            x = x.reshape(shape[0], shape[1], math.prod(shape[2:]), 1)  # also when empty
         weight, bias = self.weight, self.bias
         if self.freeze and self.affine:  # MegEngine: statistics and affine parameters are fixed
             weight, bias = weight.detach(), bias.detach()
@@ -224,7 +224,7 @@ class SyncBatchNorm(BatchNormBase):
             return super().forward(x)
         self.check_input(x)
         shape = x.shape
-        x4 = x.reshape(shape[0], shape[1], -1, 1)
+        x4 = x.reshape(shape[0], shape[1], math.prod(shape[2:]), 1)
         axes = (0, 2, 3)
         local_count = Tensor(float(x4.shape[0] * x4.shape[2]), dtype=x.dtype, device=x.device)
         count = reducer.sum(local_count, self.group)
