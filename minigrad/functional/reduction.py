@@ -110,7 +110,7 @@ def sum(inp, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     x = _t(inp)
     if AUTOCAST.enabled:  # sums of many elements in float32 (see minigrad.autodiff.autocast)
         (x,) = autocast_high(x)
-    axes = normalize_axis(axis, x.ndim, "sum")
+    axes = normalize_axis(axis, x.ndim, "sum", unique=True)
     return Sum()(x, axes, keepdims)
 
 
@@ -124,7 +124,7 @@ def mean(inp, axis=None, keepdims: bool = False) -> Tensor:
     x = _f(inp)
     if AUTOCAST.enabled:  # sums of many elements in float32 (see minigrad.autodiff.autocast)
         (x,) = autocast_high(x)
-    axes = normalize_axis(axis, x.ndim, "mean")
+    axes = normalize_axis(axis, x.ndim, "mean", unique=True)
     n = 1
     for a in axes:
         n *= x.shape[a]
@@ -136,7 +136,7 @@ def _extremum(x, axis, keepdims, name):
     x = _t(x)
     if x.size == 0:
         raise ValueError(f"{name}: cannot reduce an empty tensor of shape {x.shape}")
-    axes = normalize_axis(axis, x.ndim, name)
+    axes = normalize_axis(axis, x.ndim, name, unique=True)
     fn = x.xp.max if name == "max" else x.xp.min
     return _Extremum()(x, axes, keepdims, fn)
 
@@ -154,13 +154,13 @@ def min(inp, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
 def prod(inp, axis=None, keepdims: bool = False) -> Tensor:
     """The product over ``axis`` (all axes when None); its gradient is exact even with zeros."""
     x = _t(inp)
-    return Prod()(x, normalize_axis(axis, x.ndim, "prod"), keepdims)
+    return Prod()(x, normalize_axis(axis, x.ndim, "prod", unique=True), keepdims)
 
 
 def var(inp, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
     """Variance over ``axis`` (population by default, ``ddof=1`` for the unbiased estimate)."""
     x = _f(inp)
-    axes = normalize_axis(axis, x.ndim, "var")
+    axes = normalize_axis(axis, x.ndim, "var", unique=True)
     n = 1
     for a in axes:
         n *= x.shape[a]
@@ -204,7 +204,7 @@ def normalize(inp, ord: float | None = None, axis=None,  # noqa: A002
 def logsumexp(inp, axis=None, keepdims: bool = False) -> Tensor:
     """``log(sum(exp(x)))`` over ``axis``, computed stably by shifting by the (constant) maximum."""
     x = _f(inp)
-    axes = normalize_axis(axis, x.ndim, "logsumexp")
+    axes = normalize_axis(axis, x.ndim, "logsumexp", unique=True)
     with x._device.context():
         m = x.xp.max(x._data, axis=axes, keepdims=True)
         m = Tensor._wrap(x.xp.where(x.xp.isfinite(m), m, 0), x._device)
@@ -248,7 +248,7 @@ class ArgExtremum(Function):
 def _arg(x, axis, keepdims, name):
     x = _t(x)
     if axis is not None:
-        (axis,) = normalize_axis(axis, x.ndim, name)
+        (axis,) = normalize_axis(axis, x.ndim, name, unique=True)
     if dispatches((x,)):
         return ArgExtremum()(x, axis, keepdims, name)
     with x._device.context():
