@@ -275,14 +275,15 @@ class Concat(Function):
 
 
 def concat(inps, axis: int = 0, device=None) -> Tensor:
-    """Join tensors along an existing ``axis``; the other axes must match. ``device`` moves the
-    result (MegEngine's argument; default: where the inputs are).
+    """Join tensors along an existing ``axis``; the other axes must match. ``device`` (MegEngine's
+    argument) copies the inputs there first, so they may come from different devices; without it
+    they must share one, which is where the result is.
 
     Example::
 
         F.concat([a, b], axis=1)   # (N, 3) and (N, 5) -> (N, 8)
     """
-    inps = [_t(x) for x in inps]
+    inps = [_t(x) if device is None else _t(x).to(device) for x in inps]
     if not inps:
         raise ValueError("concat: needs at least one tensor")
     (axis,) = normalize_axis(axis, inps[0].ndim, "concat")
@@ -296,13 +297,12 @@ def concat(inps, axis: int = 0, device=None) -> Tensor:
                 f"concat: tensor {i} has shape {x.shape}, incompatible with {ref.shape} "
                 f"along axis {axis}"
             )
-    out = inps[0] if len(inps) == 1 else Concat()(axis, *inps)
-    return out if device is None else out.to(device)
+    return inps[0] if len(inps) == 1 else Concat()(axis, *inps)
 
 
 def stack(inps, axis: int = 0, device=None) -> Tensor:
     """Join same-shaped tensors along a new ``axis``; ``device`` as in :func:`concat`."""
-    inps = [_t(x) for x in inps]
+    inps = [_t(x) if device is None else _t(x).to(device) for x in inps]
     shapes = {x.shape for x in inps}
     if len(shapes) != 1:
         raise ValueError(f"stack: all tensors must have the same shape, got {sorted(shapes)}")

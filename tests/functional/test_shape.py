@@ -350,3 +350,21 @@ def test_functional_tensor_is_megengine_module_path():
     from minigrad.functional.tensor import broadcast_to, ones, zeros
 
     assert ones is F.ones and zeros is F.zeros and broadcast_to is F.broadcast_to
+
+
+def test_concat_and_stack_with_device_gather_inputs_from_several_devices():
+    """MegEngine: ``device=`` copies every input there, so inputs may live on different devices
+    (the gradient flows back to each); without it they must share one."""
+    a = mg.tensor(np.ones((2, 2), np.float32), device="cpu0")
+    b = mg.tensor(np.full((2, 2), 2.0, np.float32), device="cpu1")
+    for fn, shape in [(F.concat, (4, 2)), (F.stack, (2, 2, 2))]:
+        out = fn([a, b], device="cpu1")
+        assert str(out.device) == "cpu1" and out.shape == shape
+        np.testing.assert_array_equal(out.numpy().reshape(4, 2)[2:], 2.0)
+        with pytest.raises(RuntimeError, match="different devices"):
+            fn([a, b])
+    gm = mg.autodiff.GradManager().attach([a, b])
+    with gm:
+        gm.backward((F.concat([a, b], device="cpu1") * 3).sum())
+    np.testing.assert_array_equal(a.grad.numpy(), 3.0)
+    assert str(a.grad.device) == "cpu0"

@@ -212,3 +212,24 @@ def test_repr_lists_every_name_of_a_shared_module():
     text = repr(Shared())
     assert "(a): Linear" in text and "(b): Linear" in text
     assert len(list(Shared().parameters())) == 2
+
+
+def test_batchnorm_track_running_stats_can_be_switched_after_construction():
+    """MegEngine: with track_running_stats turned off after construction the layer normalises
+    with batch statistics and leaves the running ones untouched; turning it on for a layer built
+    without them is an error naming the layer."""
+    bn = M.BatchNorm2d(3)
+    bn.track_running_stats = False
+    bn.eval()
+    x = np.random.default_rng(0).normal(2.0, 3.0, size=(6, 3, 2, 2)).astype(np.float32)
+    y = bn(mg.tensor(x)).numpy()
+    mean, var = x.mean((0, 2, 3), keepdims=True), x.var((0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(y, (x - mean) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-5)
+    bn.train()
+    bn(mg.tensor(x))
+    np.testing.assert_array_equal(bn.running_mean.numpy(), 0)
+    np.testing.assert_array_equal(bn.running_var.numpy(), 1)
+    bare = M.BatchNorm2d(3, track_running_stats=False)
+    bare.track_running_stats = True
+    with pytest.raises(ValueError, match=r"BatchNorm2d\(3\): track_running_stats was set"):
+        bare(mg.tensor(x))
