@@ -435,3 +435,12 @@ def test_megengine_tensor_methods_user_code_reads():
     np.testing.assert_array_equal(ema[0].weight.grad.numpy(), 5.0)
     ema[0].weight.reset_zero()
     assert net[0].weight.numpy().any()  # independent storage
+
+
+def test_unnamed_tensor_name_is_empty_string():
+    """MegEngine: a tensor built without a name has name "" (results of ops too); a name given
+    or assigned is kept."""
+    x = mg.tensor([1.0])
+    assert x.name == "" and (x + 1).name == ""
+    x.name = "x"
+    assert x.name == "x" and mg.tensor(0, name="y").name == "y"

@@ -140,7 +140,7 @@ class Tensor:
         self._out_idx = 0
         self._requires_grad = False
         self.grad = None
-        self.name = name
+        self.name = "" if name is None else name  # MegEngine: an unnamed tensor's name is ""
         if placement is not None or sbp is not None:
             place_new_tensor(self, placement, sbp, "tensor")
         elif isinstance(data, Tensor) and data.is_global:
@@ -162,7 +162,7 @@ class Tensor:
         t._out_idx = 0
         t._requires_grad = False
         t.grad = None
-        t.name = None
+        t.name = ""
         return t
 
     # -- basic properties -------------------------------------------------------------------------

@@ -113,6 +113,7 @@ __all__ = [
     "conv2d",
     "conv3d",
     "conv_transpose2d",
+    "conv_transpose3d",
     "copy",
     "cos",
     "cosh",

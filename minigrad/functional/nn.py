@@ -58,6 +58,7 @@ from minigrad.functional.normalization import batch_norm, group_norm, instance_n
 from minigrad.functional.shape import _int_index, getitem, one_hot, pad, pixel_shuffle
 from minigrad.functional.sliding_window import (
     conv3d,
+    conv_transpose3d,
     local_conv2d,
     sliding_window,
     sliding_window_transpose,
@@ -180,6 +181,7 @@ __all__ = [
     "conv2d",
     "conv3d",
     "conv_transpose2d",
+    "conv_transpose3d",
     "cross_entropy",
     "ctc_loss",
     "dropout",

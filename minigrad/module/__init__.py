@@ -12,7 +12,14 @@ from minigrad.module.activation import (
     Tanh,
 )
 from minigrad.module.attention import DotProductAttention, MultiHeadAttention
-from minigrad.module.conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d
+from minigrad.module.conv import (
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    LocalConv2d,
+)
 from minigrad.module.dropout import Dropout
 from minigrad.module.elementwise import Elemwise
 from minigrad.module.embedding import Embedding
@@ -52,6 +59,7 @@ __all__ = [
     "Conv2d",
     "Conv3d",
     "ConvTranspose2d",
+    "ConvTranspose3d",
     "CrossEntropyLoss",
     "DotProductAttention",
     "Dropout",
@@ -67,6 +75,7 @@ __all__ = [
     "LayerNorm",
     "LeakyReLU",
     "Linear",
+    "LocalConv2d",
     "MSELoss",
     "MaxPool2d",
     "Module",
