@@ -216,12 +216,14 @@ def logsumexp(inp, axis=None, keepdims: bool = False) -> Tensor:
 
 def argmax(inp, axis=None, keepdims: bool = False) -> Tensor:
     """The int32 index of the largest entry along ``axis`` (of the flattened tensor when None);
-    the first one at a tie. Not differentiable."""
+    the first one at a tie. Not differentiable. Several axes are reduced one after another, the
+    last first, each step taking the argmax of the previous step's indices (MegEngine's rule)."""
     return _arg(inp, axis, keepdims, "argmax")
 
 
 def argmin(inp, axis=None, keepdims: bool = False) -> Tensor:
-    """The int32 index of the smallest entry along ``axis`` (flattened when None)."""
+    """The int32 index of the smallest entry along ``axis`` (flattened when None; several axes as
+    in :func:`argmax`)."""
     return _arg(inp, axis, keepdims, "argmin")
 
 
@@ -247,6 +249,10 @@ class ArgExtremum(Function):
 
 def _arg(x, axis, keepdims, name):
     x = _t(x)
+    if isinstance(axis, (tuple, list)) and len(axis) > 1:
+        for a in sorted(normalize_axis(axis, x.ndim, name, unique=True), reverse=True):
+            x = _arg(x, a, keepdims, name)
+        return x
     if axis is not None:
         (axis,) = normalize_axis(axis, x.ndim, name, unique=True)
     if dispatches((x,)):

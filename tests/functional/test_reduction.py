@@ -254,3 +254,16 @@ def test_functional_math_is_megengine_module_path():
     from minigrad.functional.math import normalize, sort
 
     assert normalize is F.normalize and sort is F.sort
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+def test_arg_extremum_over_several_axes_reduces_last_axis_first(name):
+    """MegEngine: argmax(x, axis=(0, 1)) is argmax over axis 1, then argmax of those indices over
+    axis 0; negative axes name the same axes; keepdims keeps both."""
+    x = np.random.default_rng(5).normal(size=(4, 5, 3))
+    np_arg = getattr(np, name)
+    ref = np_arg(np_arg(x, axis=1), axis=0)
+    fn = getattr(F, name)
+    np.testing.assert_array_equal(fn(mg.tensor(x), axis=(0, 1)).numpy(), ref)
+    np.testing.assert_array_equal(fn(mg.tensor(x), axis=(-2, -3)).numpy(), ref)
+    assert fn(mg.tensor(x), axis=(0, 2), keepdims=True).shape == (1, 5, 1)
