@@ -80,7 +80,7 @@ def test_numbered_device_is_megengine_xpu_gpu_if_any_else_cpu(monkeypatch):
     before = mg.get_default_device()
     try:
         monkeypatch.setattr(group, "is_cuda_available", lambda: False)
-        group.bind_device(1)
+        group.bind_device(1, "xpu")
         assert str(mg.get_default_device()) == "cpu0"
         group.bind_device(1, "cpu")
         assert str(mg.get_default_device()) == "cpu1"
@@ -89,7 +89,7 @@ def test_numbered_device_is_megengine_xpu_gpu_if_any_else_cpu(monkeypatch):
         monkeypatch.setattr(group, "is_cuda_available", lambda: True)
         monkeypatch.setattr(group, "cupy_or_none", lambda: pytest.fail("no CUDA here"))
         with pytest.raises(pytest.fail.Exception):
-            group.bind_device(1)
+            group.bind_device(1, "xpu")
         assert chosen == ["gpu1"]
         with pytest.raises(ValueError, match="device_type must be 'xpu', 'gpu' or 'cpu'"):
             group.bind_device(0, "tpu")

@@ -297,11 +297,11 @@ def _backend_setting(backend: str) -> str:
     return setting
 
 
-def bind_device(device: int | str | None, device_type: str = "xpu") -> None:
+def bind_device(device: int | str | None, device_type: str = "gpu") -> None:
     """Make ``device`` this process's default device; for ``gpuN`` also CUDA's current device, so
     arrays, streams and NCCL communicators of this rank land on its own GPU. A number is a device
-    of ``device_type`` (MegEngine's): ``"gpu"``, ``"cpu"``, or ``"xpu"`` (the default), a GPU
-    when this machine has one and else the CPU."""
+    of ``device_type`` (MegEngine's): ``"gpu"`` (the default here), ``"cpu"``, or ``"xpu"``
+    (``init_process_group``'s default), a GPU when this machine has one and else the CPU."""
     if device is None:
         return
     if isinstance(device, int):
