@@ -226,7 +226,7 @@ def einsum(equation: str, *args) -> Tensor:
         if c not in sizes or out_letters.count(c) > 1:
             raise ValueError(f"einsum: output subscript {c!r} of {equation!r} must name one "
                              "input axis once")
-    xs = xs + [_identity(len(letters), size, xs[0]) for letters, size in identities]
+    xs = list(xs) + [_identity(len(letters), size, xs[0]) for letters, size in identities]
     out = Einsum()(spec, *xs)
     return out if result_dtype is None else out.astype(result_dtype)
 
