@@ -1,7 +1,9 @@
 """Import paths that are second names for modules defined elsewhere: MegEngine's module paths.
 
 MegEngine programs import ``megengine.device``, ``megengine.random``, ``megengine.tensor``,
-``megengine.functional.elemwise``, ``megengine.functional.distributed``,
+``megengine.functional.elemwise``, ``megengine.functional.tensor`` and
+``megengine.functional.math`` (both the ``functional`` package itself),
+``megengine.functional.distributed``,
 ``megengine.module.elemwise``, ``megengine.distributed.functional`` and
 ``megengine.distributed.helper``. minigrad defines each of these once, in the layer it belongs to,
 and this table (:data:`ALIASES`) is the one place that lists the other names: ``import
@@ -31,6 +33,8 @@ ALIASES = {
     "minigrad.tensor": "minigrad.autodiff.tensor",
     "minigrad.random": "minigrad.functional.random",
     "minigrad.functional.elemwise": "minigrad.functional.elementwise",
+    "minigrad.functional.tensor": "minigrad.functional",
+    "minigrad.functional.math": "minigrad.functional",
     "minigrad.functional.distributed": "minigrad.distributed.comm.functional",
     "minigrad.module.elemwise": "minigrad.module.elementwise",
     "minigrad.distributed.functional": "minigrad.distributed.comm.functional",

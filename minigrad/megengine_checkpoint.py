@@ -118,7 +118,9 @@ class _TensorRecord:
         if not isinstance(state, dict) or not set(state) <= {"qparams", "qdict", "data",
                                                               "device", "dtype"}:
             raise _refuse(f"a MegEngine tensor state with {sorted(state)}")
-        if state.get("qparams") is not None or state.get("qdict") is not None:
+        qdict = state.get("qdict")  # MegEngine 1.1/1.2: {"mode": None, ...} when not quantised
+        if state.get("qparams") is not None or (qdict is not None and (
+                not isinstance(qdict, dict) or any(v is not None for v in qdict.values()))):
             raise _refuse("quantisation parameters (QParams) of a MegEngine tensor")
         self.state = state
 
@@ -136,6 +138,13 @@ class _TensorRecord:
 
 class _ParameterRecord(_TensorRecord):
     """A pickled MegEngine Parameter."""
+
+
+#: NumPy's scalar types, which MegEngine 1.1/1.2 pickled as a tensor's dtype (``numpy.int8``). They
+#: are C types (a file cannot change their attributes) and calling one only makes a number.
+_SCALAR_TYPES = {("numpy", t.__name__): t for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, np.float32, np.float64)}
 
 
 def _allowlist() -> dict[tuple[str, str], Any]:
@@ -162,6 +171,7 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         ("numpy", "dtype"): fresh(_safe_dtype),
         ("numpy", "ndarray"): type("ndarray", (_NdarrayClass,), {}),
         **numpy,
+        **_SCALAR_TYPES,
         ("megengine.tensor", "Tensor"): tensor,
         ("megengine.tensor", "Parameter"): parameter,
         ("megengine", "Tensor"): tensor,

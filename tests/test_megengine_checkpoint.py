@@ -249,3 +249,35 @@ def test_not_a_checkpoint(tmp_path):
         mg.load(path, format="megengine")
     with pytest.raises(ValueError, match="mg.load: format must be None, 'minigrad' or 'megengine'"):
         mg.load(path, format="torch")
+
+
+def _megengine_1_1_tensor_pickle(monkeypatch, qdict):
+    """What MegEngine 1.1/1.2 wrote for ``mge.save(tensor)``: the state holds the data, the device,
+    the dtype as NumPy's scalar type (``numpy.int8``) and a ``qdict`` of quantisation fields."""
+    mod = types.ModuleType("megengine.tensor")
+
+    class Tensor:
+        def __reduce_ex__(self, protocol):
+            state = {"data": np.array([1, 2, 3], np.int8), "device": "cpu0:0",
+                     "dtype": np.int8, "qdict": qdict}
+            return copyreg.__newobj__, (type(self),), state
+
+    Tensor.__module__, Tensor.__qualname__ = "megengine.tensor", "Tensor"
+    mod.Tensor = Tensor
+    monkeypatch.setitem(sys.modules, "megengine", types.ModuleType("megengine"))
+    monkeypatch.setitem(sys.modules, "megengine.tensor", mod)
+    return pickle.dumps(Tensor(), protocol=4)
+
+
+def test_megengine_1_1_tensor_with_scalar_type_dtype_and_empty_qdict_loads(monkeypatch, tmp_path):
+    path = tmp_path / "tensor_v1_1.mge"
+    path.write_bytes(_megengine_1_1_tensor_pickle(
+        monkeypatch, {"mode": None, "scale": None, "zero_point": None}))
+    t = mg.load(str(path))
+    assert isinstance(t, mg.Tensor) and t.dtype == np.int8
+    np.testing.assert_array_equal(t.numpy(), [1, 2, 3])
+    quantised = tmp_path / "q.mge"
+    quantised.write_bytes(_megengine_1_1_tensor_pickle(
+        monkeypatch, {"mode": "symmetric", "scale": 0.5, "zero_point": None}))
+    with pytest.raises(UnsafeCheckpointError, match="quantisation parameters"):
+        mg.load(str(quantised))

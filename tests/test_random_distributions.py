@@ -110,3 +110,31 @@ def test_distribution_parameters_reach_the_generator_as_float64(monkeypatch, dty
     for g, w in zip(got, want):
         assert g.dtype == np.dtype(dtype) and g.shape == w.shape
         np.testing.assert_array_equal(g.numpy(), w.astype(dtype))
+
+
+def test_exponential_has_rate_lambda():
+    """exponential(rate): density rate * exp(-rate * x), mean 1/rate; shapes as gamma's."""
+    mg.random.seed(3)
+    e = mg.random.exponential(2.0, size=4000).numpy()
+    assert e.dtype == np.float32 and e.shape == (4000,)
+    assert stats.kstest(e, stats.expon(scale=0.5).cdf).pvalue > 1e-3
+    rate = mg.tensor([[1.0, 1.0], [0.1, 0.1]])
+    assert mg.random.exponential(rate, size=(3,)).shape == (3, 2, 2)
+    assert mg.random.exponential(1.5, size=(10, 0)).shape == (10, 0)
+    with pytest.raises(ValueError, match="exponential: rate must be positive"):
+        mg.random.exponential(0.0)
+
+
+def test_multinomial_draws_indices_in_proportion_to_the_weights():
+    mg.random.seed(4)
+    w = mg.tensor([[1.0, 0.0, 3.0], [0.0, 5.0, 0.0]])
+    s = mg.random.multinomial(w, 4000, replacement=True).numpy()
+    assert s.shape == (2, 4000) and s.dtype == np.int32
+    assert not (s[0] == 1).any() and (s[1] == 1).all()
+    assert abs((s[0] == 2).mean() - 0.75) < 0.03
+    # without replacement every index comes at most once
+    s = mg.random.multinomial(mg.tensor([1.0, 2.0, 3.0, 4.0]), 4).numpy()
+    assert sorted(s.tolist()) == [0, 1, 2, 3]
+    assert mg.random.multinomial(mg.random.normal(0, 1, (0, 2)), 2, True).shape == (0, 2)
+    with pytest.raises(ValueError, match="cannot draw 5 of 4"):
+        mg.random.multinomial(mg.tensor([1.0, 2.0, 3.0, 4.0]), 5)

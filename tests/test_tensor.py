@@ -435,3 +435,34 @@ def test_megengine_tensor_methods_user_code_reads():
     np.testing.assert_array_equal(ema[0].weight.grad.numpy(), 5.0)
     ema[0].weight.reset_zero()
     assert net[0].weight.numpy().any()  # independent storage
+
+
+def test_unnamed_tensor_name_is_empty_string():
+    """MegEngine: a tensor built without a name has name "" (results of ops too); a name given
+    or assigned is kept."""
+    x = mg.tensor([1.0])
+    assert x.name == "" and (x + 1).name == ""
+    x.name = "x"
+    assert x.name == "x" and mg.tensor(0, name="y").name == "y"
+
+
+def test_numpy_operator_functions_on_tensors_return_tensors():
+    """MegEngine: ``np.add(t, a)``, ``np.equal(a, t)`` and the other NumPy functions that are
+    operators give Tensors, as ``t + a`` does (differentiable, on the tensor's device); other
+    NumPy functions still compute on the arrays."""
+    x = np.array([1, 2, 3], np.int32)
+    t, y = mg.tensor(x, device="cpu0"), np.array([1, 0, 3], np.int32)
+    for fn in (np.add, np.subtract, np.multiply, np.equal, np.less, np.greater_equal):
+        got = fn(t, y)
+        assert isinstance(got, mg.Tensor) and got.device == t.device
+        np.testing.assert_array_equal(got.numpy(), fn(x, y))
+        np.testing.assert_array_equal(fn(y, t).numpy(), fn(y, x))
+    w = mg.tensor([2.0, 3.0])
+    gm = mg.autodiff.GradManager().attach([w])
+    with gm:
+        gm.backward(np.multiply(np.array([4.0, 5.0]), w).sum())
+    np.testing.assert_array_equal(w.grad.numpy(), [4.0, 5.0])
+    assert isinstance(np.exp(mg.tensor([0.0])), np.ndarray)
+    out = np.zeros(3, np.int32)
+    np.add(t, y, out=out)
+    np.testing.assert_array_equal(out, x + y)

@@ -78,6 +78,23 @@ def _default_dtype(data) -> np.dtype | None:
     return None
 
 
+
+#: NumPy ufuncs that are Python operators -> (the Tensor method for ``ufunc(tensor, other)``, the
+#: one for ``ufunc(other, tensor)``); see ``Tensor.__array_ufunc__``.
+_UFUNC_OPERATORS = {
+    "add": ("__add__", "__radd__"), "subtract": ("__sub__", "__rsub__"),
+    "multiply": ("__mul__", "__rmul__"), "true_divide": ("__truediv__", "__rtruediv__"),
+    "divide": ("__truediv__", "__rtruediv__"),
+    "floor_divide": ("__floordiv__", "__rfloordiv__"), "remainder": ("__mod__", "__rmod__"),
+    "power": ("__pow__", "__rpow__"), "matmul": ("__matmul__", "__rmatmul__"),
+    "bitwise_and": ("__and__", "__rand__"), "bitwise_or": ("__or__", "__ror__"),
+    "bitwise_xor": ("__xor__", "__rxor__"), "left_shift": ("__lshift__", "__rlshift__"),
+    "right_shift": ("__rshift__", "__rrshift__"), "equal": ("__eq__", "__eq__"),
+    "not_equal": ("__ne__", "__ne__"), "less": ("__lt__", "__gt__"),
+    "less_equal": ("__le__", "__ge__"), "greater": ("__gt__", "__lt__"),
+    "greater_equal": ("__ge__", "__le__"),
+}
+
 class Tensor:
     """An n-dimensional array on a device, with autodiff support. ``mg.tensor`` is this class.
 
@@ -140,7 +157,7 @@ class Tensor:
         self._out_idx = 0
         self._requires_grad = False
         self.grad = None
-        self.name = name
+        self.name = "" if name is None else name  # MegEngine: an unnamed tensor's name is ""
         if placement is not None or sbp is not None:
             place_new_tensor(self, placement, sbp, "tensor")
         elif isinstance(data, Tensor) and data.is_global:
@@ -162,7 +179,7 @@ class Tensor:
         t._out_idx = 0
         t._requires_grad = False
         t.grad = None
-        t.name = None
+        t.name = ""
         return t
 
     # -- basic properties -------------------------------------------------------------------------
@@ -333,6 +350,24 @@ class Tensor:
     def tolist(self):
         """The data as nested Python lists."""
         return self.numpy().tolist()
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """NumPy functions on Tensors (MegEngine's rule): ``np.add(t, a)``, ``np.equal(a, t)`` and
+        the other ufuncs that are Python operators run as the operator, so they return Tensors
+        (on ``t``'s device, differentiable). Any other use (``np.exp(t)``, ``out=``, ``reduce``)
+        computes on the NumPy arrays and returns NumPy arrays, as before."""
+        names = _UFUNC_OPERATORS.get(ufunc.__name__)
+        if method == "__call__" and not kwargs and names is not None and len(inputs) == 2:
+            a, b = inputs
+            if isinstance(a, Tensor) and hasattr(a, names[0]):
+                return getattr(a, names[0])(b)
+            if not isinstance(a, Tensor) and hasattr(b, names[1]):
+                return getattr(b, names[1])(a)
+        plain = [x.__array__() if isinstance(x, Tensor) else x for x in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(x.__array__() if isinstance(x, Tensor) else x
+                                  for x in kwargs["out"])
+        return getattr(ufunc, method)(*plain, **kwargs)
 
     def __array__(self, dtype=None, copy=None):
         if self._device.kind != "cpu":

@@ -46,6 +46,7 @@ from minigrad.backend.transfer import pin_memory
 from minigrad.data.collator import Collator
 from minigrad.data.dataset.base import StreamDataset
 from minigrad.data.sampler import Sampler, SequentialSampler, StreamSampler
+from minigrad.data.transform import PseudoTransform
 
 __all__ = ["DataLoader", "WorkerInfo", "get_worker_info"]
 
@@ -77,7 +78,8 @@ class DataLoader:
         dataset: a map-style ``Dataset`` or a ``StreamDataset``.
         sampler: a map sampler (default ``SequentialSampler(dataset, batch_size=1)``), or for a
             StreamDataset a ``StreamSampler`` (default batch size 1).
-        transform: applied with ``transform.apply_batch(samples)`` before collating.
+        transform: applied with ``transform.apply_batch(samples)`` before collating (default
+            :class:`~minigrad.data.transform.PseudoTransform`, the identity, as in MegEngine).
         collator: builds the batch (default :class:`Collator`); an object with ``apply`` or a
             callable taking the list of samples.
         num_workers: worker processes building batches (0: in the main process).
@@ -136,6 +138,8 @@ class DataLoader:
                 raise TypeError("DataLoader: StreamSampler only works with a StreamDataset")
         if transform is not None and not hasattr(transform, "apply_batch"):
             raise TypeError(f"DataLoader: transform needs apply_batch, got {transform!r}")
+        if transform is None:
+            transform = PseudoTransform()
         self.dataset, self.sampler, self.transform = dataset, sampler, transform
         self.collator = Collator() if collator is None else collator
         self.num_workers, self.timeout = num_workers, float(timeout)
@@ -160,7 +164,7 @@ class DataLoader:
 
     def __repr__(self) -> str:
         parts = [f"dataset={self.dataset!r}", f"sampler={self.sampler!r}"]
-        if self.transform is not None:
+        if type(self.transform) is not PseudoTransform:
             parts.append(f"transform={self.transform!r}")
         parts.append(f"collator={self.collator!r}")
         parts.append(f"num_workers={self.num_workers}")
@@ -338,7 +342,7 @@ class _TimedStream:
 def _build(dataset: Any, transform: Any, collator: Any, task: tuple[str, list[Any]]) -> Any:
     kind, payload = task
     samples = [dataset[i] for i in payload] if kind == "indices" else payload
-    if transform is not None:
+    if type(transform) is not PseudoTransform:  # the identity: skip the per-sample calls
         samples = transform.apply_batch(samples)
     return collator.apply(samples) if hasattr(collator, "apply") else collator(samples)
 

@@ -187,16 +187,21 @@ def recording_backward() -> bool:
     return is_recording()
 
 
-def normalize_axis(axis, ndim: int, op: str):
-    """Axis (int, tuple or None) -> tuple of non-negative ints; a clear error when out of range."""
+def normalize_axis(axis, ndim: int, op: str, unique: bool = False):
+    """Axis (int, tuple, 0-d/1-d Tensor or None) -> tuple of non-negative ints; a clear error when
+    out of range, or (``unique``, for reductions) when two entries name the same axis."""
     if axis is None:
         return tuple(range(ndim))
+    if isinstance(axis, Tensor):  # MegEngine accepts an axis given as a Tensor
+        axis = axis.numpy().tolist()
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     out = []
     for a in axes:
         a = int(a)
         if not -max(ndim, 1) <= a < max(ndim, 1):
             raise ValueError(f"{op}: axis {a} is out of range for a tensor of rank {ndim}")
+        if unique and a % max(ndim, 1) in out:
+            raise ValueError(f"{op}: axis {axis} names axis {a % max(ndim, 1)} twice")
         out.append(a % max(ndim, 1))
     return tuple(out)
 

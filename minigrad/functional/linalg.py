@@ -138,38 +138,95 @@ class Einsum(Function):
         return tuple(grads)
 
 
+def _explicit_spec(equation: str, shapes: list) -> tuple[str, list]:
+    """``equation`` rewritten for :class:`Einsum`, which takes distinct letters per operand and an
+    explicit output: ``...`` becomes fresh letters (the broadcast dimensions, aligned from the
+    right), an implicit output becomes NumPy's (the ellipsis dimensions, then the letters used
+    exactly once, sorted), and a letter repeated within one operand (a diagonal, ``"ii->i"``)
+    becomes fresh letters tied to it by an extra identity operand. Returns the spec and the
+    ``(letters, size)`` of each identity operand to append."""
+    spec = equation.replace(" ", "")
+    ins, arrow, out = spec.partition("->")
+    terms = ins.split(",")
+    if len(terms) != len(shapes):
+        raise ValueError(f"einsum: spec {equation!r} names {len(terms)} operands, got "
+                         f"{len(shapes)}")
+    used = set(spec)
+    fresh = (c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used)
+    n_named = [len(t.replace("...", "")) for t in terms]
+    n_ell = max([len(shape) - n for t, shape, n in zip(terms, shapes, n_named, strict=True)
+                 if "..." in t], default=0)
+    ell = "".join(next(fresh) for _ in range(n_ell))
+    for i, (t, shape) in enumerate(zip(terms, shapes, strict=True)):
+        if "..." in t:
+            k = len(shape) - n_named[i]
+            if k < 0:
+                raise ValueError(f"einsum: subscripts {t!r} do not match operand of shape "
+                                 f"{tuple(shape)}")
+            terms[i] = t.replace("...", ell[n_ell - k:], 1)
+    if arrow:
+        out = out.replace("...", ell, 1)
+    else:
+        letters = "".join(terms)
+        out = ell + "".join(sorted(c for c in set(letters) if c not in ell
+                                   and letters.count(c) == 1))
+    identities = []
+    for i, (t, shape) in enumerate(zip(terms, shapes, strict=True)):
+        groups: dict[str, list[str]] = {}
+        chars = []
+        for c in t:
+            chars.append(next(fresh) if c in groups else c)
+            groups.setdefault(c, []).append(chars[-1])
+        terms[i] = "".join(chars)
+        if len(shape) == len(t):
+            identities += [("".join(g), shape[t.index(c)]) for c, g in groups.items()
+                           if len(g) > 1]
+    spec = ",".join(terms + [letters for letters, _ in identities]) + "->" + out
+    return spec, identities
+
+
+def _identity(ndim: int, size: int, like: Tensor) -> Tensor:
+    """The ``ndim``-way identity of side ``size`` (ones where all indices agree), on ``like``'s
+    device and in its dtype: the operand that turns a repeated subscript into a diagonal."""
+    eye = np.zeros((size,) * ndim, dtype=like.dtype)
+    eye[(np.arange(size),) * ndim] = 1
+    return Tensor._wrap(like._device.put(eye), like._device)
+
+
 def einsum(equation: str, *args) -> Tensor:
-    """Einstein summation (e.g. ``"bij,bjk->bik"``); no repeated subscripts within one operand.
-    Without ``->`` the output follows NumPy's implicit rule: the letters used exactly once, in
-    alphabetical order (``"ij,jk"`` is ``"ij,jk->ik"``, ``"ij"`` is a no-op, ``"ji"`` transposes).
-    Differentiable in every operand.
+    """Einstein summation (e.g. ``"bij,bjk->bik"``), NumPy's rules: ``...`` stands for the
+    broadcast dimensions, a letter repeated within one operand takes its diagonal (``"ii->i"``,
+    ``"ii"`` is the trace), and without ``->`` the output is the ellipsis dimensions followed by
+    the letters used exactly once, in alphabetical order (``"ij,jk"`` is ``"ij,jk->ik"``,
+    ``"ji"`` transposes). Differentiable in every operand.
 
     Example::
 
         F.einsum("bij,bjk->bik", a, b)   # a batched matmul
+        F.einsum("...ij->...ji", x)      # swap the last two axes, whatever the rank
     """
-    spec, operands = equation.replace(" ", ""), args
-    if "->" not in spec:
-        letters = spec.replace(",", "")
-        spec += "->" + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
-    ins, out = spec.split("->")
-    terms = ins.split(",")
-    if len(terms) != len(operands):
-        raise ValueError(f"einsum: spec {spec!r} names {len(terms)} operands, got {len(operands)}")
-    xs = [x if isinstance(x, Tensor) else Tensor(x) for x in operands]
+    xs = [x if isinstance(x, Tensor) else Tensor(x) for x in args]
+    spec, identities = _explicit_spec(equation, [x.shape for x in xs])
     check_compatible("einsum", *xs, broadcast=False)
     result_dtype = None
     if AUTOCAST.enabled:  # low-precision inputs (see minigrad.autodiff.autocast)
         xs, result_dtype = autocast_low("einsum", *xs)
+    terms = spec.split("->")[0].split(",")
     sizes: dict[str, int] = {}
-    for term, x in zip(terms, xs, strict=True):
+    for term, x in zip(terms, xs, strict=False):
         if not _SUBSCRIPT.match(term) or len(set(term)) != len(term):
-            raise ValueError(f"einsum: operand subscripts {term!r} must be distinct letters")
+            raise ValueError(f"einsum: operand subscripts {term!r} must be letters")
         if len(term) != x.ndim:
             raise ValueError(f"einsum: subscripts {term!r} do not match operand of shape {x.shape}")
         for c, n in zip(term, x.shape, strict=True):
             if sizes.setdefault(c, n) != n:
                 raise ValueError(f"einsum: subscript {c!r} has sizes {sizes[c]} and {n}")
+    out_letters = spec.split("->")[1]
+    for c in out_letters:
+        if c not in sizes or out_letters.count(c) > 1:
+            raise ValueError(f"einsum: output subscript {c!r} of {equation!r} must name one "
+                             "input axis once")
+    xs = list(xs) + [_identity(len(letters), size, xs[0]) for letters, size in identities]
     out = Einsum()(spec, *xs)
     return out if result_dtype is None else out.astype(result_dtype)
 

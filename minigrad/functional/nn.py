@@ -58,6 +58,7 @@ from minigrad.functional.normalization import batch_norm, group_norm, instance_n
 from minigrad.functional.shape import _int_index, getitem, one_hot, pad, pixel_shuffle
 from minigrad.functional.sliding_window import (
     conv3d,
+    conv_transpose3d,
     local_conv2d,
     sliding_window,
     sliding_window_transpose,
@@ -74,6 +75,14 @@ def leaky_relu(inp, negative_slope: float = 0.01) -> Tensor:
     """``x`` for ``x > 0``, else ``negative_slope * x`` (a small gradient where relu has none)."""
     inp = _f(inp)
     return where(inp > 0, inp, inp * negative_slope)
+
+
+def prelu(inp, weight) -> Tensor:
+    """``x`` for ``x > 0``, else ``weight * x``: leaky_relu with a learned slope. ``weight`` is one
+    slope of shape ``(1,)`` or one per channel, ``(1, C, 1, 1)`` for NCHW input (MegEngine's
+    layout); it broadcasts against ``inp`` and gets the summed gradient."""
+    inp = _f(inp)
+    return where(inp > 0, inp, inp * weight)
 
 
 def relu6(x) -> Tensor:
@@ -172,6 +181,7 @@ __all__ = [
     "conv2d",
     "conv3d",
     "conv_transpose2d",
+    "conv_transpose3d",
     "cross_entropy",
     "ctc_loss",
     "dropout",
@@ -197,6 +207,7 @@ __all__ = [
     "pad",
     "pixel_shuffle",
     "relu",
+    "prelu",
     "relu6",
     "remap",
     "scaled_dot_product_attention",

@@ -17,8 +17,8 @@ from minigrad.autodiff.tensor import Tensor, as_dtype, place_new_tensor
 from minigrad.backend.device import as_device
 from minigrad.backend.rng import get_rng, seed
 
-__all__ = ["beta", "gamma", "get_rng", "normal", "permutation", "poisson", "rand", "randint",
-           "randn", "seed", "uniform"]
+__all__ = ["beta", "exponential", "gamma", "get_rng", "multinomial", "normal", "permutation",
+           "poisson", "rand", "randint", "randn", "seed", "uniform"]
 
 
 def _cast(arr, dtype):
@@ -121,6 +121,44 @@ def poisson(lam, size=None) -> Tensor:
     tensor); shapes as in :func:`gamma`."""
     dev, dtype, (rate,) = _param_arrays("poisson", {"lam": lam}, size)
     return _draw(dev, dtype, lambda rng: rng.poisson(rate))
+
+
+def exponential(rate=1.0, size=None) -> Tensor:
+    """Exponential(``rate``) samples, density ``rate * exp(-rate * x)`` for ``x > 0`` (mean
+    ``1 / rate``); ``rate`` is a positive number or Tensor, shapes as in :func:`gamma`."""
+    dev, dtype, (lam,) = _param_arrays("exponential", {"rate": rate}, size)
+    return _draw(dev, dtype, lambda rng: rng.exponential(1.0 / lam))
+
+
+def multinomial(input: Tensor, num_samples: int, replacement: bool = False) -> Tensor:  # noqa: A002
+    """``num_samples`` category indices (int32) drawn from each row of ``input``, a 1-D or 2-D
+    tensor of non-negative weights (each non-empty row with a positive sum), proportionally to
+    the weights; ``replacement=False`` draws each index at most once. Output shape
+    ``input.shape[:-1] + (num_samples,)``. Drawn on the CPU generator, like :func:`permutation`.
+
+    Example::
+
+        mg.random.multinomial(mg.tensor([1.0, 2.0, 3.0, 4.0]), 2)   # e.g. [3, 1]
+    """
+    if input.ndim not in (1, 2):
+        raise ValueError(f"random.multinomial: input must be 1-D or 2-D, got shape {input.shape}")
+    num_samples = int(num_samples)
+    rows = np.asarray(input.numpy(), dtype=np.float64).reshape(-1, input.shape[-1])
+    n = rows.shape[-1]
+    if rows.size and (rows < 0).any():
+        raise ValueError("random.multinomial: weights must be non-negative")
+    if not replacement and num_samples > n and rows.shape[0]:
+        raise ValueError(f"random.multinomial: cannot draw {num_samples} of {n} categories "
+                         "without replacement")
+    rng = get_rng("cpu0")
+    out = np.zeros((rows.shape[0], num_samples), dtype=np.int32)
+    for i, row in enumerate(rows):
+        total = row.sum()
+        if total <= 0:
+            raise ValueError(f"random.multinomial: row {i} of the weights sums to {total}")
+        out[i] = rng.choice(n, size=num_samples, replace=bool(replacement), p=row / total)
+    out = out.reshape(input.shape[:-1] + (num_samples,))
+    return Tensor._wrap(input.device.put(out), input.device)
 
 
 # -- OneFlow/PyTorch-style factories (``mg.randn``, ``mg.rand``, ``mg.randint``) -----------------

@@ -114,7 +114,7 @@ def sum(inp, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     x = _t(inp)
     if AUTOCAST.enabled:  # sums of many elements in float32 (see minigrad.autodiff.autocast)
         (x,) = autocast_high(x)
-    axes = normalize_axis(axis, x.ndim, "sum")
+    axes = normalize_axis(axis, x.ndim, "sum", unique=True)
     return Sum()(x, axes, keepdims)
 
 
@@ -128,7 +128,7 @@ def mean(inp, axis=None, keepdims: bool = False) -> Tensor:
     x = _f(inp)
     if AUTOCAST.enabled:  # sums of many elements in float32 (see minigrad.autodiff.autocast)
         (x,) = autocast_high(x)
-    axes = normalize_axis(axis, x.ndim, "mean")
+    axes = normalize_axis(axis, x.ndim, "mean", unique=True)
     n = 1
     for a in axes:
         n *= x.shape[a]
@@ -140,7 +140,7 @@ def _extremum(x, axis, keepdims, name):
     x = _t(x)
     if x.size == 0:
         raise ValueError(f"{name}: cannot reduce an empty tensor of shape {x.shape}")
-    axes = normalize_axis(axis, x.ndim, name)
+    axes = normalize_axis(axis, x.ndim, name, unique=True)
     fn = x.xp.max if name == "max" else x.xp.min
     return _Extremum()(x, axes, keepdims, fn)
 
@@ -158,13 +158,13 @@ def min(inp, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
 def prod(inp, axis=None, keepdims: bool = False) -> Tensor:
     """The product over ``axis`` (all axes when None); its gradient is exact even with zeros."""
     x = _t(inp)
-    return Prod()(x, normalize_axis(axis, x.ndim, "prod"), keepdims)
+    return Prod()(x, normalize_axis(axis, x.ndim, "prod", unique=True), keepdims)
 
 
 def var(inp, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
     """Variance over ``axis`` (population by default, ``ddof=1`` for the unbiased estimate)."""
     x = _f(inp)
-    axes = normalize_axis(axis, x.ndim, "var")
+    axes = normalize_axis(axis, x.ndim, "var", unique=True)
     n = 1
     for a in axes:
         n *= x.shape[a]
@@ -195,10 +195,20 @@ def norm(inp, ord: float | None = 2, axis=None,  # noqa: A002
     return sum(_abs(x) ** ord, axis, keepdims) ** (1.0 / ord)
 
 
+def normalize(inp, ord: float | None = None, axis=None,  # noqa: A002
+              eps: float = 1e-12) -> Tensor:
+    """``inp / max(norm(inp, ord, axis), eps)``: every vector along ``axis`` (the whole tensor
+    when None) scaled to unit ``ord``-norm (2 when None, as in MegEngine); ``eps`` keeps an
+    all-zero vector at zero instead of dividing by zero."""
+    x = _f(inp)
+    n = norm(x, ord, axis, keepdims=True)
+    return x / where(n > eps, n, eps)
+
+
 def logsumexp(inp, axis=None, keepdims: bool = False) -> Tensor:
     """``log(sum(exp(x)))`` over ``axis``, computed stably by shifting by the (constant) maximum."""
     x = _f(inp)
-    axes = normalize_axis(axis, x.ndim, "logsumexp")
+    axes = normalize_axis(axis, x.ndim, "logsumexp", unique=True)
     with x._device.context():
         m = x.xp.max(x._data, axis=axes, keepdims=True)
         m = Tensor._wrap(x.xp.where(x.xp.isfinite(m), m, 0), x._device)
@@ -210,12 +220,14 @@ def logsumexp(inp, axis=None, keepdims: bool = False) -> Tensor:
 
 def argmax(inp, axis=None, keepdims: bool = False) -> Tensor:
     """The int32 index of the largest entry along ``axis`` (of the flattened tensor when None);
-    the first one at a tie. Not differentiable."""
+    the first one at a tie. Not differentiable. Several axes are reduced one after another, the
+    last first, each step taking the argmax of the previous step's indices (MegEngine's rule)."""
     return _arg(inp, axis, keepdims, "argmax")
 
 
 def argmin(inp, axis=None, keepdims: bool = False) -> Tensor:
-    """The int32 index of the smallest entry along ``axis`` (flattened when None)."""
+    """The int32 index of the smallest entry along ``axis`` (flattened when None; several axes as
+    in :func:`argmax`)."""
     return _arg(inp, axis, keepdims, "argmin")
 
 
@@ -241,8 +253,12 @@ class ArgExtremum(Function):
 
 def _arg(x, axis, keepdims, name):
     x = _t(x)
+    if isinstance(axis, (tuple, list)) and len(axis) > 1:
+        for a in sorted(normalize_axis(axis, x.ndim, name, unique=True), reverse=True):
+            x = _arg(x, a, keepdims, name)
+        return x
     if axis is not None:
-        (axis,) = normalize_axis(axis, x.ndim, name)
+        (axis,) = normalize_axis(axis, x.ndim, name, unique=True)
     if dispatches((x,)):
         return ArgExtremum()(x, axis, keepdims, name)
     with x._device.context():

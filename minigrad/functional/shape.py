@@ -131,11 +131,29 @@ def swapaxes(inp, axis1: int, axis2: int) -> Tensor:
     return transpose(x, axes)
 
 
+def _broadcast_shape_arg(have: tuple, shape) -> tuple:
+    """``broadcast_to``'s target as ints: a ``None`` entry keeps the input's size on that axis
+    (axes aligned from the right, MegEngine's rule); it must name an existing axis."""
+    if isinstance(shape, (Tensor, int)) or not any(s is None for s in shape):
+        return _shape_arg(shape)
+    shape = tuple(shape)
+    offset = len(shape) - len(have)
+    out = []
+    for i, s in enumerate(shape):
+        if s is None:
+            if i < offset:
+                raise ValueError(f"broadcast_to: None at position {i} of {shape} names no axis "
+                                 f"of the input of shape {have}")
+            s = have[i - offset]
+        out.append(int(s))
+    return tuple(out)
+
+
 def broadcast_to(inp, shape) -> Tensor:
     """``inp`` repeated along new leading axes and size-1 axes to ``shape`` (NumPy's rule); the
-    gradient sums back."""
+    gradient sums back. A ``None`` in ``shape`` keeps the input's size on that axis."""
     x = _t(inp)
-    shape = _shape_arg(shape)
+    shape = _broadcast_shape_arg(x.shape, shape)
     if x.shape == shape:
         return x
     ok = len(shape) >= x.ndim and all(
@@ -262,14 +280,15 @@ class Concat(Function):
 
 
 def concat(inps, axis: int = 0, device=None) -> Tensor:
-    """Join tensors along an existing ``axis``; the other axes must match. ``device`` moves the
-    result (MegEngine's argument; default: where the inputs are).
+    """Join tensors along an existing ``axis``; the other axes must match. ``device`` (MegEngine's
+    argument) copies the inputs there first, so they may come from different devices; without it
+    they must share one, which is where the result is.
 
     Example::
 
         F.concat([a, b], axis=1)   # (N, 3) and (N, 5) -> (N, 8)
     """
-    inps = [_t(x) for x in inps]
+    inps = [_t(x) if device is None else _t(x).to(device) for x in inps]
     if not inps:
         raise ValueError("concat: needs at least one tensor")
     (axis,) = normalize_axis(axis, inps[0].ndim, "concat")
@@ -283,13 +302,12 @@ def concat(inps, axis: int = 0, device=None) -> Tensor:
                 f"concat: tensor {i} has shape {x.shape}, incompatible with {ref.shape} "
                 f"along axis {axis}"
             )
-    out = inps[0] if len(inps) == 1 else Concat()(axis, *inps)
-    return out if device is None else out.to(device)
+    return inps[0] if len(inps) == 1 else Concat()(axis, *inps)
 
 
 def stack(inps, axis: int = 0, device=None) -> Tensor:
     """Join same-shaped tensors along a new ``axis``; ``device`` as in :func:`concat`."""
-    inps = [_t(x) for x in inps]
+    inps = [_t(x) if device is None else _t(x).to(device) for x in inps]
     shapes = {x.shape for x in inps}
     if len(shapes) != 1:
         raise ValueError(f"stack: all tensors must have the same shape, got {sorted(shapes)}")

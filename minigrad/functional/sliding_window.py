@@ -1,5 +1,6 @@
 """Sliding-window ops: ``sliding_window`` (unfold), ``sliding_window_transpose`` (fold), and the
-two convolutions MegEngine builds on them, ``local_conv2d`` (untied weights) and ``conv3d``.
+convolutions MegEngine builds on them, ``local_conv2d`` (untied weights), ``conv3d`` and
+``conv_transpose3d``.
 
 Two primitives do all the work and are each other's adjoint:
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Tensor
 from minigrad.functional._util import ntuple
@@ -25,7 +28,8 @@ from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import einsum
 from minigrad.functional.shape import reshape
 
-__all__ = ["conv3d", "local_conv2d", "sliding_window", "sliding_window_transpose"]
+__all__ = ["conv3d", "conv_transpose3d", "local_conv2d", "sliding_window",
+           "sliding_window_transpose"]
 
 
 def _window_args(op, shape: tuple, kernel, stride, padding, dilation):
@@ -221,3 +225,93 @@ def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int 
     y = einsum("ngidhwxyz,goixyz->ngodhw", windows, w)
     return _add_bias(op, reshape(y, (x.shape[0], g * ocg) + out), bias)
 
+
+
+class ScatterConv(Function):
+    """The transposed convolution's core, ``(N, G, I, *in) x (G, I, O, *kernel) -> (N, G*O,
+    *size)``: for each kernel offset, one ``einsum`` of the input with that offset's weights is
+    added onto the strided positions it reaches in a zero-padded output (the padding is cropped
+    at the end). Working offset by offset keeps memory at the output's size, where
+    materialising every window (``Fold`` of an einsum) would take ``prod(kernel)`` times more.
+    The backward reads the same strided views of ``dy``; it is first order only, like the
+    other convolution kernels."""
+
+    def forward(self, x, w, size, stride, padding, dilation):
+        xp, xd, wd = x.xp, x._data, w._data
+        n, g, _, *spatial = xd.shape
+        kernel, o = wd.shape[3:], wd.shape[2]
+        self.x, self.w = x, w
+        self.args = (kernel, tuple(spatial), stride, padding, dilation, size)
+        padded = xp.zeros((n, g * o) + tuple(s + 2 * p for s, p in zip(size, padding)), xd.dtype)
+        for k in itertools.product(*(range(kk) for kk in kernel)):
+            part = xp.einsum("ngidhw,gio->ngodhw", xd, wd[(Ellipsis,) + k])
+            padded[_offset_index(k, spatial, stride, dilation)] += part.reshape(
+                (n, g * o) + tuple(spatial))
+        crop = (slice(None), slice(None)) + tuple(slice(p, p + s) for p, s in zip(padding, size))
+        return xp.ascontiguousarray(padded[crop])
+
+    def backward(self, dy):
+        kernel, spatial, stride, padding, dilation, _ = self.args
+        xp, xd, wd = dy.xp, self.x._data, self.w._data
+        n, g, i = xd.shape[:3]
+        o = wd.shape[2]
+        pad = ((0, 0), (0, 0)) + tuple((p, p) for p in padding)
+        dyp = xp.pad(dy._data, pad)
+        dx = xp.zeros_like(xd) if self.needs_input_grad(0) else None
+        dw = xp.zeros_like(wd) if self.needs_input_grad(1) else None
+        for k in itertools.product(*(range(kk) for kk in kernel)):
+            view = dyp[_offset_index(k, spatial, stride, dilation)]
+            view = view.reshape((n, g, o) + tuple(spatial))
+            if dx is not None:
+                dx += xp.einsum("ngodhw,gio->ngidhw", view, wd[(Ellipsis,) + k])
+            if dw is not None:
+                dw[(Ellipsis,) + k] = xp.einsum("ngidhw,ngodhw->gio", xd, view)
+        return dx, dw, None, None, None, None
+
+
+def conv_transpose3d(inp, weight, bias=None, stride=1, padding=0, output_padding=0, dilation=1,
+                     groups: int = 1) -> Tensor:
+    """Transposed 3-D convolution over (N, C, D, H, W) (the adjoint of :func:`conv3d`).
+
+    ``weight`` is MegEngine's ``(in, out, kd, kh, kw)``, or with groups ``(groups, in/groups,
+    out/groups, kd, kh, kw)``; ``bias`` (out,) or (1, out, 1, 1, 1). Each output size is
+    ``(size - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1``. Every input
+    position scatters a ``weight``-scaled window onto the output (see :class:`ScatterConv`).
+
+    Example::
+
+        # x (1, 4, 3, 3, 3), w (4, 2, 2, 2, 2) -> (1, 2, 6, 6, 6)
+        y = F.conv_transpose3d(x, w, stride=2)
+    """
+    op = "conv_transpose3d"
+    x, w = _conv_inputs(op, inp, weight, "cross_correlation", "(N, C, D, H, W)")
+    if w.ndim == 5:
+        if groups != 1:
+            raise ValueError(f"{op}: groups={groups} needs a grouped weight (groups, in/groups, "
+                             f"out/groups, kd, kh, kw), got shape {tuple(w.shape)}")
+        w = reshape(w, (1,) + w.shape)
+    if w.ndim != 6 or w.shape[0] != groups or w.shape[0] * w.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"{op}: input has {x.shape[1]} channels (shape {x.shape}) but weight "
+            f"{tuple(weight.shape)} is not (in, out, kd, kh, kw) or (groups={groups}, in/groups, "
+            "out/groups, kd, kh, kw) for it"
+        )
+    g, icg, ocg = w.shape[:3]
+    kernel = w.shape[3:]
+    common = np.result_type(x.dtype, w.dtype)  # float16 input, float32 weight: float32
+    x, w = (t if t.dtype == common else t.astype(common) for t in (x, w))
+    stride, padding, dilation = (ntuple(v, 3, name, op) for v, name in
+                                 ((stride, "stride"), (padding, "padding"),
+                                  (dilation, "dilation")))
+    out_pad = ntuple(output_padding, 3, "output_padding", op)
+    for a in range(3):
+        if not 0 <= out_pad[a] < max(stride[a], dilation[a]):
+            raise ValueError(f"{op}: output_padding {out_pad} must be smaller than stride "
+                             f"{stride} or dilation {dilation}")
+    size = tuple((x.shape[2 + a] - 1) * stride[a] - 2 * padding[a]
+                 + dilation[a] * (kernel[a] - 1) + out_pad[a] + 1 for a in range(3))
+    if min(size) < 1:
+        raise ValueError(f"{op}: output size {size} is not positive for input {x.shape}")
+    xg = reshape(x, (x.shape[0], g, icg) + x.shape[2:])
+    y = ScatterConv()(xg, w, size, stride, padding, dilation)
+    return _add_bias(op, y, bias)

@@ -4,6 +4,7 @@ from minigrad.module import graph, init
 from minigrad.module.activation import (
     GELU,
     LeakyReLU,
+    PReLU,
     ReLU,
     Sigmoid,
     SiLU,
@@ -11,7 +12,14 @@ from minigrad.module.activation import (
     Tanh,
 )
 from minigrad.module.attention import DotProductAttention, MultiHeadAttention
-from minigrad.module.conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d
+from minigrad.module.conv import (
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    LocalConv2d,
+)
 from minigrad.module.dropout import Dropout
 from minigrad.module.elementwise import Elemwise
 from minigrad.module.embedding import Embedding
@@ -29,6 +37,7 @@ from minigrad.module.normalization import (
     SyncBatchNorm,
 )
 from minigrad.module.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from minigrad.module.rnn import LSTM, RNN, LSTMCell, RNNCell
 from minigrad.module.sequential import Sequential
 from minigrad.module.transformer import (
     MLP,
@@ -50,6 +59,7 @@ __all__ = [
     "Conv2d",
     "Conv3d",
     "ConvTranspose2d",
+    "ConvTranspose3d",
     "CrossEntropyLoss",
     "DotProductAttention",
     "Dropout",
@@ -60,13 +70,19 @@ __all__ = [
     "HookHandler",
     "Identity",
     "InstanceNorm",
+    "LSTM",
+    "LSTMCell",
     "LayerNorm",
     "LeakyReLU",
     "Linear",
+    "LocalConv2d",
     "MSELoss",
     "MaxPool2d",
     "Module",
     "MultiHeadAttention",
+    "PReLU",
+    "RNN",
+    "RNNCell",
     "ReLU",
     "SelfAttention",
     "Sequential",

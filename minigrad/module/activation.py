@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 import minigrad.functional as F
-from minigrad.autodiff.tensor import Tensor
+from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.module.module import Module, no_parameters
 
 
@@ -68,6 +70,29 @@ class LeakyReLU(Module):
 
     def extra_repr(self) -> str:
         return f"negative_slope={self.negative_slope}"
+
+
+class PReLU(Module):
+    """``max(x, 0) + a * min(x, 0)`` with a learned slope ``a`` (``weight``), initialised to
+    ``init``: one slope shared by all channels (``num_parameters=1``, shape ``(1,)``) or one per
+    channel of NCHW input (shape ``(1, C, 1, 1)``), as in MegEngine.
+
+    Example::
+
+        act = M.PReLU(num_parameters=16)   # after a Conv2d with 16 output channels
+    """
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, **kwargs):
+        super().__init__(**kwargs)
+        self.num_parameters = int(num_parameters)
+        shape = (1, self.num_parameters, 1, 1) if self.num_parameters > 1 else (1,)
+        self.weight = Parameter(np.full(shape, init, dtype=np.float32))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
 
 
 class Softmax(Module):

@@ -193,3 +193,91 @@ class ConvTranspose2d(_ConvNd):
     def extra_repr(self) -> str:
         extra = f", output_padding={self.output_padding}" if any(self.output_padding) else ""
         return super().extra_repr() + extra
+
+
+class ConvTranspose3d(_ConvNd):
+    """Transposed 3-d convolution over ``(N, C, D, H, W)`` (the adjoint of ``Conv3d``). The weight
+    is MegEngine's ``(in, out, kd, kh, kw)`` (grouped: ``(groups, in/groups, out/groups, kd, kh,
+    kw)``); each output size is ``(size - 1) * stride - 2 * padding + dilation * (k - 1) +
+    output_padding + 1``.
+
+    Example::
+
+        up = M.ConvTranspose3d(8, 4, 2, stride=2)
+        up(x).shape  # x (N, 8, 4, 4, 4) -> (N, 4, 8, 8, 8)
+    """
+
+    _nd = 3
+    _transposed = True
+    count_parameters = _conv_parameter_counter(3, transposed=True)
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 output_padding=0, dilation=1, groups: int = 1, bias: bool = True, **kwargs):
+        self.output_padding = _tuple(output_padding, 3, "output_padding", "ConvTranspose3d")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, **kwargs)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        return F.conv_transpose3d(x, self.weight, self.bias, stride=self.stride,
+                                  padding=self.padding, output_padding=self.output_padding,
+                                  dilation=self.dilation, groups=self.groups)
+
+    def extra_repr(self) -> str:
+        extra = f", output_padding={self.output_padding}" if any(self.output_padding) else ""
+        return super().extra_repr() + extra
+
+
+class LocalConv2d(Module):
+    """A locally connected 2-d layer: a convolution whose kernel differs at every output position
+    (MegEngine's), for inputs of the fixed size ``(input_height, input_width)``. The weight is
+    ``(groups, OH, OW, in/groups, kh, kw, out/groups)``; there is no bias, as in MegEngine. Each
+    position's kernel starts Kaiming-uniform over its ``in/groups * kh * kw`` inputs.
+
+    Example::
+
+        lc = M.LocalConv2d(3, 8, 7, 7, kernel_size=3)
+        lc(x).shape  # x (N, 3, 7, 7) -> (N, 8, 5, 5)
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, input_height: int, input_width: int,
+                 kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
+                 conv_mode: str = "cross_correlation", **kwargs):
+        super().__init__(**kwargs)
+        layer = "LocalConv2d"
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.input_height, self.input_width = int(input_height), int(input_width)
+        self.kernel_size = _tuple(kernel_size, 2, "kernel_size", layer)
+        self.stride = _tuple(stride, 2, "stride", layer)
+        self.padding = _tuple(padding, 2, "padding", layer)
+        self.dilation = _tuple(dilation, 2, "dilation", layer)
+        self.groups = int(groups)
+        self.conv_mode = conv_mode
+        if self.in_channels % self.groups or self.out_channels % self.groups:
+            raise ValueError(
+                f"{layer}: in_channels ({self.in_channels}) and out_channels ({self.out_channels}) "
+                f"must both be divisible by groups ({self.groups})"
+            )
+        out = tuple(
+            (size + 2 * p - d * (k - 1) - 1) // s + 1
+            for size, k, s, p, d in zip((self.input_height, self.input_width), self.kernel_size,
+                                        self.stride, self.padding, self.dilation, strict=True)
+        )
+        g = self.groups
+        shape = (g,) + out + (self.in_channels // g,) + self.kernel_size + (self.out_channels // g,)
+        self.weight = Parameter(np.zeros(shape, np.float32))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Kaiming-uniform (``a = sqrt(5)``, PyTorch's layer default) over each kernel's fan-in."""
+        fan_in = self.in_channels // self.groups * math.prod(self.kernel_size)
+        bound = init.calculate_gain("leaky_relu", init.DEFAULT_LAYER_A) * math.sqrt(3.0 / fan_in)
+        init.uniform_(self.weight, -bound, bound)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.local_conv2d(x, self.weight, None, stride=self.stride, padding=self.padding,
+                              dilation=self.dilation, conv_mode=self.conv_mode)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, input_height={self.input_height}, "
+                f"input_width={self.input_width}, kernel_size={self.kernel_size}")

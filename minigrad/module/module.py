@@ -375,7 +375,11 @@ class Module:
         return ""
 
     def __repr__(self) -> str:
-        children = list(self.named_children())
+        # every attribute that holds a module is shown, also a second name for a shared one
+        # (MegEngine's and PyTorch's repr); only a reference back to this module is left out
+        children = [(name, obj) for key, value in vars(self).items() if key not in _INTERNAL
+                    for name, obj in _walk_value(value, key, False, {id(self)})
+                    if isinstance(obj, Module)]
         head = f"{type(self).__name__}({self.extra_repr()}"
         if not children:
             return head + ")"

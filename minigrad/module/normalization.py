@@ -96,6 +96,19 @@ class BatchNormBase(Module):
         no running statistics are tracked, and never when frozen) rather than the running ones."""
         return (self.training or not self.track_running_stats) and not self.freeze
 
+    def _tracked_stats(self):
+        """The running statistics ``forward`` reads and updates: none while
+        ``track_running_stats`` is False, even when the layer was built with them (MegEngine lets
+        the flag be switched after construction); turning it on for a layer built without them is
+        an error."""
+        if not self.track_running_stats:
+            return None, None
+        if self.running_mean is None:
+            raise ValueError(f"{type(self).__name__}({self.num_features}): track_running_stats "
+                             "was set to True on a layer built with track_running_stats=False, "
+                             "which has no running statistics")
+        return self.running_mean, self.running_var
+
     def update_running_stats(self, batch_mean: Tensor, batch_var: Tensor, count) -> None:
         """Fold one batch's per-channel mean and biased variance (over ``count`` values per
         channel: an int or a 0-d array on the batch's device) into the running statistics (a no-op
@@ -118,12 +131,13 @@ class BatchNormBase(Module):
         self.check_input(x)
         shape = x.shape
         if x.ndim != 4:  # (N, C) or (N, C, L) -> (N, C, L, 1)
-            x = x.reshape(shape[0], shape[1], -1, 1)
+            x = x.reshape(shape[0], shape[1], math.prod(shape[2:]), 1)  # also when empty
         weight, bias = self.weight, self.bias
         if self.freeze and self.affine:  # MegEngine: statistics and affine parameters are fixed
             weight, bias = weight.detach(), bias.detach()
+        running_mean, running_var = self._tracked_stats()
         y = F.batch_norm(
-            x, self.running_mean, self.running_var, weight, bias,
+            x, running_mean, running_var, weight, bias,
             training=self.uses_batch_stats, momentum=self.momentum, eps=self.eps, inplace=True,
         )
         return y.reshape(shape) if len(shape) != 4 else y
@@ -224,7 +238,7 @@ class SyncBatchNorm(BatchNormBase):
             return super().forward(x)
         self.check_input(x)
         shape = x.shape
-        x4 = x.reshape(shape[0], shape[1], -1, 1)
+        x4 = x.reshape(shape[0], shape[1], math.prod(shape[2:]), 1)
         axes = (0, 2, 3)
         local_count = Tensor(float(x4.shape[0] * x4.shape[2]), dtype=x.dtype, device=x.device)
         count = reducer.sum(local_count, self.group)

@@ -75,3 +75,16 @@ def test_stream_error_surfaces(num_workers):
                         timeout=5)
     with pytest.raises(OSError, match="connection reset by peer"):
         list(loader)
+
+
+def test_default_transform_is_the_identity_pseudo_transform():
+    """MegEngine: a DataLoader built without a transform holds a PseudoTransform (the identity);
+    batches are the collated samples unchanged."""
+    from minigrad.data.dataset import ArrayDataset
+    from minigrad.data.transform import PseudoTransform
+
+    x = np.arange(12, dtype=np.float32).reshape(6, 2)
+    loader = DataLoader(ArrayDataset(x))
+    assert isinstance(loader.transform, PseudoTransform)
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in loader]), x)
+    assert "transform" not in repr(loader)

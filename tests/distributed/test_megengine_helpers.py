@@ -69,3 +69,58 @@ def test_group_start_end_exchange_and_group_key():
         np.testing.assert_array_equal(got, np.full(3, 2.0 - rank))  # the peer's value
         assert key == "0,1" and world_key == "0,1"
         assert "no group_start() is open" in unbalanced
+
+
+def test_numbered_device_is_megengine_xpu_gpu_if_any_else_cpu(monkeypatch):
+    """MegEngine's init_process_group(ip, port, world, rank, device) takes ``device`` as a number
+    of ``device_type`` "xpu": a GPU where there is one, else the CPU; "gpu" insists on a GPU and
+    "cpu" names a CPU device; other types are an error."""
+    from minigrad.distributed.comm import group
+
+    before = mg.get_default_device()
+    try:
+        monkeypatch.setattr(group, "is_cuda_available", lambda: False)
+        group.bind_device(1, "xpu")
+        assert str(mg.get_default_device()) == "cpu0"
+        group.bind_device(1, "cpu")
+        assert str(mg.get_default_device()) == "cpu1"
+        chosen = []
+        monkeypatch.setattr(group, "set_default_device", chosen.append)
+        monkeypatch.setattr(group, "is_cuda_available", lambda: True)
+        monkeypatch.setattr(group, "cupy_or_none", lambda: pytest.fail("no CUDA here"))
+        with pytest.raises(pytest.fail.Exception):
+            group.bind_device(1, "xpu")
+        assert chosen == ["gpu1"]
+        with pytest.raises(ValueError, match="device_type must be 'xpu', 'gpu' or 'cpu'"):
+            group.bind_device(0, "tpu")
+    finally:
+        mg.set_default_device(before)
+
+
+def test_init_process_group_with_a_numbered_device_runs_on_cpu_without_gpus():
+    """The launcher's workers call init_process_group themselves; here two plain processes use
+    MegEngine's positional form with device=rank on this GPU-less machine."""
+    import multiprocessing as mp
+    import socket
+
+    if mg.is_cuda_available():
+        pytest.skip("this machine has GPUs: device=rank means a GPU there")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_numbered_device_worker, args=(port, r, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(q.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+    assert results == [(0, "cpu0"), (1, "cpu0")]
+
+
+def _numbered_device_worker(port, rank, q):
+    dist.init_process_group("127.0.0.1", port, 2, rank, rank)
+    dist.group_barrier()
+    q.put((rank, str(mg.get_default_device())))
+    dist.group_barrier()

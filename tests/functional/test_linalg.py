@@ -102,6 +102,16 @@ EINSUM = [
     ("ijk,k->ij", [(2, 3, 4), (4,)]),
     ("ab,bc,cd->ad", [(2, 3), (3, 4), (4, 2)]),
     ("ij,k->ik", [(3, 4), (2,)]),  # j summed inside one operand only
+    # NumPy's ellipsis (broadcast dimensions, aligned from the right) and diagonals
+    ("...ij->...ji", [(2, 3, 4, 5)]),
+    ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),
+    ("i...k,k...j", [(2, 3, 4, 5), (5, 3, 4, 2)]),
+    ("...i->...", [(2, 3, 4)]),
+    ("ii", [(4, 4)]),
+    ("ii->i", [(4, 4)]),
+    ("iijj->ij", [(3, 3, 2, 2)]),
+    ("i...i", [(3, 2, 3)]),
+    ("ij,jj->i", [(2, 3), (3, 3)]),
 ]
 
 
@@ -150,8 +160,8 @@ LINALG_ERRORS = [
         (4, 5),
     ),
     (
-        lambda a, b: F.einsum("ii,jk", a, b),  # implicit output is fine, a repeat is not
-        r"einsum: operand subscripts 'ii' must be distinct letters",
+        lambda a, b: F.einsum("ij,jk->il", a, b),
+        r"einsum: output subscript 'l' of 'ij,jk->il' must name one input axis once",
         (3, 3),
         (3, 4),
     ),

@@ -238,3 +238,11 @@ def test_gelu_float32_fast_path_is_accurate_in_the_tails(device):
 @pytest.mark.parametrize("op", [F.gelu, F.silu])
 def test_activation_second_order(op, device, rng):
     _check_gradient_is_differentiable(op, device, rng)
+
+
+def test_prelu_matches_where_and_its_slope_gradient():
+    x = np.array([[-2.0, 3.0], [1.0, -0.5]])
+    w = np.array([0.3])
+    np.testing.assert_allclose(F.prelu(mg.tensor(x), mg.tensor(w)).numpy(),
+                               np.where(x > 0, x, 0.3 * x), rtol=1e-12)
+    check_grad(lambda a, s: F.prelu(a, s), x, w)

@@ -282,3 +282,79 @@ def test_compute_mode_float32_and_unsupported_modes(rng):
         F.conv2d(xt, wt, conv_mode="convolution")
     with pytest.raises(ValueError, match=r"conv_transpose2d: need stride >= 1"):
         F.conv_transpose2d(xt, wt, stride=0)
+
+
+def _ref_conv_transpose3d(x, w, stride, padding, out_pad, dilation, groups):
+    """Direct loops: every input voxel adds ``x * w[i, o]`` at ``s * pos - p + d * k``."""
+    n, c = x.shape[:2]
+    wg = w.reshape((groups, c // groups) + w.shape[-4:]) if w.ndim == 5 else w
+    ocg, kernel = wg.shape[2], wg.shape[3:]
+    size = [(x.shape[2 + a] - 1) * stride[a] - 2 * padding[a] + dilation[a] * (kernel[a] - 1)
+            + out_pad[a] + 1 for a in range(3)]
+    out = np.zeros((n, groups * ocg) + tuple(size))
+    for g in range(groups):
+        for i in range(c // groups):
+            for pos in np.ndindex(*x.shape[2:]):
+                for k in np.ndindex(*kernel):
+                    t = [stride[a] * pos[a] - padding[a] + dilation[a] * k[a] for a in range(3)]
+                    if all(0 <= t[a] < size[a] for a in range(3)):
+                        v = x[:, g * (c // groups) + i][(slice(None),) + pos]
+                        out[:, g * ocg:(g + 1) * ocg, t[0], t[1], t[2]] += (
+                            v[:, None] * wg[g, i][(slice(None),) + k])
+    return out
+
+
+@pytest.mark.parametrize("stride,padding,out_pad,dilation,groups", [
+    ((1, 1, 1), (0, 0, 0), (0, 0, 0), (1, 1, 1), 1),
+    ((2, 1, 3), (1, 0, 1), (1, 0, 2), (1, 2, 1), 1),
+    ((2, 2, 1), (0, 1, 0), (0, 1, 0), (1, 1, 1), 2),
+])
+def test_conv_transpose3d_matches_loops_and_gradients(stride, padding, out_pad, dilation, groups,
+                                                      device, rng):
+    x = rng.standard_normal((2, 4, 2, 3, 2))
+    w = rng.standard_normal((4, 3, 2, 2, 3) if groups == 1 else (groups, 2, 3, 2, 2, 3))
+    args = dict(stride=stride, padding=padding, output_padding=out_pad, dilation=dilation,
+                groups=groups)
+    got = F.conv_transpose3d(mg.tensor(x, device=device), mg.tensor(w, device=device), **args)
+    ref = _ref_conv_transpose3d(x, w, stride, padding, out_pad, dilation, groups)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-12, atol=1e-12)
+    check_grad(lambda a, b: F.conv_transpose3d(a, b, **args), x, w, device=device)
+
+
+def test_conv_transpose3d_layer_shape_and_bias(rng):
+    """MegEngine's documented example shape: (20, 16, 10, 50, 100) with kernel (3, 5, 2), stride
+    (3, 2, 2), padding (0, 4, 2), output_padding (2, 1, 1) gives (20, 33, 32, 96, 197); here on a
+    smaller batch and width, and the bias adds per channel."""
+    import minigrad.module as M
+
+    m = M.ConvTranspose3d(16, 33, (3, 5, 2), output_padding=(2, 1, 1), stride=(3, 2, 2),
+                          padding=(0, 4, 2))
+    assert m.weight.shape == (16, 33, 3, 5, 2) and m.bias.shape == (1, 33, 1, 1, 1)
+    x = mg.tensor(rng.standard_normal((1, 16, 10, 50, 5)).astype(np.float32))
+    assert m(x).shape == (1, 33, 32, 96, 7)
+    no_bias = F.conv_transpose3d(x, m.weight, stride=(3, 2, 2), padding=(0, 4, 2),
+                                 output_padding=(2, 1, 1))
+    np.testing.assert_allclose((m(x) - no_bias).numpy(),
+                               np.broadcast_to(m.bias.numpy(), no_bias.shape), rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_local_conv2d_layer_uses_megengine_weight_layout(rng):
+    import minigrad.module as M
+
+    m = M.LocalConv2d(4, 6, 7, 7, 3, groups=2)
+    assert m.weight.shape == (2, 5, 5, 2, 3, 3, 3)
+    x = rng.standard_normal((2, 4, 7, 7)).astype(np.float32)
+    ref = F.local_conv2d(mg.tensor(x), m.weight)
+    np.testing.assert_array_equal(m(mg.tensor(x)).numpy(), ref.numpy())
+    assert m(mg.tensor(x)).shape == (2, 6, 5, 5)
+
+
+def test_conv_transpose3d_promotes_a_float16_input_to_the_weight_dtype(rng):
+    x = rng.random((1, 2, 3, 3, 3)).astype(np.float16)
+    w = mg.tensor(rng.standard_normal((2, 3, 2, 2, 2)).astype(np.float32))
+    half = F.conv_transpose3d(mg.tensor(x), w, stride=2)
+    full = F.conv_transpose3d(mg.tensor(x.astype(np.float32)), w, stride=2)
+    assert half.dtype == np.float32
+    np.testing.assert_array_equal(half.numpy(), full.numpy())

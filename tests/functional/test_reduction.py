@@ -223,3 +223,47 @@ def test_var_with_ddof_equal_to_count_is_nan(device):
     # NumPy answers nan (with a warning) instead of raising ZeroDivisionError
     out = F.var(mg.tensor([[1.0], [2.0]], device=device), axis=1, ddof=1)
     assert out.shape == (2,) and np.isnan(out.numpy()).all()
+
+
+def test_normalize_scales_vectors_to_unit_norm():
+    """F.normalize(x, ord, axis, eps) = x / max(norm(x, ord, axis), eps) (MegEngine)."""
+    x = np.random.default_rng(0).normal(size=(2, 3, 4))
+    x[1, :, 2] = 0.0  # an all-zero vector along axis 1 stays zero
+    for ord_, axis in [(None, 1), (1, -1), (2, None)]:
+        n = np.linalg.norm(x.reshape(-1) if axis is None else x, ord=1 if ord_ == 1 else 2,
+                           axis=axis, keepdims=axis is not None)
+        ref = x / np.maximum(n, 1e-12)
+        got = F.normalize(mg.tensor(x), ord_, axis)
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-12)
+    got = F.normalize(mg.tensor(np.arange(1, 7, dtype=np.int32).reshape(2, 3)), axis=-1)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got.numpy()[0], np.array([1, 2, 3]) / np.sqrt(14), rtol=1e-6)
+    check_grad(lambda t: F.normalize(t, axis=1), x[:1])
+
+
+def test_axis_may_be_a_tensor_and_may_not_repeat():
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_allclose(F.sum(mg.tensor(x), axis=mg.tensor(-1)).numpy(), x.sum(-1))
+    values, idx = F.sort(mg.tensor(x[:, ::-1].copy()), mg.tensor(False), mg.tensor(0))
+    np.testing.assert_array_equal(values.numpy(), np.sort(x[:, ::-1], 0))
+    with pytest.raises(ValueError, match=r"sum: axis \(-1, 1\) names axis 1 twice"):
+        F.sum(mg.tensor(x), axis=(-1, 1))
+
+
+def test_functional_math_is_megengine_module_path():
+    from minigrad.functional.math import normalize, sort
+
+    assert normalize is F.normalize and sort is F.sort
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+def test_arg_extremum_over_several_axes_reduces_last_axis_first(name):
+    """MegEngine: argmax(x, axis=(0, 1)) is argmax over axis 1, then argmax of those indices over
+    axis 0; negative axes name the same axes; keepdims keeps both."""
+    x = np.random.default_rng(5).normal(size=(4, 5, 3))
+    np_arg = getattr(np, name)
+    ref = np_arg(np_arg(x, axis=1), axis=0)
+    fn = getattr(F, name)
+    np.testing.assert_array_equal(fn(mg.tensor(x), axis=(0, 1)).numpy(), ref)
+    np.testing.assert_array_equal(fn(mg.tensor(x), axis=(-2, -3)).numpy(), ref)
+    assert fn(mg.tensor(x), axis=(0, 2), keepdims=True).shape == (1, 5, 1)

@@ -329,3 +329,42 @@ def test_mixed_devices_name_the_op(name, fn, fake_gpu_tensor):
     a = mg.tensor(np.ones((2, 2), np.float32), device="cpu0")
     with pytest.raises(RuntimeError, match=rf"{name}: .*cpu0.*gpu0|{name}: .*gpu0.*cpu0"):
         fn(a, fake_gpu_tensor((2, 2)))
+
+
+def test_broadcast_to_none_keeps_the_input_axis():
+    """MegEngine: a None in the target shape keeps the input's size on that axis (aligned from the
+    right); None where the input has no axis is an error naming the position."""
+    x = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    np.testing.assert_array_equal(F.broadcast_to(mg.tensor(x), (1, None, 3)).numpy(), x)
+    y = F.broadcast_to(mg.tensor(x), (4, 1, None, 3))
+    np.testing.assert_array_equal(y.numpy(), np.broadcast_to(x, (4, 1, 2, 3)))
+    y = F.broadcast_to(mg.tensor(x), (mg.tensor(2), None, 2, 3))
+    assert y.shape == (2, 1, 2, 3)
+    with pytest.raises(ValueError, match="None at position 0"):
+        F.broadcast_to(mg.tensor(x), (None, 1, 2, 3))
+
+
+def test_functional_tensor_is_megengine_module_path():
+    """``from megengine.functional.tensor import ones`` is MegEngine's path for the creation and
+    shape ops."""
+    from minigrad.functional.tensor import broadcast_to, ones, zeros
+
+    assert ones is F.ones and zeros is F.zeros and broadcast_to is F.broadcast_to
+
+
+def test_concat_and_stack_with_device_gather_inputs_from_several_devices():
+    """MegEngine: ``device=`` copies every input there, so inputs may live on different devices
+    (the gradient flows back to each); without it they must share one."""
+    a = mg.tensor(np.ones((2, 2), np.float32), device="cpu0")
+    b = mg.tensor(np.full((2, 2), 2.0, np.float32), device="cpu1")
+    for fn, shape in [(F.concat, (4, 2)), (F.stack, (2, 2, 2))]:
+        out = fn([a, b], device="cpu1")
+        assert str(out.device) == "cpu1" and out.shape == shape
+        np.testing.assert_array_equal(out.numpy().reshape(4, 2)[2:], 2.0)
+        with pytest.raises(RuntimeError, match="different devices"):
+            fn([a, b])
+    gm = mg.autodiff.GradManager().attach([a, b])
+    with gm:
+        gm.backward((F.concat([a, b], device="cpu1") * 3).sum())
+    np.testing.assert_array_equal(a.grad.numpy(), 3.0)
+    assert str(a.grad.device) == "cpu0"

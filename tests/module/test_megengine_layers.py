@@ -172,3 +172,64 @@ def test_elemwise_layer():
     layer_check_grad(M.Elemwise("FUSE_ADD_TANH"), a, b)
     with pytest.raises(ValueError, match="Elemwise: unknown method 'FOO'"):
         M.Elemwise("FOO")
+
+
+def test_prelu_slope_is_learned_per_channel():
+    """PReLU(x) = max(x, 0) + a * min(x, 0); one slope (shape (1,)) or one per NCHW channel
+    (shape (1, C, 1, 1)), initialised to ``init``; the slope's gradient is sum(min(x, 0))."""
+    x = np.array([[[[-1.0, 2.0]], [[-3.0, -4.0]]]], np.float32)  # (1, 2, 1, 2)
+    shared = M.PReLU()
+    assert shared.weight.shape == (1,) and float(shared.weight.numpy()[0]) == 0.25
+    np.testing.assert_allclose(shared(mg.tensor(x)).numpy(), np.where(x > 0, x, 0.25 * x))
+    per_channel = M.PReLU(num_parameters=2, init=0.5)
+    per_channel.weight.set_value(np.array([0.1, 0.2], np.float32).reshape(1, 2, 1, 1))
+    gm = mg.autodiff.GradManager().attach(per_channel.parameters())
+    with gm:
+        y = per_channel(mg.tensor(x))
+        gm.backward(y.sum())
+    ref = np.where(x > 0, x, np.array([0.1, 0.2]).reshape(1, 2, 1, 1) * x)
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-6)
+    np.testing.assert_allclose(per_channel.weight.grad.numpy().ravel(), [-1.0, -7.0])
+
+
+def test_batchnorm_of_an_empty_batch_is_empty():
+    """A (0, C, 0) batch gives a (0, C, 0) output (MegEngine), not a reshape error."""
+    bn = M.BatchNorm1d(4)
+    out = bn(mg.tensor(np.zeros((0, 4, 0), np.float32)))
+    assert out.shape == (0, 4, 0)
+
+
+def test_repr_lists_every_name_of_a_shared_module():
+    """A module held by two attributes is printed under both names, as MegEngine and PyTorch do
+    (the parameters are still listed once)."""
+
+    class Shared(M.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = M.Linear(2, 2)
+            self.b = self.a
+
+    text = repr(Shared())
+    assert "(a): Linear" in text and "(b): Linear" in text
+    assert len(list(Shared().parameters())) == 2
+
+
+def test_batchnorm_track_running_stats_can_be_switched_after_construction():
+    """MegEngine: with track_running_stats turned off after construction the layer normalises
+    with batch statistics and leaves the running ones untouched; turning it on for a layer built
+    without them is an error naming the layer."""
+    bn = M.BatchNorm2d(3)
+    bn.track_running_stats = False
+    bn.eval()
+    x = np.random.default_rng(0).normal(2.0, 3.0, size=(6, 3, 2, 2)).astype(np.float32)
+    y = bn(mg.tensor(x)).numpy()
+    mean, var = x.mean((0, 2, 3), keepdims=True), x.var((0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(y, (x - mean) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-5)
+    bn.train()
+    bn(mg.tensor(x))
+    np.testing.assert_array_equal(bn.running_mean.numpy(), 0)
+    np.testing.assert_array_equal(bn.running_var.numpy(), 1)
+    bare = M.BatchNorm2d(3, track_running_stats=False)
+    bare.track_running_stats = True
+    with pytest.raises(ValueError, match=r"BatchNorm2d\(3\): track_running_stats was set"):
+        bare(mg.tensor(x))

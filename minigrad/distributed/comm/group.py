@@ -26,7 +26,7 @@ import re
 import socket
 
 from minigrad import seams
-from minigrad.backend import set_default_device
+from minigrad.backend import is_cuda_available, set_default_device
 from minigrad.backend.xp import cupy_or_none
 from minigrad.distributed.comm import recorder
 from minigrad.distributed.comm.providers import (
@@ -297,12 +297,24 @@ def _backend_setting(backend: str) -> str:
     return setting
 
 
-def bind_device(device: int | str | None) -> None:
+def bind_device(device: int | str | None, device_type: str = "gpu") -> None:
     """Make ``device`` this process's default device; for ``gpuN`` also CUDA's current device, so
-    arrays, streams and NCCL communicators of this rank land on its own GPU."""
+    arrays, streams and NCCL communicators of this rank land on its own GPU. A number is a device
+    of ``device_type`` (MegEngine's): ``"gpu"`` (the default here), ``"cpu"``, or ``"xpu"``
+    (``init_process_group``'s default), a GPU when this machine has one and else the CPU."""
     if device is None:
         return
-    name = f"gpu{device}" if isinstance(device, int) else str(device)
+    if isinstance(device, int):
+        kind = device_type.lower()
+        if kind not in ("xpu", "gpu", "cpu"):
+            raise ValueError(f"init_process_group: device_type must be 'xpu', 'gpu' or 'cpu', "
+                             f"got {device_type!r}")
+        if kind == "xpu":  # without a GPU every rank computes on the one CPU device
+            name = f"gpu{device}" if is_cuda_available() else "cpu0"
+        else:
+            name = f"{kind}{device}"
+    else:
+        name = str(device)
     set_default_device(name)
     m = _GPU_NAME.match(name.strip().lower())
     if m is not None:
@@ -363,6 +375,7 @@ def init_process_group(
     secret: bytes | str | None = None,
     init_method: str | None = None,
     warn_after=None,
+    device_type: str = "xpu",
 ) -> None:
     """Join the job: learn rank and world size, connect to the store, set up the WORLD group.
 
@@ -375,7 +388,8 @@ def init_process_group(
     ``timeout`` (seconds or a ``timedelta``; default ``MINIGRAD_DIST_TIMEOUT`` or 300) bounds every
     wait of the WORLD group; ``warn_after`` (default ``MINIGRAD_DIST_WARN_AFTER`` or 30) is when a
     waiting rank logs what it waits for. ``device`` (``2`` or ``"gpu2"``) becomes this rank's
-    default and current device.
+    default and current device; a number means a device of ``device_type``: ``"xpu"`` (default,
+    MegEngine's) is a GPU where there is one and the CPU elsewhere, ``"gpu"`` insists on a GPU.
 
     Example::
 
@@ -410,7 +424,7 @@ def init_process_group(
     env_device = os.environ.get("MINIGRAD_DEFAULT_DEVICE", "")
     if device is None and _GPU_NAME.match(env_device):
         device = env_device  # a launcher chose this rank's GPU
-    bind_device(device)
+    bind_device(device, device_type)
     secret_b = _store.as_secret(secret)
     job = os.environ.get(JOB_ENV)
     server = None
