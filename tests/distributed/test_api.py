@@ -164,30 +164,36 @@ def _synchronized(tmp):
 
     @dist.synchronized
     def write(value):
-        time.sleep(0.3)
+        if dist.get_rank() == 0:
+            time.sleep(0.3)  # rank 0 is slow: rank 1 must still wait for it
+            with open(tmp, "w") as f:
+                f.write(value)
         calls.append(dist.get_rank())
-        with open(tmp, "w") as f:
-            f.write(value)
-        return "written"
+        return f"written by {dist.get_rank()}"
 
     result = write("hello")
-    with open(tmp) as f:  # every rank sees the file complete after the call
+    with open(tmp) as f:  # every rank sees rank 0's file complete after the call
         seen = f.read()
 
     @dist.synchronized
     def fail():
-        raise OSError("disk full")
+        if dist.get_rank() == 0:
+            raise OSError("disk full")
+        return "fine"
 
     try:
         fail()
+        error = None
     except (OSError, RuntimeError) as exc:
         error = f"{type(exc).__name__}: {exc}"
     return result, calls, seen, error
 
 
-def test_synchronized_runs_on_rank_zero_and_everyone_waits(tmp_path):
+def test_synchronized_runs_on_every_rank_and_none_returns_before_all_finished(tmp_path):
+    # MegEngine's semantics: the function runs on every rank, then a barrier
     res = run_workers(_synchronized, 2, str(tmp_path / "f.txt"), timeout=60)
-    assert res[0][:3] == ("written", [0], "hello") and res[1][:3] == (None, [], "hello")
+    assert res[0][:3] == ("written by 0", [0], "hello")
+    assert res[1][:3] == ("written by 1", [1], "hello")
     assert res[0][3] == "OSError: disk full"
     assert res[1][3] == "RuntimeError: synchronized _synchronized.<locals>.fail: rank 0 failed: " \
         "OSError: disk full"

@@ -24,9 +24,14 @@ from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.device import get_device_count
 from minigrad.backend.dtypes import as_float_dtype, is_floating
 from minigrad.distributed.comm import arrays as comm
-from minigrad.distributed.comm.collectives import broadcast_object_list
+from minigrad.distributed.comm.collectives import all_gather_object
 from minigrad.distributed.comm.flat_buffer import BufferPool, FlatBuffer, group_by_layout
-from minigrad.distributed.comm.group import WORLD, get_rank, is_distributed, resolve_group
+from minigrad.distributed.comm.group import (
+    WORLD,
+    get_world_size,
+    is_distributed,
+    resolve_group,
+)
 from minigrad.distributed.comm.providers import BACKENDS
 
 # 10 MB buckets (MegEngine's default; PyTorch DDP uses 25 MB): the first all-reduce starts after
@@ -183,33 +188,36 @@ def make_allreduce_cb(
 
 
 def synchronized(func):
-    """Decorator (MegEngine's): ``func`` runs on rank 0 only; every rank then waits until it has
-    finished, and gets its return value on rank 0, None elsewhere. If it raises on rank 0, every
-    rank raises (the others a RuntimeError quoting it) instead of waiting forever.
+    """Decorator (MegEngine's): ``func`` runs on every rank, and no rank returns before every
+    rank has finished it (MegEngine uses it so that ranks downloading into one cache do not race,
+    e.g. around ``hub.load``). Each rank gets its own return value. If it raises on any rank,
+    every rank raises (its own error, or a RuntimeError naming the rank that failed) instead of
+    waiting forever at the barrier.
 
     Example::
 
         @dist.synchronized
-        def save(model):
-            mg.save(model.state_dict(), "ckpt.mgc")   # written once, read by all after the call
+        def fetch():
+            return hub.load("megengine/models", "resnet18", pretrained=True)
     """
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         if not is_distributed():
             return func(*args, **kwargs)
-        result, error, status = None, None, [None]
-        if get_rank() == 0:
-            try:
-                result = func(*args, **kwargs)
-            except Exception as exc:
-                error, status = exc, [f"{type(exc).__name__}: {exc}"]
-        broadcast_object_list(status, src=0)
+        result, error, status = None, None, None
+        try:
+            result = func(*args, **kwargs)
+        except Exception as exc:
+            error, status = exc, f"{type(exc).__name__}: {exc}"
+        statuses = [None] * get_world_size()
+        all_gather_object(statuses, status)  # also the barrier: every rank has finished
         if error is not None:
             raise error
-        if status[0] is not None:
-            raise RuntimeError(f"synchronized {func.__qualname__}: rank 0 failed: {status[0]}")
-        comm.barrier()
+        failed = [(r, s) for r, s in enumerate(statuses) if s is not None]
+        if failed:
+            rank, what = failed[0]
+            raise RuntimeError(f"synchronized {func.__qualname__}: rank {rank} failed: {what}")
         return result
 
     return wrapper
