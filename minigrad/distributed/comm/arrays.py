@@ -108,6 +108,7 @@ def check_array(where: str, x: Any) -> None:
 
 #: the dtypes of host arrays that need no further check (native byte order only)
 _HOST_DTYPES = frozenset(np.dtype(name) for name in DTYPES)
+_HOST_CONTEXT = on_device_of(None)  # what on_device_of gives for host arrays: no device switch
 
 
 def _default_is_gpu() -> bool:
@@ -146,7 +147,7 @@ class _Call:
         self.backend = self.ctx.backend(backend or self.ctx.route(on_gpu))
         self.stage = on_gpu and not self.backend.accepts_gpu_arrays
         # staged results go back to the inputs' GPU (CuPy would put them on the current one)
-        self.on_device = on_device_of(arrays[0] if arrays and not host else None)
+        self.on_device = _HOST_CONTEXT if host else on_device_of(arrays[0] if arrays else None)
         self.ctx.flush(keep=self.backend if async_op else None)
         self.seq = self.ctx.next_seq()
         self.record = recorder.begin(name, ranks, self.seq, arrays, self.backend.name)
