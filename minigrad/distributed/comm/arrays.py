@@ -106,6 +106,11 @@ def check_array(where: str, x: Any) -> None:
         )
 
 
+#: the dtypes of host arrays that need no further check (native byte order only)
+_HOST_DTYPES = frozenset(np.dtype(name) for name in DTYPES)
+_HOST_CONTEXT = on_device_of(None)  # what on_device_of gives for host arrays: no device switch
+
+
 def _default_is_gpu() -> bool:
     return get_default_device_obj().is_gpu
 
@@ -122,23 +127,30 @@ class _Call:
         self.name, self.check = name, check
         self.group = resolve_group(group)
         self.ctx: GroupContext = self.group.context()
+        host = True  # every array is a NumPy array of a supported dtype in native byte order
         for a in arrays:
-            check_array(name, a)
-        if root is not None and root not in self.ctx.ranks:
-            raise ValueError(f"{name}: root rank {root} is not in group {self.ctx.ranks}")
-        self.root = self.ctx.ranks[0] if root is None else int(root)
-        self.root_index = self.ctx.ranks.index(self.root)
+            if type(a) is not np.ndarray or a.dtype not in _HOST_DTYPES:
+                check_array(name, a)
+                host = False
+        ranks = self.ctx.ranks
+        if root is None:
+            self.root, self.root_index = ranks[0], 0
+        else:
+            if root not in ranks:
+                raise ValueError(f"{name}: root rank {root} is not in group {ranks}")
+            self.root = int(root)
+            self.root_index = ranks.index(self.root)
         self.is_root = self.ctx.rank == self.root_index
         if on_gpu is None:
-            on_gpu = is_cupy(arrays[0]) if arrays else _default_is_gpu()
+            on_gpu = (not host and is_cupy(arrays[0])) if arrays else _default_is_gpu()
         self.on_gpu = on_gpu
         self.backend = self.ctx.backend(backend or self.ctx.route(on_gpu))
         self.stage = on_gpu and not self.backend.accepts_gpu_arrays
         # staged results go back to the inputs' GPU (CuPy would put them on the current one)
-        self.on_device = on_device_of(arrays[0]) if arrays else on_device_of(None)
+        self.on_device = _HOST_CONTEXT if host else on_device_of(arrays[0] if arrays else None)
         self.ctx.flush(keep=self.backend if async_op else None)
         self.seq = self.ctx.next_seq()
-        self.record = recorder.begin(name, self.ctx.ranks, self.seq, arrays, self.backend.name)
+        self.record = recorder.begin(name, ranks, self.seq, arrays, self.backend.name)
 
     def buffer(self, x):
         """A C-contiguous array the backend can read and write, standing for ``x``."""
@@ -162,6 +174,14 @@ class _Call:
         The call's record (:mod:`.recorder`) gets its end time; a failure dumps the flight
         recorder."""
         record = self.record
+        if not async_op:
+            try:
+                out = finish(self.backend.run(body))
+            except CollectiveError as exc:
+                recorder.on_failure(exc)
+                raise
+            recorder.finish(record)
+            return out
 
         def done(result):
             try:
@@ -172,14 +192,7 @@ class _Call:
             recorder.finish(record)
             return out
 
-        if async_op:
-            return self.backend.submit(body).then(done)
-        try:
-            result = self.backend.run(body)
-        except CollectiveError as exc:
-            recorder.on_failure(exc)
-            raise
-        return done(result)
+        return self.backend.submit(body).then(done)
 
 
 def _avg_divide(x, n: int) -> None:

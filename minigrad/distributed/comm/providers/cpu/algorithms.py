@@ -42,6 +42,10 @@ def _fill(out: np.ndarray, offset: int, piece: memoryview) -> None:
         as_bytes(out)[offset : offset + len(piece)] = np.frombuffer(piece, np.uint8)
 
 
+def _ignore(pieces) -> None:
+    """The consume step of an exchange that moves no data."""
+
+
 def _reduce_in_order(arrays: list[np.ndarray], ufunc, out: np.ndarray) -> np.ndarray:
     """``out`` = arrays[0] op arrays[1] op ... (group order; ``out`` may be one of the inputs)."""
     first, rest = arrays[0], arrays[1:]
@@ -75,7 +79,9 @@ class CpuBackend(Backend):
         self.transport.close()
 
     # --- plumbing
-    def _run(self, fp: dict, sends: list, on_headers=None, consume=None) -> list[dict]:
+    def _run(self, fp: dict, sends: list, on_headers=None, consume=None, key=None) -> list[dict]:
+        """One exchange under fingerprint ``fp``, checked on every member; ``key`` (optional) lets
+        the transport reuse the encoded header of an earlier call with the same key."""
         ctx = self.ctx
         fp.setdefault("backend", self.name)  # the NCCL backend checks its calls through here
         what = lambda: f"{describe(fp)} in group {ctx.ranks}"
@@ -87,7 +93,7 @@ class CpuBackend(Backend):
 
         try:
             return self.transport.exchange(
-                fp, sends, headers_hook, consume or (lambda pieces: None), what
+                fp, sends, headers_hook, consume or _ignore, what, key
             )
         except BaseException:
             self.transport.abort()
@@ -122,20 +128,52 @@ class CpuBackend(Backend):
     def all_reduce(self, x: np.ndarray, op: ReduceOp, seq: int, check: str | None = None) -> None:
         ufunc = UFUNCS[op]
         n = len(self.ctx.ranks)
+        big = n > 2 and x.nbytes > RS_AG_MIN_BYTES and x.size >= n
+        transport = self.transport
+        if not big and transport.kind == "shm" and 0 < x.nbytes <= transport.chunk:
+            self._all_reduce_shm(x, ufunc, op, seq, check)
+            return
         sig = [list(x.shape), dtype_name(x.dtype), op.value]
         fp = fingerprint("all_reduce", seq, None, sig, check)
-        if n > 2 and x.nbytes > RS_AG_MIN_BYTES and x.size >= n:
+        if big:
             self._all_reduce_rs_ag(x, ufunc, fp)
             return
         flat = x.reshape(-1)
+        dtype = x.dtype
 
         def consume(pieces):
+            if len(pieces) == 2:  # the common case: two members, one ufunc call
+                off, first = pieces[0]
+                second = pieces[1][1]
+                off //= x.itemsize
+                a, b = np.frombuffer(first, dtype), np.frombuffer(second, dtype)
+                ufunc(a, b, out=flat[off : off + a.size])
+                return
             srcs = sorted(pieces)
             off = pieces[srcs[0]][0] // x.itemsize
-            views = [np.frombuffer(pieces[s][1], x.dtype) for s in srcs]
+            views = [np.frombuffer(pieces[s][1], dtype) for s in srcs]
             _reduce_in_order(views, ufunc, flat[off : off + views[0].size])
 
-        self._run(fp, [x] * n, None, consume)
+        self._run(fp, [x] * n, None, consume, ("all_reduce", x.shape, dtype, op, check))
+
+    def _all_reduce_shm(self, x, ufunc, op: ReduceOp, seq: int, check) -> None:
+        """One round of shared memory: the transport's own all-reduce (see ShmTransport). The
+        fingerprint is built only when the transport needs it (first call of a shape, a mismatch,
+        a message)."""
+        ctx = self.ctx
+
+        def header() -> dict:
+            sig = [list(x.shape), dtype_name(x.dtype), op.value]
+            return dict(fingerprint("all_reduce", seq, None, sig, check), backend=self.name)
+
+        what = lambda: f"{describe(header())} in group {ctx.ranks}"
+        try:
+            self.transport.all_reduce(x, ufunc, seq, (x.shape, x.dtype, op, check), header,
+                                      lambda headers: check_fingerprints(headers, ctx.ranks), what)
+        except BaseException:
+            self.transport.abort()
+            ctx.broken = True
+            raise
 
     def _all_reduce_rs_ag(self, x, ufunc, fp) -> None:
         n, me = len(self.ctx.ranks), self.ctx.rank

@@ -111,8 +111,10 @@ class TcpTransport:
         """Closing the sockets is how peers learn that this rank gave up."""
         self.close()
 
-    def exchange(self, header: dict, sends: list, on_headers, consume, what) -> list[dict]:
-        """One exchange (see :mod:`.transport`): a frame to and from every peer."""
+    def exchange(self, header: dict, sends: list, on_headers, consume, what,
+                 key=None) -> list[dict]:
+        """One exchange (see :mod:`.transport`): a frame to and from every peer (``key`` unused:
+        encoding the header is small next to a socket round trip)."""
         n, me = len(self.ranks), self.index
         payload = [as_bytes(a) if a is not None else None for a in sends]
         lens = [int(p.size) if p is not None else None for p in payload]

@@ -7,6 +7,8 @@ transport delivers all members' headers to ``on_headers(headers)`` (which may ra
 fingerprints), then calls ``consume({src: (offset, bytes)})`` with the pieces addressed to this
 rank, possibly in several rounds for large messages (``offset`` is the byte offset of the piece
 within the array src sent). It returns the headers. ``what()`` describes the call for messages.
+An optional ``key`` promises that calls with equal keys send equal headers (but for ``seq``) and
+equally laid out data, so a transport may cache the encoded header.
 
 Transports: :class:`LocalTransport` (a one-member group), :class:`~.shm.ShmTransport` (all members
 on this host), :class:`~.tcp.TcpTransport` (members on several hosts).
@@ -50,8 +52,9 @@ class LocalTransport:
     def __init__(self, ctx):
         self.ctx = ctx
 
-    def exchange(self, header: dict, sends: list, on_headers, consume, what) -> list[dict]:
-        """The one member's header and data, handed straight back."""
+    def exchange(self, header: dict, sends: list, on_headers, consume, what,
+                 key=None) -> list[dict]:
+        """The one member's header and data, handed straight back (``key`` is not needed)."""
         on_headers([header])
         if sends[0] is not None:
             consume({0: (0, memoryview(as_bytes(sends[0])))})
