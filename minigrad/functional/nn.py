@@ -60,12 +60,18 @@ from minigrad.functional.sliding_window import (
     conv3d,
     conv_transpose3d,
     local_conv2d,
+    region_restricted_conv,
     sliding_window,
     sliding_window_transpose,
 )
 from minigrad.functional.softmax_family import log_softmax, logsoftmax, softmax
 from minigrad.functional.stochastic import dropout
-from minigrad.functional.vision import remap, warp_affine, warp_perspective
+from minigrad.functional.vision import (
+    deformable_psroi_pooling,
+    remap,
+    warp_affine,
+    warp_perspective,
+)
 
 # --------------------------------------------------------------------------------------------------
 # activations (compositions)
@@ -184,6 +190,7 @@ __all__ = [
     "conv_transpose3d",
     "cross_entropy",
     "ctc_loss",
+    "deformable_psroi_pooling",
     "dropout",
     "embedding",
     "gelu",
@@ -206,6 +213,7 @@ __all__ = [
     "one_hot",
     "pad",
     "pixel_shuffle",
+    "region_restricted_conv",
     "relu",
     "prelu",
     "relu6",

@@ -28,8 +28,8 @@ from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import einsum
 from minigrad.functional.shape import reshape
 
-__all__ = ["conv3d", "conv_transpose3d", "local_conv2d", "sliding_window",
-           "sliding_window_transpose"]
+__all__ = ["conv3d", "conv_transpose3d", "local_conv2d", "region_restricted_conv",
+           "sliding_window", "sliding_window_transpose"]
 
 
 def _window_args(op, shape: tuple, kernel, stride, padding, dilation):
@@ -196,6 +196,55 @@ def local_conv2d(inp, weight, bias=None, stride=1, padding=0, dilation=1,
                                     expect_out=(oh, ow))
     y = einsum("ngiyxhw,gyxihwo->ngoyx", windows, w)
     return _add_bias(op, reshape(y, (x.shape[0], g * ocg) + out), bias)
+
+
+def _region_ids(op: str, name: str, ids, shape: tuple) -> Tensor:
+    """``ids`` as an integer Tensor of ``shape``; region ids are labels, so floats are refused."""
+    ids = ids if isinstance(ids, Tensor) else Tensor(np.asarray(ids))
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{op}: {name} must hold integer region ids (int32 or uint8), got "
+                        f"{ids.dtype.name}")
+    if tuple(ids.shape) != shape:
+        raise ValueError(f"{op}: {name} must have shape {shape}, got {tuple(ids.shape)}")
+    return ids
+
+
+def region_restricted_conv(inp, weight, rin, rout, bias=None, stride=1, padding=0, dilation=1,
+                           groups: int = 1, conv_mode: str = "cross_correlation",
+                           compute_mode: str = "default") -> Tensor:
+    """A grouped 2-D convolution in which an input pixel only feeds output pixels of its own region.
+
+    ``rin`` (N, H, W) labels every input pixel with an integer region id and ``rout``
+    (N, OH, OW) every output pixel; a kernel tap contributes only where the two ids are equal:
+    ``out[n, g*OCPG + o, y, x] = sum_{i, h, w} weight[g, o, i, h, w] * window[n, g, i, y, x, h, w]
+    * (rin_window[n, y, x, h, w] == rout[n, y, x])`` (zero padding contributes nothing). With
+    every id equal it is ``conv2d``. This lets a segmentation network convolve each object
+    without mixing in its neighbours. ``weight`` is always grouped, ``(groups, OC/groups,
+    IC/groups, kh, kw)``, as MegEngine's; ``bias`` is (1, OC, 1, 1) or (OC,). Differentiable in
+    ``inp``, ``weight`` and ``bias`` (the ids are labels). ``compute_mode`` is accepted for
+    MegEngine's signature; accumulation is in the input's dtype.
+    """
+    op = "region_restricted_conv"
+    x, w = _conv_inputs(op, inp, weight, conv_mode, "(N, C, H, W)")
+    if groups < 1:
+        raise ValueError(f"{op}: groups must be >= 1, got {groups}")
+    if w.ndim != 5 or w.shape[0] != groups:
+        raise ValueError(
+            f"{op}: weight must be grouped (groups, OC/groups, IC/groups, kh, kw) with groups="
+            f"{groups}, got shape {tuple(weight.shape)}"
+        )
+    g, ocg, icg, kh, kw = w.shape
+    windows, out = _grouped_windows(op, x, weight, g, icg, (kh, kw), stride, padding, dilation)
+    n, (h, wd) = x.shape[0], x.shape[2:]
+    rin = reshape(_region_ids(op, "rin", rin, (n, h, wd)), (n, 1, h, wd))
+    rout = _region_ids(op, "rout", rout, (n,) + out)
+    kernel, stride, padding, dilation, _ = _window_args(
+        op, x.shape, (kh, kw), stride, padding, dilation)
+    rin_windows = Unfold()(rin, kernel, stride, padding, dilation, out)  # (N, 1, OH, OW, kh, kw)
+    same = rin_windows == reshape(rout, (n, 1) + out + (1, 1))
+    mask = reshape(same.astype(x.dtype), (n, 1, 1) + out + kernel)
+    y = einsum("ngiyxhw,goihw->ngoyx", windows * mask, w)
+    return _add_bias(op, reshape(y, (n, g * ocg) + out), bias)
 
 
 def conv3d(inp, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,

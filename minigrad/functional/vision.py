@@ -5,7 +5,8 @@ Three mechanisms cover everything:
 * **Separable resampling** (``interpolate``, ``resize``): nearest, linear and cubic interpolation
   of one axis is a constant ``(out, in)`` matrix, so resizing an image is ``M_h @ x @ M_w^T``;
   gradients of any order come for free from ``matmul``.
-* **Point sampling** (``warp_perspective``, ``warp_affine``, ``remap``, ``roi_align``): one
+* **Point sampling** (``warp_perspective``, ``warp_affine``, ``remap``, ``roi_align``,
+  ``deformable_psroi_pooling``): one
   primitive, ``Sample``, reads an image at arbitrary ``(x, y)`` coordinates with bilinear or
   nearest interpolation and a border mode, and owns its backward: the image gradient scatters
   ``dy`` onto the four neighbours, the coordinate gradient is the slope of the bilinear surface.
@@ -33,10 +34,12 @@ from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import matmul
 from minigrad.functional.reduction import max as _max
 from minigrad.functional.reduction import mean as _mean
+from minigrad.functional.reduction import sum as _sum
 from minigrad.functional.shape import getitem, reshape, stack, transpose
 
 __all__ = [
     "cvt_color",
+    "deformable_psroi_pooling",
     "flip",
     "interpolate",
     "nms",
@@ -466,6 +469,79 @@ def roi_align(inp, rois, output_shape, mode: str = "average", spatial_scale: flo
     samples = reshape(samples, (k, x.shape[1], ph, sh, pw, sw))
     reduce = _mean if mode.lower() == "average" else _max
     return reduce(samples, (3, 5))
+
+
+def _deformable_rois(op: str, x: Tensor, rois, scale: float):
+    """Deformable PSRoI pooling's box: corners rounded half away from zero, scaled, shifted by
+    -0.5 pixel, the right/bottom edge one pixel further, and at least 0.1 wide and high."""
+    r, batch = _rois(op, x, rois)
+    xp = x.xp
+    with x._device.context():
+        c = xp.sign(r[:, 1:]) * xp.floor(xp.abs(r[:, 1:]) + 0.5)
+        left, top = c[:, 0] * scale - 0.5, c[:, 1] * scale - 0.5
+        width = xp.maximum((c[:, 2] + 1.0) * scale - 0.5 - left, 0.1)
+        height = xp.maximum((c[:, 3] + 1.0) * scale - 0.5 - top, 0.1)
+    return batch, left, top, width, height
+
+
+def deformable_psroi_pooling(inp, rois, trans, no_trans: bool, part_size: int, pooled_h: int,
+                             pooled_w: int, sample_per_part: int, spatial_scale: float,
+                             trans_std: float = 0.1) -> Tensor:
+    """Deformable RoI pooling (Deformable ConvNets): average pooling over ``pooled_h x pooled_w``
+    bins of each roi, every bin shifted by a learned offset, with MegEngine's arguments.
+
+    ``rois`` (R, 5) rows ``(batch_idx, x1, y1, x2, y2)`` in image coordinates; the box is rounded
+    to whole pixels, scaled by ``spatial_scale`` and cut into bins. A bin averages
+    ``sample_per_part`` x ``sample_per_part`` bilinear samples on a regular grid starting at its
+    top-left corner, after moving the bin by ``trans[r, 0] * trans_std * roi_width`` in x and
+    ``trans[r, 1] * trans_std * roi_height`` in y; ``trans`` is (R, 2, pooled_h, pooled_w) and bin
+    ``(i, j)`` reads the offset of part ``(floor(i / pooled_h * part_size), floor(j / pooled_w *
+    part_size))``. Samples further than half a pixel outside the image are left out of the
+    average (a bin with none is 0); the others are clamped onto the image. ``no_trans=True`` pools
+    without offsets (``trans`` is then ignored). Output (R, C, pooled_h, pooled_w), one output per
+    input channel as in MegEngine's kernel. Differentiable in ``inp`` and ``trans``.
+    """
+    op = "deformable_psroi_pooling"
+    x = _f(inp)
+    _check_nchw(op, x)
+    ph, pw, parts, spp = int(pooled_h), int(pooled_w), int(part_size), int(sample_per_part)
+    if min(ph, pw, parts, spp) < 1:
+        raise ValueError(f"{op}: pooled_h, pooled_w, part_size and sample_per_part must be >= 1, "
+                         f"got {(ph, pw, parts, spp)}")
+    if parts > min(ph, pw):
+        raise ValueError(f"{op}: part_size {parts} must be <= pooled_h {ph} and pooled_w {pw}")
+    xp, (_, _, h, w) = x.xp, x.shape
+    batch, left, top, width, height = _deformable_rois(op, x, rois, float(spatial_scale))
+    k = batch.shape[0]
+    with x._device.context():
+        sub = (xp.arange(spp) / spp)[None, :]
+        fy = ((xp.arange(ph)[:, None] + sub).reshape(-1))[None, :]  # (1, ph*spp) in bins
+        fx = ((xp.arange(pw)[:, None] + sub).reshape(-1))[None, :]
+        base_y = (top[:, None] + height[:, None] / ph * fy).reshape(k, ph, spp, 1, 1)
+        base_x = (left[:, None] + width[:, None] / pw * fx).reshape(k, 1, 1, pw, spp)
+        base_y, base_x = [xp.broadcast_to(b, (k, ph, spp, pw, spp)) for b in (base_y, base_x)]
+    cy, cx = _const(x, base_y), _const(x, base_x)
+    if not no_trans:
+        t = _f(trans)
+        if t.ndim != 4 or t.shape[1:] != (2, ph, pw) or t.shape[0] < k:
+            raise ValueError(f"{op}: trans must be ({k}, 2, {ph}, {pw}) (one (x, y) offset per "
+                             f"bin of each roi), got shape {tuple(t.shape)}")
+        part_y = np.floor(np.arange(ph) / ph * parts).astype(np.int64)
+        part_x = np.floor(np.arange(pw) / pw * parts).astype(np.int64)
+        offset = getitem(t, (slice(0, k), slice(None), part_y[:, None], part_x[None, :]))
+        scale_x = _const(x, (width * trans_std).reshape(k, 1, 1, 1, 1))
+        scale_y = _const(x, (height * trans_std).reshape(k, 1, 1, 1, 1))
+        cx = cx + reshape(getitem(offset, (slice(None), 0)), (k, ph, 1, pw, 1)) * scale_x
+        cy = cy + reshape(getitem(offset, (slice(None), 1)), (k, ph, 1, pw, 1)) * scale_y
+    vx, vy = cx._data, cy._data
+    valid = (vx >= -0.5) & (vx <= w - 0.5) & (vy >= -0.5) & (vy <= h - 0.5)
+    count = valid.sum(axis=(2, 4))  # (R, ph, pw)
+    weight = valid / xp.maximum(count, 1)[:, :, None, :, None]
+    grid = stack([reshape(cx, (k, ph * spp, pw * spp)), reshape(cy, (k, ph * spp, pw * spp))], -1)
+    samples = Sample()(x, grid, batch, "replicate", 0.0, False)  # (R, C, ph*spp, pw*spp)
+    samples = reshape(samples, (k, x.shape[1], ph, spp, pw, spp))
+    weighted = samples * _const(x, weight.reshape(k, 1, ph, spp, pw, spp))
+    return _sum(weighted, (3, 5))
 
 
 # --------------------------------------------------------------------------------------------------
