@@ -218,6 +218,9 @@ def all_reduce(x, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = 
 
     ``backend`` overrides the group's routing for this call (``make_allreduce_cb(backend=...)``).
     """
+    if (type(x) is np.ndarray and not async_op and backend is None and x.dtype in _HOST_DTYPES
+            and x.flags.c_contiguous):
+        return _all_reduce_host(x, op, group, check)
     op, native = _reduction_op("all_reduce", op, x)
     c = _Call("all_reduce", group, [x], backend=backend, async_op=async_op, check=check)
     buf = c.buffer(x)
@@ -229,6 +232,33 @@ def all_reduce(x, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = 
         return x
 
     return c.execute(lambda: c.backend.all_reduce(buf, native, c.seq, c.check), finish, async_op)
+
+
+def _all_reduce_host(x: np.ndarray, op, group: Group | None, check: str | None) -> np.ndarray:
+    """:func:`all_reduce` of a C-contiguous NumPy array, waited for: the common case (small
+    gradients, metrics, loss scales) with the per-call work cut to what it needs. Same checks,
+    fingerprint, sequence number and flight-recorder record as the general path of :class:`_Call`.
+    """
+    if op is ReduceOp.SUM:
+        native = op
+    else:
+        op, native = _reduction_op("all_reduce", op, x)
+    if check is not None and not isinstance(check, str):
+        raise TypeError(f"all_reduce: check must be a string or None, got {type(check).__name__}")
+    ctx = (WORLD if group is None else group).context()
+    be = ctx.host_backend()
+    ctx.flush()  # every backend of the group, this one included (what Backend.run would do)
+    seq = ctx.next_seq()
+    record = recorder.begin("all_reduce", ctx.ranks, seq, (x,), be.name)
+    try:
+        be.all_reduce(x, native, seq, check)
+    except CollectiveError as exc:
+        recorder.on_failure(exc)
+        raise
+    if op is ReduceOp.AVG:
+        _avg_divide(x, ctx.size)
+    recorder.finish(record)
+    return x
 
 
 def broadcast(x, root: int | None = None, group: Group | None = None, async_op: bool = False, *,

@@ -117,6 +117,7 @@ class GroupContext:
         self._backends: dict[str, Backend] = {}
         self._peer_workers: dict[tuple, OrderedWorker] = {}
         self._routes: dict[bool, str] = {}
+        self._host_backend: Backend | None = None
         self.host_route = self.route(False)
         self.backend(self.host_route)
 
@@ -140,6 +141,14 @@ class GroupContext:
                 self.setting, on_gpu, _state.mpi_job, nccl_usable)
         return route
 
+    def host_backend(self) -> Backend:
+        """The backend object that moves host arrays in this group (``backend(route(False))``),
+        kept after the first call since neither the route nor the object changes."""
+        be = self._host_backend
+        if be is None:
+            be = self._host_backend = self.backend(self.route(False))
+        return be
+
     def next_seq(self) -> int:
         """The next call's sequence number (every member counts the same calls)."""
         if self.broken:
@@ -160,7 +169,7 @@ class GroupContext:
     def flush(self, keep: Backend | None = None) -> None:
         """Wait for the group's queued asynchronous collectives, except those of ``keep`` (a call
         queued on the same backend runs after them anyway)."""
-        for be in list(self._backends.values()):
+        for be in tuple(self._backends.values()):
             if be is not keep:
                 be.flush()
 
@@ -185,6 +194,7 @@ class GroupContext:
             except Exception as exc:
                 errors.append(exc)
         self._backends.clear()
+        self._host_backend = None
         return errors
 
 

@@ -71,6 +71,8 @@ class CpuBackend(Backend):
         self.transport = TRANSPORTS[self.transport_kind](ctx)
         # point-to-point channels belong to the WORLD group (peers are global ranks)
         self.peers = PeerChannels(ctx, ctx.hosts) if ctx.gid == 0 else None
+        ranks = ctx.ranks
+        self._check_headers = lambda headers: check_fingerprints(headers, ranks)
 
     def close(self) -> None:
         super().close()
@@ -169,7 +171,7 @@ class CpuBackend(Backend):
         what = lambda: f"{describe(header())} in group {ctx.ranks}"
         try:
             self.transport.all_reduce(x, ufunc, seq, (x.shape, x.dtype, op, check), header,
-                                      lambda headers: check_fingerprints(headers, ctx.ranks), what)
+                                      self._check_headers, what)
         except BaseException:
             self.transport.abort()
             ctx.broken = True

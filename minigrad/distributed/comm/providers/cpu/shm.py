@@ -152,6 +152,9 @@ class ShmTransport:
         self.peers = [(j, s.ctrl) for j, s in enumerate(self.segs) if j != self.index]
         self.step = 0
         self._areas = [[self._area(s, parity) for s in self.segs] for parity in (0, 1)]
+        # the peers' areas only: this rank's own header is always its own
+        self._peer_areas = [[a for j, a in enumerate(areas) if j != self.index]
+                            for areas in self._areas]
         self._cache: dict = {}
         self._reduce_views: dict = {}
         self._header_in: list = [None, None]  # the header bytes all_reduce left in each area
@@ -321,7 +324,7 @@ class ShmTransport:
         views[self.index][...] = x
         self._sync(what)
         head, end = (len(hb), seq), HEAD.size + len(hb)
-        for ar in areas:
+        for ar in self._peer_areas[parity]:
             if HEAD.unpack_from(ar, 0) != head or ar[HEAD.size : end] != hb:
                 full = dict(header(), _dir=dirs, _total=total)
                 on_headers(self._headers(areas, full, hb, seq))  # raises on a mismatch
