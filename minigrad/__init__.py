@@ -24,7 +24,6 @@ from minigrad import aliases  # noqa: F401  (installs MegEngine's import paths: 
 # isort: split
 import minigrad.config as config
 import minigrad.device as device  # MegEngine's module paths, served by minigrad.aliases
-import minigrad.logger as logger
 import minigrad.random as random
 import minigrad.tensor  # noqa: F401  (imported before the line below makes mg.tensor the class)
 from minigrad import autodiff, functional
@@ -42,7 +41,6 @@ from minigrad.backend.allocator import tune_malloc_unless_disabled
 from minigrad.functional import creation as _creation
 from minigrad.functional.creation import *  # noqa: F403  (mg.zeros, mg.arange... as MegEngine)
 from minigrad.functional.random import rand, randint, randn
-from minigrad.logger import get_logger
 from minigrad.serialization import load, save
 
 tune_malloc_unless_disabled()
@@ -52,9 +50,12 @@ _GLOBAL_VIEW = ("Graph", "placement", "sbp")  # OneFlow's names, from the distri
 
 def __getattr__(name: str):
     """``mg.placement``, ``mg.sbp`` and ``mg.Graph`` (global tensors) load the distributed runtime
-    on first use, so that ``import minigrad`` alone stays light; so does ``mg.hub``."""
-    if name == "hub":
-        return importlib.import_module("minigrad.hub")
+    on first use, so that ``import minigrad`` alone stays light; so do ``mg.hub``, ``mg.logger``
+    and ``mg.get_logger`` (the ``logging`` package costs milliseconds to import)."""
+    if name in ("hub", "logger"):
+        return importlib.import_module(f"minigrad.{name}")
+    if name == "get_logger":
+        return importlib.import_module("minigrad.logger").get_logger
     if name in _GLOBAL_VIEW:
         value = getattr(importlib.import_module("minigrad.distributed.global_tensor"), name)
         globals()[name] = value
@@ -79,11 +80,11 @@ __all__ = [
     "functional",
     "get_default_device",
     "get_device_count",
-    "get_logger",
+    "get_logger",  # noqa: F405  (module __getattr__)
     "get_num_threads",
     "is_cuda_available",
     "load",
-    "logger",
+    "logger",  # noqa: F405  (module __getattr__)
     "no_grad",
     "rand",
     "randint",

@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import os
-import tracemalloc
 
 from minigrad.backend import device as _backend
 from minigrad.backend.xp import cupy_or_none
@@ -101,8 +100,16 @@ def get_mem_status_bytes(device=None) -> tuple[int, int]:
     return int(total), int(free)
 
 
+def _tracemalloc():
+    """Python's ``tracemalloc``, imported when host memory is first asked about (it is rarely
+    needed, and ``import minigrad`` should not pay for it)."""
+    import tracemalloc
+
+    return tracemalloc
+
+
 def _host_tracing(what: str) -> None:
-    if not tracemalloc.is_tracing():
+    if not _tracemalloc().is_tracing():
         raise RuntimeError(
             f"{what}: host memory is counted by tracemalloc, which is off; call "
             "mg.device.reset_max_memory_stats('cpu0') (or run a Profiler with "
@@ -118,6 +125,7 @@ def reset_max_memory_stats(device=None) -> None:
     if dev.kind != "cpu":
         raise ValueError(f"reset_max_memory_stats: {dev}: peaks are kept for the host only; "
                          "sample get_allocated_memory on a GPU")
+    tracemalloc = _tracemalloc()
     if not tracemalloc.is_tracing():
         tracemalloc.start()
     tracemalloc.reset_peak()
@@ -132,7 +140,7 @@ def get_max_allocated_memory(device=None) -> int:
         raise ValueError(f"get_max_allocated_memory: {dev}: peaks are kept for the host only; "
                          "sample get_allocated_memory on a GPU")
     _host_tracing("get_max_allocated_memory")
-    return tracemalloc.get_traced_memory()[1]
+    return _tracemalloc().get_traced_memory()[1]
 
 
 def get_allocated_memory(device=None) -> int:
@@ -140,7 +148,7 @@ def get_allocated_memory(device=None) -> int:
     the bytes tracemalloc counts (after :func:`reset_max_memory_stats` started it)."""
     if as_device(device).kind == "cpu":
         _host_tracing("get_allocated_memory")
-        return tracemalloc.get_traced_memory()[0]
+        return _tracemalloc().get_traced_memory()[0]
     dev = _gpu(device, "get_allocated_memory")
     cp = _cuda("get_allocated_memory")
     with dev.context():
