@@ -37,6 +37,8 @@ def _state(engine, client_state) -> tuple[dict, _Held, _Held]:
              "client_state": client}
     if engine.optimizer is None:
         del state["optimizer"]
+    if engine.scaler is not None:  # the loss scale and its growth counter travel with the run
+        state["scaler"] = engine.scaler
     return state, steps, client
 
 

@@ -98,3 +98,37 @@ def test_pipeline_zero1_checkpoint_resumes_without_zero(tmp_path):
     assert sorted(got) == sorted(ref)
     for k, v in ref.items():
         np.testing.assert_allclose(got[k], v, rtol=0, atol=1e-10, err_msg=k)
+
+
+def _scaled_engine_job(root, stop, resume=False):
+    import minigrad.amp as amp
+    import minigrad.functional as F
+    import minigrad.module as M
+    from minigrad.distributed.pipeline import LayerSpec
+
+    net = PipelineModule([LayerSpec(M.Linear, 3, 3), LayerSpec(M.Linear, 3, 3)], num_stages=2,
+                         loss_fn=F.nn.cross_entropy, partition_method="uniform")
+    scaler = amp.GradScaler(init_scale=8.0, growth_interval=1)  # doubles after every clean step
+    engine = PipelineEngine(net, optim.SGD(net.parameters(), lr=0.1), 2, "1f1b", scaler=scaler)
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((2, 3)).astype("float32"), rng.integers(0, 3, 2).astype("int32"))
+            for _ in range(2 * N)]
+    if resume:
+        engine.load_checkpoint(root)
+    for step in range(engine.global_steps, stop):
+        engine.train_batch(iter(data[2 * step:2 * step + 2]))
+    if not resume and stop == K:
+        engine.save_checkpoint(root)
+    params = {k: np.asarray(v) for k, v in engine.module.state_dict().items()}
+    return scaler.state_dict(), params
+
+
+def test_the_engines_loss_scaler_is_part_of_its_checkpoint(tmp_path):
+    root = str(tmp_path)
+    ref = run_workers(_scaled_engine_job, 2, root + "/none", N, timeout=120)
+    run_workers(_scaled_engine_job, 2, root, K, timeout=120)
+    out = run_workers(_scaled_engine_job, 2, root, N, resume=True, timeout=120)
+    for (scaler_state, params), (ref_state, ref_params) in zip(out, ref):
+        assert scaler_state == ref_state  # the scale went on growing from the saved one
+        for k in ref_params:
+            assert np.array_equal(params[k], ref_params[k]), k
