@@ -1,10 +1,12 @@
 """Autocast accuracy check: LeNet-5 on the bundled MNIST split, float32 against float16 and
-bfloat16 autocast (issue 25's "within 0.5 points of float32" check, too slow for the test suite).
+bfloat16 autocast (issue 25's "within 0.5 points of float32" check; ``tests/examples/
+test_amp_accuracy.py`` runs it with its defaults).
 
 One process, the bundled 8,000/2,000 split, the same seed, data order and initial weights for
-every precision; SGD (lr 0.05, momentum 0.9), batch 64; every precision once per seed (a run's
-accuracy moves by points from one seed to the next, so the gaps are compared seed by seed and
-averaged). Each low-precision run trains under
+every precision; SGD (lr 0.01, momentum 0.9), batch 64; every precision once per seed, seeds 0, 1
+and 2 (a run's accuracy moves by points from one seed to the next, so the gaps are compared seed
+by seed and averaged; at lr 0.05 the runs are at the edge of SGD's stability and float32 alone
+moves by 4.5 points between seeds). Each low-precision run trains under
 ``amp.autocast(low_prec_dtype=...)`` with an ``amp.GradScaler`` (float16 only: bfloat16 has
 float32's exponent range and needs no loss scaling; initial scale 2**16, PyTorch's, rather than
 MegEngine's 2**4, see ``docs/amp.md``) and is evaluated under the same autocast.
@@ -12,7 +14,7 @@ Prints each run's test accuracy, its gap to float32, the skipped steps and the w
 writes them to ``runs/amp_lenet_mnist/results.json`` (``--out-dir``), which it names on screen.
 
     python examples/amp_lenet_mnist.py                          # float32, float16, bfloat16
-    python examples/amp_lenet_mnist.py --seeds 0,1,2
+    python examples/amp_lenet_mnist.py --seeds 0
     python examples/amp_lenet_mnist.py --runs float16 --init-scale 65536
 """
 
@@ -114,11 +116,12 @@ def main(argv=None) -> dict:
                    help="stop each run after this many steps (a quick check)")
     p.add_argument("--test-images", type=int, default=None,
                    help="evaluate on the first N test images, rounded up to 500 (default: all)")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--init-scale", type=float, default=2.0**16,
                    help="GradScaler's initial loss scale (float16 runs)")
     p.add_argument("--growth-interval", type=int, default=2000)
-    p.add_argument("--seeds", default="0", help="comma-separated seeds, each a full comparison")
+    p.add_argument("--seeds", default="0,1,2",
+                   help="comma-separated seeds, each a full comparison")
     p.add_argument("--out-dir", default=RUN_DIR, help="folder for results.json")
     args = p.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)

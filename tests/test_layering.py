@@ -226,7 +226,7 @@ SEAM_USERS = {  # seam -> (modules that install into it, modules that watch it)
     "GPU_ARRAYS": ({"minigrad.backend.xp"}, {
         "minigrad.backend.device", "minigrad.backend.device_checks", "minigrad.backend.rng",
         "minigrad.backend.transfer"}),
-    "TRACER": ({"minigrad.utils.profiler"}, {
+    "TRACER": ({"minigrad.utils.profiler", "minigrad.amp.grad_scaler"}, {
         "minigrad.autodiff.function", "minigrad.autodiff.engine", "minigrad.module.module"}),
     "CHECKPOINT": ({"minigrad.distributed.checkpoint"}, set()),
 }

@@ -35,11 +35,13 @@ steps and keeps the same scale. The pipeline engine drives a scaler itself:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 
 import numpy as np
 
+from minigrad import seams
 from minigrad.amp.master_weights import MasterWeights
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.dtypes import is_floating
@@ -93,8 +95,10 @@ class GradScaler:
     ranks agree on overflow (default: all ranks when distributed). ``max_consecutive_skips``
     (None: never) raises :class:`LossScaleCollapse` after that many skipped steps in a row.
     ``enabled=False`` makes every method a pass-through (scale 1, nothing checked).
-    ``debug=True`` (needs ``module``) checks every sub-module's forward output and adds the first
-    one that held inf/nan to the report (a forward hook per module: slower, for debugging).
+    ``debug=True`` (needs ``module``) adds to the report the first forward *op* whose output held
+    inf/nan (its name and input dtypes and shapes: every op's output is checked while ``module``
+    runs forward, through the tracer seam) and the innermost module whose output did (a forward
+    hook per module). Slower: for debugging.
 
     Example::
 
@@ -136,6 +140,7 @@ class GradScaler:
         self.last_overflow: OverflowReport | None = None
         self._pending: OverflowReport | None = None
         self._first_forward: str | None = None
+        self._first_op: str | None = None
         if module is not None:
             self.name_parameters(module)
         if debug:
@@ -143,6 +148,9 @@ class GradScaler:
                 raise ValueError("GradScaler: debug=True needs module= (the model to watch)")
             for path, sub in module.named_modules():
                 sub.register_forward_hook(self._forward_watcher(path or "(the model)"))
+            watcher = _NonFiniteOps(self)
+            module.register_forward_pre_hook(lambda _m, _args: watcher.start())
+            module.register_forward_hook(lambda _m, _args, _out: watcher.stop())
 
     def _forward_watcher(self, path: str):
         """A forward hook remembering the first module of an iteration whose output is not
@@ -161,6 +169,11 @@ class GradScaler:
             return None
 
         return hook
+
+    def _first_where(self) -> str | None:
+        """The debug report's forward part: the first non-finite op and/or module, or None."""
+        parts = [p for p in (self._first_op, self._first_forward) if p is not None]
+        return "; innermost module: ".join(parts) if parts else None
 
     # -- naming -----------------------------------------------------------------------------------
     def name_parameters(self, module_or_names) -> "GradScaler":
@@ -277,7 +290,7 @@ class GradScaler:
                     self.scale_factor = before * self.growth_factor
                     self._growth_tracker = 0
         self._found_non_finite, self._pending = False, None
-        self._first_forward = None
+        self._first_forward = self._first_op = None
         self._unscaled.clear()
         if not found:
             self.consecutive_skips = 0
@@ -311,13 +324,14 @@ class GradScaler:
             if not bool(xp.isfinite(arr).all()):
                 bad.append(self._name(named, i))
             holder.grad = Tensor(_times(arr, inv), device=holder.device)
-        local = {get_rank(): (bad, self._first_forward)} if bad else {}
+        first = self._first_where()
+        local = {get_rank(): (bad, first)} if bad else {}
         if is_distributed():  # every rank skips, or none: agree on the count of bad tensors
             flag = np.array([len(bad)], dtype=np.float64)
             all_reduce_array(flag, group=self.group)
             if flag[0]:  # rare: then every rank learns which tensors, on which rank
                 gathered: list = [None] * get_world_size(self.group)
-                all_gather_object(gathered, [bad, self._first_forward], group=self.group)
+                all_gather_object(gathered, [bad, first], group=self.group)
                 ranks = self.group.ranks if self.group is not None else range(len(gathered))
                 local = {rank: tuple(got) for rank, got in zip(ranks, gathered)
                          if got[0] or got[1]}
@@ -381,3 +395,46 @@ def _times(arr, factor: float):
     if arr.dtype.itemsize < 4:
         return (arr.astype(np.float32) * factor).astype(arr.dtype)
     return arr * factor
+
+
+class _NonFiniteOps:
+    """The tracer of ``GradScaler(debug=True)`` while its model runs forward: remembers the first
+    op whose output is not finite. Installed in :data:`minigrad.seams.TRACER` for the forward
+    only; a running profiler keeps its events (each call is passed on to it)."""
+
+    def __init__(self, scaler: GradScaler):
+        self.scaler, self.inner, self.active = scaler, None, False
+
+    def start(self) -> None:
+        if not self.active:
+            self.inner, self.active = seams.TRACER.install(self), True
+
+    def stop(self) -> None:
+        if self.active:
+            seams.TRACER.install(self.inner)
+            self.inner, self.active = None, False
+
+    def op(self, fn, inputs, call):
+        out = call(fn, *inputs) if self.inner is None else self.inner.op(fn, inputs, call)
+        if self.scaler._first_op is None:
+            for o in out if isinstance(out, tuple) else (out,):
+                if isinstance(o, Tensor) and is_floating(o.dtype) and not bool(
+                        o.xp.isfinite(o.data).all()):
+                    args = ", ".join(f"{x.dtype.name} {tuple(x.shape)}" for x in inputs
+                                     if isinstance(x, Tensor))
+                    self.scaler._first_op = f"op {type(fn).__name__}({args})"
+                    break
+        return out
+
+    def backward(self, node, call):
+        return call() if self.inner is None else self.inner.backward(node, call)
+
+    def module(self, module, call):
+        return call() if self.inner is None else self.inner.module(module, call)
+
+    def event(self, *args, **kwargs) -> None:
+        if self.inner is not None:
+            self.inner.event(*args, **kwargs)
+
+    def span(self, *args, **kwargs):
+        return contextlib.nullcontext() if self.inner is None else self.inner.span(*args, **kwargs)

@@ -266,8 +266,10 @@ def test_debug_names_the_first_module_whose_forward_overflowed():
             out = net(x)
         scaler.backward(gm, out.astype("float32").sum())
     report = scaler.last_overflow
-    assert report.first_forward == {0: "0 (Linear, output float16 (1, 4))"}
-    assert "first non-finite forward output on rank 0: 0 (Linear" in str(report)
+    # the first op: autocast's cast of the float32 input (1e5 > float16's 65504) to float16
+    assert report.first_forward == {
+        0: "op AsType(float32 (1, 3)); innermost module: 0 (Linear, output float16 (1, 4))"}
+    assert "first non-finite forward output on rank 0: op AsType(float32 (1, 3))" in str(report)
     with gm:  # a clean iteration afterwards reports nothing
         with amp.autocast():
             out = net(mg.tensor(X[None]))
@@ -275,6 +277,28 @@ def test_debug_names_the_first_module_whose_forward_overflowed():
     assert scaler.last_overflow is report and scaler.consecutive_skips == 0
     with pytest.raises(ValueError, match="debug=True needs module="):
         amp.GradScaler(debug=True)
+
+
+class _Growth(M.Module):
+    def forward(self, x):
+        return F.exp(x * 100.0)  # float32 exp overflows past 88
+
+
+def test_debug_names_the_first_op_whose_output_overflowed_and_keeps_the_profiler(tmp_path):
+    from minigrad.utils.profiler import Profiler
+
+    net = M.Sequential(M.Linear(2, 2), _Growth(), M.Linear(2, 1))
+    gm = ad.GradManager().attach(net.parameters())
+    scaler = amp.GradScaler(module=net, debug=True, warn=False)
+    with Profiler(str(tmp_path)) as prof:  # a running profiler still gets every op
+        with gm:
+            out = net(mg.tensor(np.full((1, 2), 3.0, np.float32)))
+            scaler.backward(gm, out.sum())
+    first = scaler.last_overflow.first_forward[0]
+    assert first.startswith("op Exp(float32 (1, 2)); innermost module: 1 (_Growth"), first
+    assert any(e["cat"] == "op" and e["name"] == "Exp" for e in prof.events)
+    from minigrad import seams
+    assert seams.TRACER.value is None  # the watcher is gone after the forward
 
 
 def test_too_many_consecutive_skips_raise():
