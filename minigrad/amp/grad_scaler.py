@@ -300,8 +300,8 @@ class GradScaler:
         report.scale_before, report.scale_after = before, self.scale_factor
         report.consecutive = self.consecutive_skips
         self.last_overflow = report
-        if self.warn:
-            warnings.warn(str(report), OverflowWarning, stacklevel=2)
+        if self.warn and get_rank() == 0:  # one warning for the job: the report names every
+            warnings.warn(str(report), OverflowWarning, stacklevel=2)  # rank's tensors
         limit = self.max_consecutive_skips
         if limit is not None and self.consecutive_skips >= limit:
             raise LossScaleCollapse(

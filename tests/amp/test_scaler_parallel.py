@@ -165,3 +165,27 @@ def test_sharded_and_ddp_ranks_skip_together_when_one_rank_overflows(mode):
         assert report == {1: ["2.weight"]}
     if mode == "fsdp":  # rank 0 holds none of the last layer's weight: only rank 1 saw the inf
         assert out[0][4]["2.weight"] == 0 and out[1][4]["2.weight"] == 12
+
+
+def _one_warning_job():
+    import warnings
+
+    net = M.Linear(2, 1)
+    gm = ad.GradManager().attach(net.parameters())
+    scaler = amp.GradScaler(module=net)  # warn=True: rank 0 warns for the job
+    x = np.ones((1, 2), np.float32) * (np.inf if dist.get_rank() == 1 else 1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with gm:
+            scaler.backward(gm, net(mg.tensor(x)).sum())
+        scaler.update()
+    messages = [str(w.message) for w in caught if issubclass(w.category, amp.OverflowWarning)]
+    return messages, scaler.last_overflow.tensors, scaler.skipped_steps
+
+
+def test_one_warning_on_rank_0_names_the_rank_that_found_the_overflow():
+    (m0, t0, s0), (m1, t1, s1) = run_workers(_one_warning_job, 2)
+    assert len(m0) == 1 and m1 == []  # one warning for the job
+    assert "non-finite gradients of rank 1: weight;" in m0[0]
+    assert t0 == t1 == {1: ["weight"]}  # the bias's gradient (1 per sample) stays finite
+    assert s0 == s1 == 1  # both ranks skipped the step

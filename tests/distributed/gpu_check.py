@@ -287,11 +287,60 @@ def step_sync_count() -> str:
             "batch upload")
 
 
+def step_amp_speedup() -> str:
+    """Issue 25's GPU measurement: a Transformer block's training step under float16 autocast
+    against float32 (alternating, medians of 9 rounds of 10 steps)."""
+    import statistics  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    import minigrad as mg  # noqa: PLC0415
+    import minigrad.amp as amp  # noqa: PLC0415
+    import minigrad.autodiff as ad  # noqa: PLC0415
+    import minigrad.module as M  # noqa: PLC0415
+    import minigrad.optimizer as optim  # noqa: PLC0415
+
+    mg.set_default_device("gpu0")
+    block = M.TransformerBlock(512, 8)
+    opt = optim.Adam(block.parameters(), lr=1e-4)
+    gm = ad.GradManager().attach(block.parameters())
+    scaler = amp.GradScaler(init_scale=2.0**16)
+    x = mg.tensor(np.random.default_rng(0).standard_normal((16, 128, 512)).astype(np.float32))
+
+    def steps(low: bool, n: int = 10) -> float:
+        mg.backend.synchronize("gpu0")
+        start = time.perf_counter()
+        for _ in range(n):
+            with gm:
+                with amp.autocast(enabled=low):
+                    loss = (block(x) ** 2).mean()
+                if low:
+                    scaler.backward(gm, loss)
+                else:
+                    gm.backward(loss)
+            (scaler.step(opt) if low else opt.step()).clear_grad()
+            if low:
+                scaler.update()
+        mg.backend.synchronize("gpu0")
+        return (time.perf_counter() - start) / n * 1e3
+
+    steps(False, 3), steps(True, 3)  # kernels compiled, pools warm
+    f32, f16 = [], []
+    for _ in range(9):
+        f32.append(steps(False))
+        f16.append(steps(True))
+    a, b = statistics.median(f32), statistics.median(f16)
+    return f"Transformer block d512 h8 s128 b16 step: float32 {a:.2f} ms, float16 autocast " \
+           f"{b:.2f} ms, speed-up {a / b:.2f}x"
+
+
 STEP_FUNCTIONS = {
     "import_no_cuda": step_import_no_cuda,
     "nccl_comm": step_nccl_comm,
     "random_beta": step_random_beta,
     "sync_count": step_sync_count,
+    "amp_speedup": step_amp_speedup,
 }
 
 
@@ -305,6 +354,7 @@ def plan(out_dir: str) -> list[tuple[str, list[str], float]]:
              [("import_no_cuda", 45), ("nccl_comm", 60), ("random_beta", 60)]]
     steps += [(f"job_{job}", [py, os.path.join(HERE, "gpu_jobs.py"), job], 90) for job in JOBS]
     steps.append(("sync_count", [py, me, "--step", "sync_count"], 60))
+    steps.append(("amp_speedup", [py, me, "--step", "amp_speedup"], 90))
     steps.append(("pytest_gpu", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
                                  "tests", "--ignore=tests/distributed", "--ignore=tests/examples"],
                   200))
