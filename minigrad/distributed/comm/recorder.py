@@ -290,7 +290,7 @@ def analyze(directory: str) -> str:
     for group, per_rank in sorted(by_group.items()):
         front = max(max(calls) for calls in per_rank.values())
         calls_at_front = {rank: calls.get(front) for rank, calls in per_rank.items()}
-        ops = {(c["kind"]) for c in calls_at_front.values() if c is not None}
+        ops = {c["kind"] for c in calls_at_front.values() if c is not None}
         leaders = sorted(r for r, c in calls_at_front.items() if c is not None)
         lead = calls_at_front[leaders[0]]
         if len(ops) == 1 and len(leaders) == len([r for r in group if r in dumps]):
@@ -306,7 +306,8 @@ def analyze(directory: str) -> str:
             call = calls_at_front.get(rank)
             if call is not None and call["kind"] == lead["kind"]:
                 continue
-            last = _last_call(dumps[rank]["records"])
+            records = dumps[rank]["records"]
+            last = records[-1] if records else None
             what = f"never called seq {front} {lead['kind']}" + (
                 f" (it called {call['kind']} there instead)" if call is not None else "")
             lines.append(f"    rank {rank} {what}; its last call: " + (
@@ -314,10 +315,6 @@ def analyze(directory: str) -> str:
                 f"seq {last['seq']} {last['kind']} (group {last['group']}, "
                 f"{'done' if last['end'] else 'not finished'}), from {last['caller']}"))
     return "\n".join(lines)
-
-
-def _last_call(records: list[dict]) -> dict | None:
-    return records[-1] if records else None
 
 
 def main(argv: list[str] | None = None) -> int:
