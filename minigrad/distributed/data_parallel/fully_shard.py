@@ -388,7 +388,7 @@ def no_sync(module: Module):
         with gm:
             gm.backward(loss_fn(net(micro_batches[-1][0]), micro_batches[-1][1]))
     """
-    states = [vars(m)["_fully_shard"] for m in module.modules() if "_fully_shard" in vars(m)]
+    states = [fs for _, fs in _sharded_modules(module)]
     if not states:
         raise ValueError(f"no_sync: {type(module).__name__} has no fully sharded module")
     previous = [s.sync for s in states]
@@ -590,6 +590,15 @@ def flat_shard(tensor) -> tuple[tuple[int, ...], tuple[int, int]] | None:
     return owner.shapes[i], _ranges(owner, i)[owner.rank]
 
 
+def _sharded_modules(module: Module):
+    """``(name prefix, FullyShardState)`` of every module under ``module`` (itself included)
+    that ``fully_shard`` wrapped; the prefix is ``"path."`` (empty for ``module``)."""
+    for prefix, sub in module.named_modules():
+        fs = vars(sub).get("_fully_shard")
+        if fs is not None:
+            yield (f"{prefix}." if prefix else ""), fs
+
+
 def full_state_dict(module: Module) -> dict:
     """The module's state with every sharded parameter gathered to its full shape, under the
     names the unsharded module uses (``module.state_dict()`` would give the pieces). Collective:
@@ -602,11 +611,7 @@ def full_state_dict(module: Module) -> dict:
             mg.save(state, "model.mgc")    # loads into the unsharded model, or any world size
     """
     state = dict(module.state_dict())
-    for prefix, sub in module.named_modules():
-        fs = vars(sub).get("_fully_shard")
-        if fs is None:
-            continue
-        lead = f"{prefix}." if prefix else ""
+    for lead, fs in _sharded_modules(module):
         for name, value in zip(fs.names, fs.gather()):
             state[lead + name] = np.array(to_numpy(value), copy=True)
     return state
@@ -616,11 +621,7 @@ def load_full_state_dict(module: Module, state: dict) -> Module:
     """Load a full state (from :func:`full_state_dict` or from an unsharded module's
     ``state_dict()``): each rank keeps its pieces of the sharded parameters. No communication."""
     pieces = {}
-    for prefix, sub in module.named_modules():
-        fs = vars(sub).get("_fully_shard")
-        if fs is None:
-            continue
-        lead = f"{prefix}." if prefix else ""
+    for lead, fs in _sharded_modules(module):
         for i, name in enumerate(fs.names):
             key = lead + name
             if key not in state:
@@ -749,11 +750,7 @@ def full_gradients(module: Module) -> dict:
     every rank of the wrapped modules' groups calls it (the ranks' pieces have gradients for the
     same parameters, so the collectives match)."""
     out = {}
-    for prefix, sub in module.named_modules():
-        fs = vars(sub).get("_fully_shard")
-        if fs is None:
-            continue
-        lead = f"{prefix}." if prefix else ""
+    for lead, fs in _sharded_modules(module):
         for idx, bucket in fs.layouts:
             has = [fs.pieces[i].grad is not None for i in idx]
             if not any(has):
