@@ -170,7 +170,6 @@ def readme_table() -> str:
             lines.append(f"| all-reduce 4 KiB, cpu backend vs raw mpi4py, time per call "
                          f"| {mine['4096'] * 1e6:.1f} µs | {raw['4096'] * 1e6:.1f} µs (mpi4py) "
                          f"| {mine['4096'] / raw['4096']:.2f}× |  |  | ≤ 2× |")
-        size = str(16 << 20)
         if size in mine and size in raw:
             lines.append(f"| all-reduce 16 MiB, cpu backend vs raw mpi4py, bandwidth "
                          f"| {(16 << 20) / mine[size] / 1e9:.2f} GB/s "
