@@ -282,9 +282,9 @@ def _steps(net, params, opt, gm, n, steps, dtype):
         opt.step().clear_grad()
 
 
-def _save_worker(mode, dtype):
-    """Train 3 steps at this world size; return the full model and optimizer state."""
-    n = dist.get_world_size()
+def _built(mode, dtype):
+    """The net, sharded ("fsdp") or with the all-reduce callback ("ddp"), its trainable
+    parameters, GradManager and Adam."""
     net = Net(dtype)
     if mode == "fsdp":
         dist.fully_shard(net.block)
@@ -292,7 +292,13 @@ def _save_worker(mode, dtype):
     params = _trainable(net)
     cbs = [dist.make_allreduce_cb("mean")] if mode == "ddp" else []
     gm = ad.GradManager().attach(params, callbacks=cbs)
-    opt = optim.Adam(params, lr=0.01)
+    return net, params, gm, optim.Adam(params, lr=0.01)
+
+
+def _save_worker(mode, dtype):
+    """Train 3 steps at this world size; return the full model and optimizer state."""
+    n = dist.get_world_size()
+    net, params, gm, opt = _built(mode, dtype)
     _steps(net, params, opt, gm, n, range(3), dtype)
     model = dist.full_state_dict(net)
     optimizer = dist.full_optimizer_state_dict(net, opt)
@@ -303,14 +309,7 @@ def _save_worker(mode, dtype):
 def _resume_worker(mode, dtype, model, optimizer):
     """Load a full state at this world size (sharded or DDP), train 2 more steps."""
     n = dist.get_world_size()
-    net = Net(dtype)
-    if mode == "fsdp":
-        dist.fully_shard(net.block)
-        dist.fully_shard(net)
-    params = _trainable(net)
-    cbs = [dist.make_allreduce_cb("mean")] if mode == "ddp" else []
-    gm = ad.GradManager().attach(params, callbacks=cbs)
-    opt = optim.Adam(params, lr=0.01)
+    net, params, gm, opt = _built(mode, dtype)
     if mode == "fsdp":
         dist.load_full_state_dict(net, model)
         dist.load_full_optimizer_state_dict(net, opt, optimizer)
