@@ -118,6 +118,24 @@ def _loss(net, x, y):
         return F.nn.cross_entropy(net(x), y)
 
 
+def _train_step(spelling, net, opt, gm, scaler, x, y, unscale_first=False):
+    """One scaled step in MegEngine's spelling (``scaler.backward(gm, loss)``, then the optimizer)
+    or PyTorch's (``scale``, ``step``, ``update``)."""
+    with gm:
+        loss = _loss(net, x, y)
+        if spelling == "megengine":
+            scaler.backward(gm, loss)
+        else:
+            gm.backward(scaler.scale(loss))
+    if spelling == "megengine":
+        opt.step().clear_grad()
+        return
+    if unscale_first:
+        scaler.unscale_(opt)
+    scaler.step(opt).clear_grad()
+    scaler.update()
+
+
 @pytest.mark.parametrize("spelling", ["megengine", "pytorch"])
 def test_skipped_step_leaves_parameters_and_optimizer_state_untouched(spelling):
     net, opt = _adam_net()
@@ -125,19 +143,7 @@ def test_skipped_step_leaves_parameters_and_optimizer_state_untouched(spelling):
     scaler = amp.GradScaler(module=net, warn=False)
     for step in range(3):
         before = _snapshot(net, opt)
-        x, y = _batch(step, overflow_steps={2})
-        with gm:
-            loss = _loss(net, x, y)
-            if spelling == "megengine":
-                scaler.backward(gm, loss)
-            else:
-                gm.backward(scaler.scale(loss))
-        if spelling == "megengine":
-            opt.step().clear_grad()
-        else:
-            scaler.step(opt)
-            scaler.update()
-            opt.clear_grad()
+        _train_step(spelling, net, opt, gm, scaler, *_batch(step, overflow_steps={2}))
         after = _snapshot(net, opt)
         if step == 2:
             _assert_same(before, after)
@@ -157,18 +163,8 @@ def test_pytorch_spelling_trains_exactly_like_megengine_spelling():
         history = []
         for step in range(7):
             x, y = _batch(step, overflow_steps={3, 4})
-            with gm:
-                loss = _loss(net, x, y)
-                if spelling == "megengine":
-                    scaler.backward(gm, loss)
-                else:
-                    gm.backward(scaler.scale(loss))
-            if spelling == "megengine":
-                opt.step().clear_grad()
-            else:
-                scaler.unscale_(opt)  # explicit, as before gradient clipping
-                scaler.step(opt).clear_grad()
-                scaler.update()
+            # PyTorch's spelling with an explicit unscale_, as before gradient clipping
+            _train_step(spelling, net, opt, gm, scaler, x, y, unscale_first=True)
             history.append((scaler.scale_factor, _snapshot(net, opt)))
         runs[spelling] = history
     scales = [s for s, _ in runs["megengine"]]
