@@ -96,6 +96,14 @@ def test_cuda_queries():
     del x
 
 
+def _run_fresh(code: str) -> None:
+    """Run ``code`` in a fresh interpreter (what it imports first matters here); it must pass."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 def test_functional_distributed_is_an_alias_loaded_only_on_request():
     """megengine.functional.distributed: the same functions as the distributed package's
     functional module; importing minigrad.functional alone must not start loading the runtime."""
@@ -104,10 +112,7 @@ def test_functional_distributed_is_an_alias_loaded_only_on_request():
             "import minigrad.functional.distributed as FD, minigrad.distributed.functional as DF\n"
             "assert all(getattr(FD, n) is getattr(DF, n) for n in FD.__all__)\n"
             "assert {'all_reduce_sum', 'all_gather', 'remote_send'} <= set(FD.__all__)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
+    _run_fresh(code)
 
 
 def test_functional_distributed_is_an_attribute_of_functional_loaded_on_first_use():
@@ -124,7 +129,4 @@ def test_functional_distributed_is_an_attribute_of_functional_loaded_on_first_us
             "    assert 'no_such_op' in str(exc)\n"
             "else:\n"
             "    raise AssertionError('F.no_such_op did not raise')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
+    _run_fresh(code)
