@@ -320,7 +320,7 @@ def analyze(directory: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``python -m minigrad.distributed.flight_recorder DIR``: print the analysis of DIR."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
+    if len(args) != 1 or args[0] in ("-h", "--help"):
         print("usage: python -m minigrad.distributed.flight_recorder DIR", file=sys.stderr)
         return 2
     print(analyze(args[0]))
