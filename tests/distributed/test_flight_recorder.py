@@ -90,3 +90,14 @@ def test_the_ring_keeps_the_last_calls_only():
     probes = [r for r in recorder.recent() if r.kind == "probe"]
     assert len(recorder.recent()) == keep and len(probes) == keep and before <= keep
     assert probes[-1].caller.endswith(f"test_flight_recorder.py:{_line_of('recorder.begin(')}")
+
+
+def test_the_comm_log_is_off_by_default_and_on_with_the_environment_variable():
+    code = "import minigrad.distributed as dist; print(dist.comm_log.enabled)"
+    for value, expected in ((None, "False"), ("1", "True")):
+        env = {k: v for k, v in os.environ.items() if k != recorder.LOG_ENV}
+        if value is not None:
+            env[recorder.LOG_ENV] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == expected, out.stderr
