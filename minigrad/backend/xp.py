@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 
 import numpy as np
 
@@ -77,8 +78,12 @@ def cupy_is_stand_in() -> bool:
 
 
 def is_cupy_array(x) -> bool:
-    """Whether ``x`` is a CuPy array; never imports CuPy (without it there are no CuPy arrays)."""
-    cp = _cupy
+    """Whether ``x`` is a CuPy array; never imports CuPy (without it there are no CuPy arrays).
+
+    Before minigrad itself has asked for CuPy, the array may still come from a CuPy the program
+    imported (``cupy.asarray(...)`` handed to a collective): then the CuPy in ``sys.modules``
+    decides."""
+    cp = _cupy if _cupy_checked else sys.modules.get("cupy")
     return cp is not None and isinstance(x, cp.ndarray)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from minigrad.backend import kernels
 from minigrad.backend.xp import get_array_module
 from minigrad.optimizer.optimizer import Optimizer, required
 
@@ -15,6 +16,12 @@ def check_betas_and_eps(name: str, group: dict) -> None:
         raise ValueError(f"{name}: eps must be >= 0, got {group['eps']}")
 
 
+def start_moments(state: dict, grad, xp) -> None:
+    """Adam's state before its first step: ``step`` 0 and zero moments shaped like ``grad``."""
+    if "exp_avg" not in state:
+        state.update(step=0, exp_avg=xp.zeros_like(grad), exp_avg_sq=xp.zeros_like(grad))
+
+
 def adam_moments(state: dict, grad, betas: tuple, xp):
     """Advance Adam's moment estimates in ``state`` by one step, in place (no new arrays)::
 
@@ -24,10 +31,7 @@ def adam_moments(state: dict, grad, betas: tuple, xp):
     the moments into an update.
     """
     b1, b2 = betas
-    if "exp_avg" not in state:
-        state["step"] = 0
-        state["exp_avg"] = xp.zeros_like(grad)
-        state["exp_avg_sq"] = xp.zeros_like(grad)
+    start_moments(state, grad, xp)
     state["step"] += 1
     m, v = state["exp_avg"], state["exp_avg_sq"]
     m *= b1
@@ -61,16 +65,11 @@ class Adam(Optimizer):
         check_betas_and_eps(self._name, group)
 
     def _update(self, p, g, state, group):
-        xp = get_array_module(p)
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-        b1, b2 = group["betas"]
-        if wd and not self._decoupled:
-            g = g + wd * p
-        m, v, t = adam_moments(state, g, (b1, b2), xp)
-        delta = (m / (1 - b1**t)) / (xp.sqrt(v / (1 - b2**t)) + eps)
-        if wd and self._decoupled:
-            delta = delta + wd * p
-        p -= lr * delta
+        start_moments(state, g, get_array_module(g))
+        state["step"] += 1
+        kernels.adam_step(p, g, state["exp_avg"], state["exp_avg_sq"], group["lr"],
+                          group["betas"], group["eps"], group["weight_decay"], self._decoupled,
+                          state["step"])
 
 
 class AdamW(Adam):

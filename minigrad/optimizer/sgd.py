@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from minigrad.backend import kernels
+from minigrad.backend.xp import get_array_module
 from minigrad.optimizer.optimizer import Optimizer, required
 
 
@@ -32,14 +34,9 @@ class SGD(Optimizer):
 
     def _update(self, p, g, state, group):
         wd, momentum = group["weight_decay"], group["momentum"]
-        if wd:
-            g = g + wd * p
+        buf = None
         if momentum:
             buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = g.copy()
-            else:
-                buf *= momentum
-                buf += g
-            g = g + momentum * buf if group["nesterov"] else buf
-        p -= group["lr"] * g
+            if buf is None:  # zeros: the first step makes it exactly g (+ weight decay)
+                buf = state["momentum_buffer"] = get_array_module(g).zeros_like(g)
+        kernels.sgd_step(p, g, buf, group["lr"], momentum, wd, group["nesterov"])

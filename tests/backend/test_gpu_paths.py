@@ -11,6 +11,7 @@ warning is turned into an error).
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 
 import numpy as np
@@ -326,3 +327,23 @@ def test_sync_batch_norm_keeps_its_count_on_the_gpu(cp):
     var = x.transpose(1, 0, 2).reshape(3, -1).var(axis=1)
     np.testing.assert_allclose(results["gpu0"][1].reshape(-1), 0.9 + 0.1 * var * n / (n - 1),
                                rtol=1e-5)
+
+
+def test_cupy_array_recognised_before_minigrad_loads_cupy(monkeypatch):
+    """A program that imports CuPy itself and hands ``cupy.asarray(...)`` to a collective before
+    minigrad ever asked for CuPy (a fresh rank of ``gpu_jobs.cupy_collectives``): the array is
+    still a CuPy array, not "expected a NumPy or CuPy array, got ndarray"."""
+    from minigrad.backend import xp  # noqa: PLC0415
+    from minigrad.distributed.comm.arrays import check_array  # noqa: PLC0415
+
+    with fake_cupy.installed(1) as fake:
+        x = fake.ones(3, dtype=fake.float32)
+    monkeypatch.setattr(xp, "_cupy", None)
+    monkeypatch.setattr(xp, "_cupy_checked", False)  # minigrad has not asked for CuPy yet
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert xp.is_cupy_array(x)
+    check_array("all_gather", x)  # accepted
+    monkeypatch.delitem(sys.modules, "cupy")
+    assert not xp.is_cupy_array(x)
+    with pytest.raises(TypeError, match="all_gather: expected a NumPy or CuPy array"):
+        check_array("all_gather", x)

@@ -14,9 +14,9 @@ Steps (in this order; ``--list`` prints them):
   poisson with float32): per-element mean and variance against the formulas.
 * ``job_<name>``: the four jobs of ``gpu_jobs.py`` (nccl_world_size_one, cupy_collectives,
   data_parallel, pipeline), each in a fresh interpreter.
-* ``sync_count``: host synchronisations inside one training step (forward, backward, Adam),
-  counted by a watchdog that keeps a spin kernel queued and records where the main thread blocks;
-  checked first on a control with three known synchronisations.
+* ``sync_count``: whether the forward, the backward and the Adam step of an MLP and of a
+  Transformer block each wait for the GPU (:class:`SyncDetector`), the detector first checked on
+  known waits and on code that never waits.
 * ``pytest_gpu``: ``pytest -q -m gpu tests --ignore=tests/distributed --ignore=tests/examples``.
 * ``train_mnist``: ``examples/train_mnist.py`` on the GPU (one rank, one epoch).
 * ``bench_gpu``: ``benchmarks/bench_gpu.py --rounds 5 --steps 10`` (results written under DIR).
@@ -145,99 +145,75 @@ extern "C" __global__ void spin(long long cycles) {
 """
 
 
-class SyncWatch:
-    """Counts the host synchronisations of code run on the main thread. A watchdog thread keeps
-    spin kernels (``spin_s`` each) queued on the null stream, so that any wait for the GPU lasts,
-    and samples the main thread's stack every ``sample_s``: the main thread standing on one line
-    for ``stall_s`` or more is waiting for the GPU - one synchronisation, recorded with its
-    location (a sampling gap that long, the GIL held while blocked, counts too). On each one the
-    next spin is queued at once, while the main thread still waits, so a synchronisation right
-    after it is seen too."""
+class SyncDetector:
+    """Tells whether code run on the main thread waited for the GPU, and where.
 
-    def __init__(self, cp, spin_s=0.15, stall_s=0.03, sample_s=0.001):
-        import numpy as np  # noqa: PLC0415
+    A spin kernel of ``spin_s`` is queued on the null stream, then an event after it, then ``fn``
+    runs. Every host synchronisation ``fn`` could make (a copy to the host, ``float()``/``bool()``
+    of a GPU value, a stream, event or device synchronize, a free that syncs) waits for work
+    queued after the spin, and CuPy's streams are blocking streams, ordered behind the legacy null
+    stream: so such a wait cannot end before the spin does. ``fn`` returning while the event is
+    still pending therefore proves it never waited (no sampling, no threshold). When it did wait,
+    a sampler thread names the line the main thread stood on while the spin ran. ``spin_s`` must
+    exceed ``fn``'s own run time by far (a training step's phase takes milliseconds)."""
 
-        self.cp, self.np = cp, np
+    def __init__(self, cp, spin_s=1.0, sample_s=0.001):
+        self.cp, self.spin_s, self.sample_s = cp, spin_s, sample_s
         self.kernel = cp.RawKernel(SPIN_SOURCE, "spin")
-        self.spin_s, self.stall_s, self.sample_s = spin_s, stall_s, sample_s
         self._launch(10_000)
         cp.cuda.Device().synchronize()
         t = time.perf_counter()
         self._launch(10_000_000)
         cp.cuda.Device().synchronize()
         self.cycles = int(10_000_000 / (time.perf_counter() - t) * spin_s)
+        t = time.perf_counter()
+        self._launch(self.cycles)
+        cp.cuda.Device().synchronize()
+        took = time.perf_counter() - t
+        if not 0.5 * spin_s < took < 2 * spin_s:
+            raise RuntimeError(f"SyncDetector: a {spin_s} s spin took {took:.3f} s")
 
     def _launch(self, cycles) -> None:
-        with self.cp.cuda.Stream.null:  # (a RawKernel launches on the current stream)
-            self.kernel((1,), (1,), (self.np.int64(cycles),))
+        import numpy as np  # noqa: PLC0415
 
-    def count(self, fn) -> list[str]:
+        with self.cp.cuda.Stream.null:  # (a RawKernel launches on the current stream)
+            self.kernel((1,), (1,), (np.int64(cycles),))  # (a Python int may pass as 32 bits)
+
+    def waits(self, fn) -> str | None:
+        """Run ``fn``; None when it never waited for the GPU, else where it waited."""
         import threading  # noqa: PLC0415
         import traceback  # noqa: PLC0415
 
-        main, done, stalls = threading.get_ident(), threading.Event(), []
-        device = self.cp.cuda.Device()
+        cp, main = self.cp, threading.get_ident()
+        cp.cuda.Device().synchronize()
+        self._launch(self.cycles)
+        spin_end = cp.cuda.Event()
+        spin_end.record(cp.cuda.Stream.null)
+        seen, stop = [], threading.Event()
 
-        def where(frame) -> str:
-            if frame is None:
-                return "?"
-            stack = traceback.extract_stack(frame)
-            ours = [f for f in stack if "minigrad" in f.filename or "gpu_check" in f.filename]
-            f = (ours or stack)[-1]
-            return f"{os.path.relpath(f.filename, ROOT)}:{f.lineno} ({f.name})"
+        def sample():
+            while not stop.is_set() and not spin_end.done:
+                frame = sys._current_frames().get(main)
+                if frame is not None:
+                    stack = traceback.extract_stack(frame)
+                    ours = [f for f in stack
+                            if "minigrad" in f.filename or "gpu_check" in f.filename]
+                    f = (ours or stack)[-1]
+                    seen[:] = [f"{os.path.relpath(f.filename, ROOT)}:{f.lineno} ({f.name})"]
+                time.sleep(self.sample_s)
 
-        def watch():
-            busy_until = 0.0  # when the spins queued so far end (estimated)
-
-            def arm():
-                nonlocal busy_until
-                self._launch(self.cycles)
-                busy_until = max(busy_until, time.perf_counter()) + self.spin_s
-
-            def record(what: str) -> float:
-                """Count a wait; queue the next spin while the main thread still waits, so that
-                a wait right after this one shows too. Returns when this wait should end."""
-                stalls.append(what)
-                release_at = busy_until
-                arm()
-                return release_at
-
-            with device:
-                arm()
-                last, counted, release_at = None, False, 0.0
-                since = prev_t = time.perf_counter()
-                while not done.is_set():
-                    now = time.perf_counter()
-                    frame = sys._current_frames().get(main)
-                    loc = None if frame is None else (frame.f_code, frame.f_lineno)
-                    if now - prev_t >= self.stall_s:  # we could not run: the GIL was held
-                        release_at = record("(GIL held while blocked) near " + where(frame))
-                        last, counted = loc, True
-                    elif loc != last:
-                        last, since, counted = loc, now, False
-                    elif not counted and now - since >= self.stall_s:
-                        release_at, counted = record(where(frame)), True
-                    elif counted and release_at + self.stall_s < now < busy_until:
-                        # still on this line after the work it waited for ended: a new wait
-                        release_at = record(where(frame))
-                    if not counted and busy_until - now < 0.3 * self.spin_s:
-                        arm()  # never let the queue run dry
-                    prev_t = now
-                    time.sleep(self.sample_s)
-                device.synchronize()
-
-        saved = sys.getswitchinterval()
-        sys.setswitchinterval(self.sample_s / 2)
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        time.sleep(0.01)  # the first spin is queued before fn starts
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         try:
             fn()
+            waited = spin_end.done
         finally:
-            done.set()
-            watcher.join()
-            sys.setswitchinterval(saved)
-        return stalls
+            stop.set()
+            sampler.join()
+            cp.cuda.Device().synchronize()
+        if not waited:
+            return None
+        return seen[0] if seen else "?"
 
 
 def step_sync_count() -> str:
@@ -251,45 +227,58 @@ def step_sync_count() -> str:
     import minigrad.optimizer as optim  # noqa: PLC0415
 
     mg.set_default_device("gpu0")
-    model = M.Sequential(M.Linear(784, 256), M.ReLU(), M.Linear(256, 10))
-    opt = optim.Adam(model.parameters(), lr=1e-3)
-    gm = ad.GradManager().attach(model.parameters())
     rng = np.random.default_rng(0)
+    detector = SyncDetector(cp)
+    a = cp.ones(1000, dtype=cp.float32)
+    controls = {"float(a.sum())": lambda: float(a.sum()), "a.get()": a.get,
+                "bool((a > 0).all())": lambda: bool((a > 0).all()),
+                "stream synchronize": lambda: cp.cuda.get_current_stream().synchronize()}
+    for name, fn in controls.items():
+        assert detector.waits(fn), f"the detector missed a known synchronisation: {name}"
+
+    def no_wait():
+        b = a
+        for _ in range(200):
+            b = b * 1.0001 + 0.5
+        b.sum()
+    assert detector.waits(no_wait) is None, "the detector saw a wait in code that never waits"
+
+    def phases(model, x, y, loss_fn) -> dict[str, str | None]:
+        """Where each phase of one training step waited for the GPU (None: it never did)."""
+        opt = optim.Adam(model.parameters(), lr=1e-3)
+        gm = ad.GradManager().attach(model.parameters())
+        for _ in range(3):  # kernels compiled, memory pool warm
+            with gm:
+                gm.backward(loss_fn(model(x), y))
+            opt.step().clear_grad()
+        found, held = {}, {}
+        with gm:
+            found["forward"] = detector.waits(lambda: held.update(loss=loss_fn(model(x), y)))
+            found["backward"] = detector.waits(lambda: gm.backward(held["loss"]))
+        found["optimizer step"] = detector.waits(lambda: opt.step().clear_grad())
+        return found
+
     x_host = rng.random((64, 784), dtype=np.float32)
     y_host = rng.integers(0, 10, 64).astype(np.int32)
-    x, y = mg.tensor(x_host), mg.tensor(y_host)
-
-    def train_step(upload=False):
-        xb, yb = (mg.tensor(x_host), mg.tensor(y_host)) if upload else (x, y)
-        with gm:
-            gm.backward(F.nn.cross_entropy(model(xb), yb))
-        opt.step().clear_grad()
-
-    for _ in range(3):  # kernels compiled, memory pool warm
-        train_step(upload=True)
-    mg.backend.synchronize("gpu0")
-    watch = SyncWatch(cp)
-    a = cp.ones(1000, dtype=cp.float32)
-
-    def control():  # three synchronisations
-        float(a.sum())
-        a.get()
-        bool((a > 0).all())
-
-    found = watch.count(control)
-    assert len(found) == 3, f"the detector found {len(found)} of 3 known syncs: {found}"
-    in_step = watch.count(train_step)
-    with_upload = watch.count(lambda: train_step(upload=True))
-    print(f"in one training step: {len(in_step)}: {in_step}")
-    print(f"with the batch uploaded from pageable host memory: {len(with_upload)}: {with_upload}")
-    assert not in_step, f"{len(in_step)} host synchronisation(s) in a training step: {in_step}"
-    return (f"0 syncs in a training step (control 3/3 found); {len(with_upload)} with a pageable "
-            "batch upload")
+    mlp = M.Sequential(M.Linear(784, 256), M.ReLU(), M.Linear(256, 10))
+    results = {"MLP": phases(mlp, mg.tensor(x_host), mg.tensor(y_host), F.nn.cross_entropy)}
+    tokens = mg.tensor(rng.standard_normal((16, 64, 128)).astype(np.float32))
+    results["Transformer block"] = phases(M.TransformerBlock(128, 4), tokens, None,
+                                          lambda out, _: (out ** 2).mean())
+    upload = detector.waits(lambda: (mg.tensor(x_host), mg.tensor(y_host)))
+    waits = [f"{model} {phase} at {where}" for model, found in results.items()
+             for phase, where in found.items() if where]
+    print(f"a batch uploaded from pageable host memory: {upload or 'no wait'}")
+    assert not waits, f"{len(waits)} phase(s) waited for the GPU: {waits}"
+    return (f"0 host synchronisations in the forward, backward and optimizer step of an MLP and "
+            f"a Transformer block (detector: {len(controls)}/{len(controls)} known waits seen, "
+            "none in 200 queued kernels)")
 
 
 def step_amp_speedup() -> str:
     """Issue 25's GPU measurement: a Transformer block's training step under float16 autocast
-    against float32 (alternating, medians of 9 rounds of 10 steps)."""
+    (with a GradScaler) against float32, alternating, medians of 9 rounds of 10 steps; at a
+    launch-bound size and at one where the matrix products dominate."""
     import statistics  # noqa: PLC0415
     import time  # noqa: PLC0415
 
@@ -302,37 +291,43 @@ def step_amp_speedup() -> str:
     import minigrad.optimizer as optim  # noqa: PLC0415
 
     mg.set_default_device("gpu0")
-    block = M.TransformerBlock(512, 8)
-    opt = optim.Adam(block.parameters(), lr=1e-4)
-    gm = ad.GradManager().attach(block.parameters())
-    scaler = amp.GradScaler(init_scale=2.0**16)
-    x = mg.tensor(np.random.default_rng(0).standard_normal((16, 128, 512)).astype(np.float32))
 
-    def steps(low: bool, n: int = 10) -> float:
-        mg.backend.synchronize("gpu0")
-        start = time.perf_counter()
-        for _ in range(n):
-            with gm:
-                with amp.autocast(enabled=low):
-                    loss = (block(x) ** 2).mean()
+    def measure(d: int, heads: int, seq: int, batch: int) -> str:
+        block = M.TransformerBlock(d, heads)
+        opt = optim.Adam(block.parameters(), lr=1e-4)
+        gm = ad.GradManager().attach(block.parameters())
+        scaler = amp.GradScaler(init_scale=2.0**16)
+        rng = np.random.default_rng(0)
+        x = mg.tensor(rng.standard_normal((batch, seq, d)).astype(np.float32))
+
+        def steps(low: bool, n: int = 10) -> float:
+            mg.backend.synchronize("gpu0")
+            start = time.perf_counter()
+            for _ in range(n):
+                with gm:
+                    with amp.autocast(enabled=low):
+                        loss = (block(x) ** 2).mean()
+                    if low:
+                        scaler.backward(gm, loss)
+                    else:
+                        gm.backward(loss)
+                (scaler.step(opt) if low else opt.step()).clear_grad()
                 if low:
-                    scaler.backward(gm, loss)
-                else:
-                    gm.backward(loss)
-            (scaler.step(opt) if low else opt.step()).clear_grad()
-            if low:
-                scaler.update()
-        mg.backend.synchronize("gpu0")
-        return (time.perf_counter() - start) / n * 1e3
+                    scaler.update()
+            mg.backend.synchronize("gpu0")
+            return (time.perf_counter() - start) / n * 1e3
 
-    steps(False, 3), steps(True, 3)  # kernels compiled, pools warm
-    f32, f16 = [], []
-    for _ in range(9):
-        f32.append(steps(False))
-        f16.append(steps(True))
-    a, b = statistics.median(f32), statistics.median(f16)
-    return f"Transformer block d512 h8 s128 b16 step: float32 {a:.2f} ms, float16 autocast " \
-           f"{b:.2f} ms, speed-up {a / b:.2f}x"
+        steps(False, 3), steps(True, 3)  # kernels compiled, pools warm
+        f32, f16 = [], []
+        for _ in range(9):
+            f32.append(steps(False))
+            f16.append(steps(True))
+        a, b = statistics.median(f32), statistics.median(f16)
+        return (f"d{d} h{heads} s{seq} b{batch}: float32 {a:.2f} ms, float16 {b:.2f} ms, "
+                f"speed-up {a / b:.2f}x")
+
+    return "Transformer block step, autocast + GradScaler vs float32: " + "; ".join(
+        measure(*size) for size in ((512, 8, 128, 16), (1024, 16, 512, 16)))
 
 
 STEP_FUNCTIONS = {

@@ -55,16 +55,17 @@ def test_output_inside_the_repository_is_refused(monkeypatch, capsys):
 
 
 class _SimulatedGpu:
-    """Just enough of CuPy for ``SyncWatch``: one queue, kernels of ``cycles`` at 1e9 per second;
-    ``wait()`` is a host synchronisation (it blocks until the queue is empty)."""
+    """Just enough of CuPy for ``SyncDetector``: one queue, kernels of ``cycles`` at 1e9 per
+    second, events that are done when the queue reaches them; ``wait()`` is a host
+    synchronisation (it blocks until the queue is empty), ``launch()`` queues work without
+    waiting."""
 
     def __init__(self):
         self.busy_until = 0.0
         gpu = self
 
         def kernel(grid, block, args):
-            start = max(gpu.busy_until, time.perf_counter())
-            gpu.busy_until = start + int(args[0]) / 1e9
+            gpu.launch(int(args[0]) / 1e9)
 
         class Device:
             def __enter__(self):
@@ -76,29 +77,40 @@ class _SimulatedGpu:
             def synchronize(self):
                 gpu.wait()
 
+        class Event:
+            def record(self, stream=None):
+                self.at = gpu.busy_until
+
+            @property
+            def done(self):
+                return time.perf_counter() >= self.at
+
         self.RawKernel = lambda source, name: kernel
-        self.cuda = types.SimpleNamespace(Device=Device,
+        self.cuda = types.SimpleNamespace(Device=Device, Event=Event,
                                           Stream=types.SimpleNamespace(null=Device()))
+
+    def launch(self, seconds):
+        self.busy_until = max(self.busy_until, time.perf_counter()) + seconds
 
     def wait(self):
         time.sleep(max(0.0, self.busy_until - time.perf_counter()))
 
 
-def test_the_sync_counter_finds_each_wait_for_the_gpu():
-    """Each wait is seen, also right after another and on the same line as the last."""
+def test_the_sync_detector_tells_waiting_code_from_code_that_only_queues_work():
     gpu = _SimulatedGpu()
-    watch = gpu_check.SyncWatch(gpu, spin_s=0.4, stall_s=0.1)  # wide: a loaded machine
+    detector = gpu_check.SyncDetector(gpu, spin_s=0.5)
 
-    def five_waits():
+    def queues_only():
         for _ in range(200):
+            gpu.launch(1e-4)
             sum(range(100))  # host work that does not wait
-        gpu.wait()
-        gpu.wait()  # right after the first: still seen
-        for _ in range(2):
-            gpu.wait()  # twice on one line
-        sum(range(1000))
-        gpu.wait()
 
-    found = watch.count(five_waits)
-    assert len(found) == 5 and all("test_gpu_check.py" in f for f in found), found
-    assert watch.count(lambda: [sum(range(100)) for _ in range(300)]) == []
+    def waits_once():
+        queues_only()
+        gpu.wait()
+        sum(range(1000))
+
+    assert detector.waits(queues_only) is None
+    where = detector.waits(waits_once)
+    assert where is not None and where.endswith("(wait)"), where  # the line that blocked
+    assert detector.waits(lambda: None) is None

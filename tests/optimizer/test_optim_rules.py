@@ -106,14 +106,14 @@ CASES = [
 
 @pytest.mark.parametrize("cls,ref,kw", CASES, ids=[f"{c.__name__}-{i}" for i, (c, _, _) in
                                                    enumerate(CASES)])
-def test_update_rule_matches_float64_reference(cls, ref, kw):
+def test_update_rule_matches_float64_reference(cls, ref, kw, device):
     init = _init()
     grads = _grads(1)
-    params = [Parameter(a, dtype="float64") for a in init]
+    params = [Parameter(a, dtype="float64", device=device) for a in init]
     opt = cls(params, **kw)
     for step_grads in grads:
         for p, g in zip(params, step_grads, strict=True):
-            p.grad = mg.tensor(g, dtype="float64")
+            p.grad = mg.tensor(g, dtype="float64", device=device)
         assert opt.step() is opt
         opt.clear_grad()
         assert all(p.grad is None for p in params)
@@ -124,14 +124,14 @@ def test_update_rule_matches_float64_reference(cls, ref, kw):
 
 
 @pytest.mark.parametrize("cls,ref,kw", CASES[1::3])
-def test_float32_params_stay_float32_and_track_reference(cls, ref, kw):
+def test_float32_params_stay_float32_and_track_reference(cls, ref, kw, device):
     init = _init()
     grads = _grads(2)
-    params = [Parameter(a.astype(np.float32)) for a in init]
+    params = [Parameter(a.astype(np.float32), device=device) for a in init]
     opt = cls(params, **kw)
     for step_grads in grads:
         for p, g in zip(params, step_grads, strict=True):
-            p.grad = mg.tensor(g.astype(np.float32))
+            p.grad = mg.tensor(g.astype(np.float32), device=device)
         opt.step()
     for i, p in enumerate(params):
         assert p.dtype == np.float32

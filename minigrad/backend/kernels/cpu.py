@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from minigrad.backend.kernels import loops
+from minigrad.backend.xp import get_array_module
 
 
 def gelu(x):
@@ -130,3 +131,28 @@ def to_product_layout(dy):
     mat, dbias = np.empty((o, n, p), dy.dtype), np.empty(o, dy.dtype)
     loops.batch_to_channels_first(dy, mat, dbias)
     return mat, dbias
+
+
+def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):
+    # array-module generic: also the GPU's path for dtypes its fused kernel does not take
+    if weight_decay:
+        g = g + weight_decay * p
+    if buf is not None:
+        buf *= momentum
+        buf += g
+        g = g + momentum * buf if nesterov else buf
+    p -= lr * g
+
+
+def adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, step):
+    xp = get_array_module(p)
+    if weight_decay and not decoupled:
+        g = g + weight_decay * p
+    m *= b1
+    m += (1 - b1) * g
+    v *= b2
+    v += (1 - b2) * (g * g)
+    delta = (m / (1 - b1**step)) / (xp.sqrt(v / (1 - b2**step)) + eps)
+    if weight_decay and decoupled:
+        delta = delta + weight_decay * p
+    p -= lr * delta

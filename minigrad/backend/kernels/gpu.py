@@ -13,8 +13,12 @@ NCHW images). This module imports CuPy, so it is only imported once a CuPy array
 
 from __future__ import annotations
 
+import functools
+
 import cupy as cp
 import cupyx
+
+from minigrad.backend.kernels import cpu as _cpu
 
 # --------------------------------------------------------------------------------------------------
 # GELU
@@ -113,36 +117,107 @@ def attention_softmax_grad(w, dw, scale):
 # --------------------------------------------------------------------------------------------------
 # layer norm over the rows of (R, C) arrays
 
-_sum_sq_dev = cp.ReductionKernel(
-    "T x, T m", "T s", "(x - m) * (x - m)", "a + b", "s = a", "0", "minigrad_sum_sq_dev",
-)
-_layer_norm_forward = cp.ElementwiseKernel(
-    "T x, T m, T r, T w, T b", "T xhat, T y", "xhat = (x - m) * r; y = xhat * w + b",
-    "minigrad_layer_norm_forward")
-_layer_norm_backward = cp.ElementwiseKernel(
-    "T gw, T xhat, T m1, T m2, T r", "T dx", "dx = r * (gw - m1 - xhat * m2)",
-    "minigrad_layer_norm_backward")
+# One block of threads per row: the row's sums are block reductions (warp shuffles, then one value
+# per warp through shared memory), so a layer norm is one kernel forward and one plus the two column
+# sums of its parameter gradients backward, where the CuPy composition launched six and seven.
+_LAYER_NORM_SOURCE = r"""
+__device__ real block_sum(real v, real* shared) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // shared[] may still be read from the previous call
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < (blockDim.x >> 5) ? shared[lane] : real(0);
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+        if (lane == 0) shared[32] = v;
+    }
+    __syncthreads();
+    return shared[32];
+}
+
+extern "C" __global__ void layer_norm_forward(
+        const real* x, const real* w, const real* b, int has_w, int has_b, real eps,
+        long long n, real* y, real* xhat, real* rstd) {
+    __shared__ real shared[33];
+    const long long base = blockIdx.x * n;
+    real s = 0;
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) s += x[base + j];
+    const real mean = block_sum(s, shared) / real(n);
+    real q = 0;
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+        const real d = x[base + j] - mean;
+        q += d * d;
+    }
+    const real r = real(1) / sqrt(block_sum(q, shared) / real(n) + eps);
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+        const real h = (x[base + j] - mean) * r;
+        xhat[base + j] = h;
+        y[base + j] = h * (has_w ? w[j] : real(1)) + (has_b ? b[j] : real(0));
+    }
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+}
+
+extern "C" __global__ void layer_norm_backward(
+        const real* dy, const real* xhat, const real* rstd, const real* w, int has_w,
+        long long n, real* dx) {
+    __shared__ real shared[33];
+    const long long base = blockIdx.x * n;
+    real s1 = 0, s2 = 0;
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+        const real gw = dy[base + j] * (has_w ? w[j] : real(1));
+        s1 += gw;
+        s2 += gw * xhat[base + j];
+    }
+    const real m1 = block_sum(s1, shared) / real(n);
+    const real m2 = block_sum(s2, shared) / real(n);
+    const real r = rstd[blockIdx.x];
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+        const real gw = dy[base + j] * (has_w ? w[j] : real(1));
+        dx[base + j] = r * (gw - m1 - xhat[base + j] * m2);
+    }
+}
+"""
+_LAYER_NORM_TYPES = {"float32": "float", "float64": "double"}
 
 
-def _affine(p, n, dtype, fill):
-    return cp.full(n, fill, dtype) if p is None else p.reshape(-1)
+@functools.cache
+def _layer_norm_kernels(dtype_name: str) -> tuple:
+    module = cp.RawModule(code=f"typedef {_LAYER_NORM_TYPES[dtype_name]} real;\n"
+                          + _LAYER_NORM_SOURCE)
+    return module.get_function("layer_norm_forward"), module.get_function("layer_norm_backward")
+
+
+def _row_threads(n: int) -> int:
+    """Threads per row: a multiple of 32, about one per 4 elements, at most 1024."""
+    return min(1024, 32 * max(1, -(-n // 128)))
+
+
+def _affine_args(p, like):
+    return (like, 0) if p is None else (cp.ascontiguousarray(p.reshape(-1), like.dtype), 1)
 
 
 def layer_norm(x, weight, bias, eps):
-    n = x.shape[1]
-    m = x.mean(axis=1, keepdims=True)
-    rstd = 1 / cp.sqrt(_sum_sq_dev(x, m, axis=1, keepdims=True) / n + x.dtype.type(eps))
-    xhat, y = _layer_norm_forward(x, m, rstd, _affine(weight, n, x.dtype, 1),
-                                  _affine(bias, n, x.dtype, 0))
-    return y, xhat, rstd.reshape(-1)
+    rows, n = x.shape
+    y, xhat, rstd = cp.empty_like(x), cp.empty_like(x), cp.empty(rows, x.dtype)
+    if rows and n:
+        forward, _ = _layer_norm_kernels(x.dtype.name)
+        w, has_w = _affine_args(weight, x)
+        b, has_b = _affine_args(bias, x)
+        forward((rows,), (_row_threads(n),),
+                (x, w, b, cp.int32(has_w), cp.int32(has_b), x.dtype.type(eps), cp.int64(n),
+                 y, xhat, rstd))
+    return y, xhat, rstd
 
 
 def layer_norm_grad(dy, xhat, rstd, weight):
-    n = dy.shape[1]
-    gw = dy * _affine(weight, n, dy.dtype, 1)
-    m1 = gw.mean(axis=1, keepdims=True)
-    m2 = _row_dot(gw, xhat, axis=1, keepdims=True) / n
-    dx = _layer_norm_backward(gw, xhat, m1, m2, rstd.reshape(-1, 1))
+    rows, n = dy.shape
+    dx = cp.empty_like(dy)
+    if rows and n:
+        _, backward = _layer_norm_kernels(dy.dtype.name)
+        w, has_w = _affine_args(weight, dy)
+        backward((rows,), (_row_threads(n),),
+                 (dy, xhat, rstd, w, cp.int32(has_w), cp.int64(n), dx))
     return dx, _row_dot(dy, xhat, axis=0), dy.sum(axis=0)
 
 
@@ -258,3 +333,50 @@ def from_product_layout(mat, bias):
 
 def to_product_layout(dy):
     return cp.ascontiguousarray(dy.transpose(1, 0, 2)), dy.sum(axis=(0, 2))
+
+
+# --------------------------------------------------------------------------------------------------
+# optimizer steps: one kernel per parameter (float32/float64 of one dtype; others composed)
+
+_sgd_step = cp.ElementwiseKernel(
+    "T g, T lr, T momentum, T wd, bool nesterov", "T p, T buf",
+    """
+    T d = wd != T(0) ? g + wd * p : g;
+    buf = momentum * buf + d;
+    p = p - lr * (nesterov ? d + momentum * buf : buf);
+    """,
+    "minigrad_sgd_step")
+_sgd_step_plain = cp.ElementwiseKernel(
+    "T g, T lr, T wd", "T p", "p = p - lr * (wd != T(0) ? g + wd * p : g)",
+    "minigrad_sgd_step_plain")
+_adam_step = cp.ElementwiseKernel(
+    "T g, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2, bool decoupled", "T p, T m, T v",
+    """
+    const T d = (wd != T(0) && !decoupled) ? g + wd * p : g;
+    m = b1 * m + (T(1) - b1) * d;
+    v = b2 * v + (T(1) - b2) * (d * d);
+    T delta = (m / bc1) / (sqrt(v / bc2) + eps);
+    if (wd != T(0) && decoupled) delta = delta + wd * p;
+    p = p - lr * delta;
+    """,
+    "minigrad_adam_step")
+
+
+def _fusable(*arrays) -> bool:
+    dtype = arrays[0].dtype
+    return dtype.kind == "f" and dtype.itemsize >= 4 and all(a.dtype == dtype for a in arrays)
+
+
+def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):
+    if not _fusable(p, g, *(() if buf is None else (buf,))):
+        return _cpu.sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov)
+    if buf is None:
+        _sgd_step_plain(g, lr, weight_decay, p)
+    else:
+        _sgd_step(g, lr, momentum, weight_decay, nesterov, p, buf)
+
+
+def adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, step):
+    if not _fusable(p, g, m, v):
+        return _cpu.adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, step)
+    _adam_step(g, lr, b1, b2, eps, weight_decay, 1 - b1**step, 1 - b2**step, decoupled, p, m, v)
