@@ -241,6 +241,7 @@ def step_sync_count() -> str:
         for _ in range(200):
             b = b * 1.0001 + 0.5
         b.sum()
+    no_wait()  # its kernels loaded (loading a module synchronises the device)
     assert detector.waits(no_wait) is None, "the detector saw a wait in code that never waits"
 
     def phases(model, x, y, loss_fn) -> dict[str, str | None]:
