@@ -321,8 +321,9 @@ def main(argv=None) -> None:
     print(f"GPU: {props.name}; CuPy {cp.__version__}, PyTorch {torch.__version__}, CPU: "
           f"{cpu_name()}")
     print(tf32_line + (f" (it was {cupy_tf32!r})" if cupy_tf32 is not None else ""))
-    results = {"gpu": props.name, "cupy": cp.__version__, "torch": torch.__version__,
-               "tf32": False, "rounds": args.rounds, "steps_per_round": args.steps}
+    results = {"gpu": props.name, "cpu": cpu_name(), "cupy": cp.__version__,
+               "torch": torch.__version__, "tf32": False, "rounds": args.rounds,
+               "steps_per_round": args.steps}
     results["training"] = bench_models(which, torch, cp, args.rounds, args.steps)
     if "allreduce" in which:
         results["allreduce_world_size_1"] = bench_allreduce(torch, cp, args.rounds)

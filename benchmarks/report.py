@@ -197,6 +197,29 @@ def readme_table() -> str:
     return "\n".join(lines)
 
 
+def gpu_table() -> str:
+    """The README's GPU table from ``results/gpu.json`` (written by ``bench_gpu.py --out``), or ""
+    when no GPU run is at hand."""
+    g = _load("gpu.json")
+    if not g:
+        return ""
+    cpu = f" (host CPU: {g['cpu']})" if g.get("cpu") else ""
+    lines = [f"{g['gpu']}{cpu}; CuPy {g['cupy']}, PyTorch {g['torch']}, TF32 "
+             f"{'on' if g['tf32'] else 'off'} on both sides; medians (p10) of {g['rounds']} "
+             f"interleaved rounds of {g['steps_per_round']} steps.", "",
+             "| measurement | minigrad | PyTorch CUDA | ratio |", "| --- | ---: | ---: | ---: |"]
+    for r in g["training"].values():
+        lines.append(f"| {r['name']}, training step | {r['minigrad_ms']:.2f} ms "
+                     f"({r['minigrad_p10_ms']:.2f}) | {r['torch_ms']:.2f} ms "
+                     f"({r['torch_p10_ms']:.2f}) | {r['ratio']:.2f}× |")
+    for size, r in g["allreduce_world_size_1"].items():
+        mine, torch = r["minigrad"], r["torch"]
+        lines.append(f"| NCCL all-reduce {int(size):,} B float32, world size 1 | "
+                     f"{mine['us']:.1f} µs | {torch['us']:.1f} µs | "
+                     f"{mine['us'] / torch['us']:.2f}× |")
+    return "\n".join(lines)
+
+
 def plots() -> list[Path]:
     try:
         import matplotlib  # noqa: PLC0415
@@ -268,6 +291,10 @@ def main(argv=None) -> None:
     table = readme_table()
     (RESULTS / "readme_table.md").write_text(table + "\n")
     print(table)
+    gpu = gpu_table()
+    if gpu:
+        (RESULTS / "gpu_table.md").write_text(gpu + "\n")
+        print("\nGPU table (benchmarks/results/gpu_table.md):\n\n" + gpu)
     for path in plots():
         print(f"wrote {path}")
 
