@@ -197,8 +197,11 @@ class DeepSpeedEngine:
 
     # -- the module ------------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "DeepSpeedEngine":
-        """Training mode (dropout on); ``train(False)`` is :meth:`eval`."""
+        """Training mode (dropout on); ``train(False)`` is :meth:`eval`, which also drops a
+        recorded forward that no backward used."""
         self.module.train(mode)
+        if not mode:
+            self._gm.release()
         return self
 
     def eval(self) -> "DeepSpeedEngine":
@@ -219,9 +222,9 @@ class DeepSpeedEngine:
 
     def forward(self, *args, **kwargs):
         """Run the model; in training mode (and not under ``no_grad``) record it for
-        :meth:`backward`. A forward that was never back-propagated is dropped."""
-        self._gm.release()
-        if self.module.training:
+        :meth:`backward` (several forwards may feed one loss: the recording lasts until the
+        next backward, ``step`` or ``eval``)."""
+        if self.module.training and not self._gm.is_recording:
             self._gm.record()
             if not is_recording():  # under no_grad: nothing to record
                 self._gm.release()
@@ -266,6 +269,7 @@ class DeepSpeedEngine:
     def step(self, lr_kwargs: dict | None = None) -> None:
         """At the accumulation boundary: (fp16) unscale and check, clip, step the optimizer, drop
         the gradients, step the scheduler; count the micro-step either way."""
+        self._gm.release()  # a forward since the last backward feeds no gradient now
         if self.is_gradient_accumulation_boundary():
             self._take_model_step(lr_kwargs or {})
         self.micro_steps += 1

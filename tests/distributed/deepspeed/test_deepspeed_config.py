@@ -2,6 +2,8 @@
 (each names the key, what was expected and what was given)."""
 
 import argparse
+import importlib
+import inspect
 import json
 import warnings
 
@@ -189,3 +191,22 @@ def _zero2_with_client_optimizer():
     net = Net()
     deepspeed.initialize(model=net, optimizer=optim.SGD(net.parameters(), lr=0.1),
                          config={"train_batch_size": 8, "zero_optimization": {"stage": 2}})
+
+
+def test_every_public_name_is_documented():
+    missing = []
+    for name in ("", ".config", ".components", ".engine", ".pipe_engine", ".entry", ".pipe",
+                 ".utils"):
+        module = importlib.import_module("minigrad.distributed.deepspeed" + name)
+        assert inspect.getdoc(module), module.__name__
+        for attr in module.__all__:
+            obj = getattr(module, attr)
+            if inspect.ismodule(obj) or not callable(obj):
+                continue
+            if not inspect.getdoc(obj):
+                missing.append(f"{module.__name__}.{attr}")
+            if inspect.isclass(obj) and obj.__module__.startswith("minigrad.distributed.deep"):
+                missing += [f"{obj.__name__}.{m}" for m, member in vars(obj).items()
+                            if not m.startswith("_") and callable(member)
+                            and not inspect.getdoc(member)]
+    assert not missing, missing

@@ -6,8 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from ds_programs import cifar_tutorial, reference
+from ds_programs import Net, ToySet, cifar_tutorial, reference
 
+import minigrad.distributed.deepspeed as deepspeed
 import minigrad.optimizer as optim
 from minigrad.autodiff.tensor import Tensor
 from minigrad.testing.distributed import run_workers
@@ -78,7 +79,7 @@ def _save_then_resume(tmp_dir):
     """Train, save with client state, train more, load: the saved parameters and client state
     come back."""
     def check(engine):
-        saved = {k: np.array(v, copy=True) for k, v in engine.module.state_dict().items()}
+        saved = {k: np.asarray(v).copy() for k, v in engine.module.state_dict().items()}
         engine.save_checkpoint(tmp_dir, tag="t1", client_state={"epoch": 3})
         steps = engine.global_steps
         for _ in range(2):  # move away from the saved point
@@ -102,3 +103,20 @@ def test_save_and_load_checkpoint(tmp_path):
         assert moved and back and steps_back and found
         assert client == {"epoch": 3}
     assert (tmp_path / "latest").read_text().strip() == "t1"
+
+
+def test_two_forwards_feed_one_backward_and_eval_records_nothing():
+    """One process: ``engine(a) + engine(b)`` back-propagates through both forwards (the
+    gradient of SGD's step is checked against NumPy); in eval mode nothing is recorded."""
+    data = ToySet()
+    engine, _, _, _ = deepspeed.initialize(model=Net(), config={
+        "train_batch_size": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.5}}})
+    b0 = np.asarray(engine.module.fc2.b).copy()
+    engine.backward(engine(Tensor(data.x[:2])).sum() + engine(Tensor(data.x[2:5])).sum())
+    engine.step()
+    # d(sum of outputs)/d(fc2.b) = the number of rows, 5, for every output unit
+    np.testing.assert_allclose(np.asarray(engine.module.fc2.b), b0 - 0.5 * 5, atol=1e-12)
+    engine.eval()
+    engine(Tensor(data.x[:2]))
+    with pytest.raises(RuntimeError, match="no forward was recorded"):
+        engine.backward(engine(Tensor(data.x[:2])).sum())
