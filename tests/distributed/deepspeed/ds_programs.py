@@ -137,7 +137,7 @@ def reference(world: int, micro: int, accum: int, epochs: int, make_opt, clip: f
 
 
 # -- tutorial 2: pipeline parallelism, train_batch() -------------------------------------------
-def pipeline_tutorial(argv: list, ds_config, steps: int, num_stages: int):
+def pipeline_tutorial(argv: list, ds_config, steps: int, num_stages: int, lr_scheduler=None):
     """DeepSpeed's pipeline tutorial: a PipelineModule of LayerSpecs, ``initialize`` with the
     training data, ``train_batch()`` with no argument. Returns this stage's parameters by global
     layer index and the losses."""
@@ -154,11 +154,13 @@ def pipeline_tutorial(argv: list, ds_config, steps: int, num_stages: int):
     trainset = ToySet()
     engine, _, _, _ = deepspeed.initialize(
         args=args, model=net, model_parameters=[p for p in net.parameters() if p.requires_grad],
-        training_data=trainset, config=ds_config)
+        training_data=trainset, config=ds_config, lr_scheduler=lr_scheduler)
     losses = [engine.train_batch() for _ in range(steps)]
     state = {k: np.asarray(v) for k, v in net.state_dict().items()}
     return {"state": state, "losses": losses, "stage": engine.stage_id,
-            "kind": type(engine).__name__}
+            "kind": type(engine).__name__, "lr": engine.get_lr(),
+            "scale": None if engine.scaler is None else engine.scaler.get_scale(),
+            "optimizer": type(engine.optimizer).__name__}
 
 
 def pipeline_reference(replicas: int, micro: int, accum: int, steps: int, make_opt):
