@@ -36,6 +36,7 @@ LAYERS = [
      "minigrad.megengine_checkpoint", "minigrad.utils", "minigrad.hub"),
     ("minigrad.distributed",),
     ("minigrad.amp",),  # GradScaler agrees on overflow over process groups
+    ("minigrad.distributed.deepspeed",),  # DeepSpeed's entry: its fp16 builds amp's GradScaler
     ("minigrad.testing",),
 ]
 FACADE = "minigrad"  # the top-level package: re-exports only, nothing imports it
@@ -293,11 +294,13 @@ DISTRIBUTED_LOOSE_FILES = {
 DISTRIBUTED_FOLDERS = [  # bottom-up, as the code depends
     "runtime", "comm", "data_parallel", "mesh",
     "pipeline", "tensor_parallel", "sequence_parallel", "global_tensor", "checkpoint",
+    "deepspeed",
 ]
 #: Folders above every strategy that may import any folder below them, strategies included:
 #: checkpoint/ must know how each strategy lays out its tensors (tensor-parallel shard specs,
-#: global tensors' SBP) to save and reshard them; no strategy may import checkpoint/.
-DISTRIBUTED_TOP_FOLDERS = {"checkpoint"}
+#: global tensors' SBP) to save and reshard them; no strategy may import checkpoint/. deepspeed/
+#: wires DeepSpeed's config onto the pipeline engine, data parallelism, ZeRO and checkpoints.
+DISTRIBUTED_TOP_FOLDERS = {"checkpoint", "deepspeed"}
 
 
 def test_distributed_has_folders_and_no_loose_modules():

@@ -95,6 +95,9 @@ class GradScaler:
     ranks agree on overflow (default: all ranks when distributed). ``max_consecutive_skips``
     (None: never) raises :class:`LossScaleCollapse` after that many skipped steps in a row.
     ``enabled=False`` makes every method a pass-through (scale 1, nothing checked).
+    DeepSpeed's two extra knobs: ``hysteresis`` (default 1: back off at every overflow) lets
+    ``hysteresis - 1`` overflowing steps be skipped without backing off, counted again from the
+    last growth; ``min_scale`` (default 0) is the floor of a backoff.
     ``debug=True`` (needs ``module``) adds to the report the first forward *op* whose output held
     inf/nan (its name and input dtypes and shapes: every op's output is checked while ``module``
     runs forward, through the tracer seam) and the innermost module whose output did (a forward
@@ -114,7 +117,7 @@ class GradScaler:
                  backoff_factor: float = 0.5, growth_interval: int = 2000, *,
                  enabled: bool = True, module: Module | None = None, group=None,
                  max_consecutive_skips: int | None = 50, warn: bool = True,
-                 debug: bool = False):
+                 debug: bool = False, hysteresis: int = 1, min_scale: float = 0.0):
         if not init_scale > 0:
             raise ValueError(f"GradScaler: init_scale must be > 0, got {init_scale}")
         if not growth_factor > 1.0:
@@ -123,11 +126,19 @@ class GradScaler:
             raise ValueError(f"GradScaler: backoff_factor must be in (0, 1), got {backoff_factor}")
         if growth_interval < 0:
             raise ValueError(f"GradScaler: growth_interval must be >= 0, got {growth_interval}")
+        if isinstance(hysteresis, bool) or not isinstance(hysteresis, int) or hysteresis < 1:
+            raise ValueError(f"GradScaler: hysteresis must be an int >= 1, got {hysteresis!r}")
+        if not 0.0 <= min_scale <= init_scale:
+            raise ValueError(
+                f"GradScaler: min_scale must be in [0, init_scale={init_scale:g}], got {min_scale}")
         self.enabled = bool(enabled)
         self.scale_factor = float(init_scale) if enabled else 1.0
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = int(growth_interval)
+        self.hysteresis = hysteresis
+        self.min_scale = float(min_scale)
+        self._hysteresis_left = hysteresis  # overflows still allowed before the next backoff
         self.group = group
         self.max_consecutive_skips = max_consecutive_skips
         self.warn = warn
@@ -282,13 +293,17 @@ class GradScaler:
                                       else new_scale)
         elif self.growth_interval:
             if found:
-                self.scale_factor = before * self.backoff_factor
+                if self._hysteresis_left > 1:  # DeepSpeed's hysteresis: not yet
+                    self._hysteresis_left -= 1
+                else:
+                    self.scale_factor = max(before * self.backoff_factor, self.min_scale)
                 self._growth_tracker = 0
             else:
                 self._growth_tracker += 1
                 if self._growth_tracker >= self.growth_interval:
                     self.scale_factor = before * self.growth_factor
                     self._growth_tracker = 0
+                    self._hysteresis_left = self.hysteresis
         self._found_non_finite, self._pending = False, None
         self._first_forward = self._first_op = None
         self._unscaled.clear()
@@ -349,7 +364,8 @@ class GradScaler:
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """MegEngine's keys: ``scale_factor``, ``growth_factor``, ``backoff_factor``,
-        ``growth_interval``, ``_growth_tracker`` (plus the skip counters)."""
+        ``growth_interval``, ``_growth_tracker`` (plus the skip counters and the overflows left
+        before a backoff, ``hysteresis_left``)."""
         return {
             "scale_factor": self.scale_factor,
             "growth_factor": self.growth_factor,
@@ -358,6 +374,7 @@ class GradScaler:
             "_growth_tracker": self._growth_tracker,
             "consecutive_skips": self.consecutive_skips,
             "skipped_steps": self.skipped_steps,
+            "hysteresis_left": self._hysteresis_left,
         }
 
     def load_state_dict(self, state: dict) -> "GradScaler":
@@ -374,6 +391,7 @@ class GradScaler:
         self._growth_tracker = int(state["_growth_tracker"])
         self.consecutive_skips = int(state.get("consecutive_skips", 0))
         self.skipped_steps = int(state.get("skipped_steps", 0))
+        self._hysteresis_left = int(state.get("hysteresis_left", self.hysteresis))
         return self
 
     def get_scale(self) -> float:

@@ -15,6 +15,8 @@ The folders, bottom up (each imports only those before it; ``tests/test_layering
   :mod:`.global_tensor`;
 * :mod:`.checkpoint`: the logical sharded checkpoint format every strategy saves to and loads
   from (``dist.checkpoint.save``/``load``/``latest``/``async_save``).
+* :mod:`.deepspeed`: DeepSpeed's entry point (``deepspeed.initialize``, its JSON config) over the
+  folders above; above ``minigrad.amp`` in the layer order, so this package does not import it.
 
 MegEngine's module paths ``minigrad.distributed.functional`` and ``minigrad.distributed.helper``
 still import (see :mod:`minigrad.aliases`).
