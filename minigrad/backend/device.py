@@ -324,11 +324,23 @@ seams.GPU_ARRAYS.watch(lambda _arrays: _forget_devices())  # CuPy swapped (tests
 
 
 def as_device(device) -> Device:
-    """Resolve a name (``"cpu0"``, ``"gpu1"``, ``"xpux"``, ``"cuda:0"``) or Device to a Device."""
+    """Resolve a name (``"cpu0"``, ``"gpu1"``, ``"xpux"``, ``"cuda:0"``) or Device to a Device.
+
+    A plain integer ``n`` is PyTorch's spelling of GPU ``n`` (``t.to(local_rank)`` in DeepSpeed's
+    tutorials): ``gpu{n}``, or ``cpu0`` with a warning (once) where no GPU is visible, as the
+    launcher places ranks on the CPU there."""
     if isinstance(device, Device):
         return device
     if device is None:
         return get_default_device_obj()
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        if device < 0:
+            raise ValueError(f"unknown device {device!r}: a GPU index must be >= 0")
+        if probe_gpus().count:
+            return as_device(f"gpu{int(device)}")
+        if not _INDEX_ON_CPU_WARNED:
+            _warn_index_on_cpu(int(device))
+        return as_device("cpu0")
     name = str(device).strip().lower()
     cached = _CACHE.get(name)
     if cached is not None:
@@ -353,6 +365,16 @@ def as_device(device) -> Device:
     dev = Device(kind, int(idx))
     _CACHE[name] = dev
     return dev
+
+
+_INDEX_ON_CPU_WARNED = False
+
+
+def _warn_index_on_cpu(index: int) -> None:
+    global _INDEX_ON_CPU_WARNED
+    _INDEX_ON_CPU_WARNED = True
+    warnings.warn(f"device {index} (GPU {index}): no GPU is visible here, using cpu0",
+                  RuntimeWarning, stacklevel=4)
 
 
 def _current_gpu() -> int:

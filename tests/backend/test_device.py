@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -280,3 +281,24 @@ def test_a_subprocess_that_cannot_run_is_a_failure(gpu_probe, monkeypatch):
     monkeypatch.setattr(device_mod.subprocess, "run", run)
     probe = device_mod.probe_gpus()
     assert probe.failed and probe.count == 0 and "timed out after 120 seconds" in probe.reason
+
+
+def test_an_integer_is_a_gpu_index_or_cpu0_without_gpus(monkeypatch, fresh_devices):
+    """``t.to(local_rank)`` (PyTorch's and DeepSpeed's spelling): ``gpu{n}`` where GPUs are seen,
+    else ``cpu0`` with one warning per process (the launcher's CPU fallback)."""
+    monkeypatch.setattr(device_mod, "_INDEX_ON_CPU_WARNED", False)
+    monkeypatch.setattr(device_mod, "probe_gpus", lambda: device_mod.GpuProbe(0, "no GPU"))
+    with pytest.warns(RuntimeWarning, match="device 1 \\(GPU 1\\): no GPU is visible here"):
+        assert as_device(1) == as_device("cpu0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert as_device(np.int64(0)) == as_device("cpu0")  # warned once only
+        assert mg.tensor([1.0]).to(0).device == "cpu0"
+    monkeypatch.setattr(device_mod, "probe_gpus", lambda: device_mod.GpuProbe(2, None))
+    gpu1 = object()  # (a real gpu1 needs CuPy): the name an index resolves to
+    monkeypatch.setattr(device_mod, "_CACHE", {"gpu1": gpu1})
+    assert as_device(1) is gpu1
+    with pytest.raises(ValueError, match="a GPU index must be >= 0"):
+        as_device(-1)
+    with pytest.raises(ValueError, match="unknown device True"):
+        as_device(True)

@@ -91,7 +91,8 @@ def cifar_tutorial(argv: list, ds_config, epochs: int, check=None):
     criterion = M.CrossEntropyLoss()
     for epoch in range(epochs):  # noqa: B007 - the tutorial's loop, verbatim
         for i, data in enumerate(trainloader):  # noqa: B007
-            inputs, labels = data[0].to(model_engine.device), data[1].to(model_engine.device)
+            inputs = data[0].to(model_engine.local_rank)
+            labels = data[1].to(model_engine.local_rank)
             outputs = model_engine(inputs)
             loss = criterion(outputs, labels)
             model_engine.backward(loss)
