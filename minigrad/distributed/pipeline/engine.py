@@ -83,6 +83,7 @@ import minigrad.functional as F
 from minigrad import seams
 from minigrad.autodiff import GradManager, is_recording, no_grad
 from minigrad.autodiff.tensor import Tensor
+from minigrad.backend.dtypes import as_float_dtype, is_floating
 from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.comm.flat_buffer import FlatBuffer, group_by_layout
 from minigrad.distributed.comm.group import (
@@ -159,18 +160,24 @@ def _to_tensors(value):
     return value
 
 
-def _all_reduce_into_grads(params: list, group: Group, scale: float) -> None:
+def _all_reduce_into_grads(params: list, group: Group, scale: float,
+                           reduce_dtype: np.dtype | None = None) -> None:
     """Sum every parameter's gradient (zeros where it has none) over ``group``, times ``scale``,
-    with one all-reduce per dtype."""
+    with one all-reduce per dtype; floating gradients travel and sum in ``reduce_dtype`` when it
+    is given (then cast back to their own dtype)."""
     for same in group_by_layout(params, key=lambda p: p.dtype.name).values():
         grads = [p.grad.data if p.grad is not None else p.xp.zeros(p.shape, p.dtype)
                  for p in same]
+        dtype = grads[0].dtype
+        if reduce_dtype is not None and is_floating(dtype) and dtype != reduce_dtype:
+            grads = [g.astype(reduce_dtype) for g in grads]
         flat = FlatBuffer.of(grads)
         total = comm.all_reduce(flat.data, "sum", group)
         if scale != 1.0:
             total *= scale
         for p, value in zip(same, flat.views()):
-            p.grad = Tensor(value, device=p.device)
+            p.grad = Tensor(value if value.dtype == dtype else value.astype(dtype),
+                            device=p.device)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -187,8 +194,11 @@ class PipelineEngine:
     shape; ``zero_stage=1`` shards the optimizer state over the stage's data-parallel group
     (``dist.ZeroRedundancyOptimizer`` with the optimizer's class and param groups; the engine's
     ``optimizer`` is then that wrapper), 2 and 3 are refused (DeepSpeed's rule). ``scaler``: an
-    ``amp.GradScaler`` the engine drives (loss scaling, see the module docstring). Every
-    configuration error is raised here, on every rank, before any message is sent.
+    ``amp.GradScaler`` the engine drives (loss scaling, see the module docstring).
+    ``reduce_dtype`` (None: each gradient's own dtype) opts in to all-reducing the data-parallel
+    gradients in a lower precision (``"float16"``: half the bytes of float32 on the wire, summed
+    and rounded in float16), cast back to the gradients' dtype. Every configuration error is
+    raised here, on every rank, before any message is sent.
 
     Construction is collective (every rank of the job, in the same order): it creates the
     process groups (data-parallel group, pipeline, one group per tied key and pipeline), makes
@@ -205,7 +215,8 @@ class PipelineEngine:
     """
 
     def __init__(self, module: PipelineModule, optimizer, micro_batches: int,
-                 schedule: str | type | Schedule = "1f1b", zero_stage: int = 0, scaler=None):
+                 schedule: str | type | Schedule = "1f1b", zero_stage: int = 0, scaler=None,
+                 reduce_dtype=None):
         if zero_stage not in (0, 1, 2, 3):
             raise ValueError(
                 f"PipelineEngine: zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
@@ -232,6 +243,12 @@ class PipelineEngine:
                 f"PipelineEngine: scaler must be a loss scaler such as amp.GradScaler() (with "
                 f"scale, step and update), got {type(scaler).__name__}")
         self.scaler = scaler
+        self.reduce_dtype = None if reduce_dtype is None else as_float_dtype(
+            reduce_dtype, "PipelineEngine: reduce_dtype")
+        if self.reduce_dtype is not None and self.reduce_dtype.name not in comm.DTYPES:
+            raise ValueError(
+                f"PipelineEngine: reduce_dtype {self.reduce_dtype.name}: the collectives cannot "
+                "reduce it; use float16 or float32, or None (each gradient's own dtype)")
         world = get_world_size() if is_distributed() else 1
         if module.topology.world_size() != world:
             raise ValueError(
@@ -691,7 +708,8 @@ class PipelineEngine:
     def _reduce_grads(self, a: A.ReduceGrads) -> None:
         if self._data_group is not None:
             params = [p for p in self.module.parameters() if p.grad is not None]
-            _all_reduce_into_grads(params, self._data_group, 1.0 / self._data_group.size)
+            _all_reduce_into_grads(params, self._data_group, 1.0 / self._data_group.size,
+                                   self.reduce_dtype)
 
     def _optimizer_step(self, a: A.OptimizerStep) -> None:
         if self.scaler is None:

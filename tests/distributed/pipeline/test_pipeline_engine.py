@@ -687,6 +687,34 @@ def test_zero1_x_pp_equals_plain_dp_x_pp_and_the_global_batch():
         assert_same_training(zero[0][0], state, ref_losses, state_by_layer(layers))
 
 
+def _reduce_dtype_job(reduce_dtype):
+    rank = dist.get_rank()
+    net = PipelineModule(specs(), topology=PipeDataParallelTopology(2, 2),
+                         loss_fn=F.nn.cross_entropy)
+    replica = net.topology.get_coord(rank).data
+    data = items(8 * STEPS)
+    mine = [x for s in range(STEPS) for x in data[s * 8 + replica * 4:s * 8 + replica * 4 + 4]]
+    engine = PipelineEngine(net, sgd(list(net.parameters())), 4, "1f1b",
+                            reduce_dtype=reduce_dtype)
+    engine.train_batch(Counting(mine[:4]))
+    return params_of(net)
+
+
+def test_reduce_dtype_all_reduces_the_data_parallel_gradients_in_that_dtype():
+    exact = run_workers(_reduce_dtype_job, 4, None, timeout=120)
+    low = run_workers(_reduce_dtype_job, 4, "float32", timeout=120)
+    for e, lo in zip(exact, low):
+        assert e.keys() == lo.keys() and e
+        for name, value in e.items():  # one SGD step: the gradients' float32 rounding shows
+            assert lo[name].dtype == value.dtype == np.float64
+            np.testing.assert_allclose(lo[name], value, rtol=1e-6, atol=1e-8, err_msg=name)
+        assert any(not np.array_equal(lo[n], v) for n, v in e.items())  # float32 on the wire
+    net = PipelineModule(specs(), num_stages=1, loss_fn=F.nn.cross_entropy)
+    with pytest.raises(ValueError, match="PipelineEngine: reduce_dtype must be a floating dtype, "
+                                         "got int32"):
+        PipelineEngine(net, sgd(list(net.parameters())), 2, reduce_dtype="int32")
+
+
 def test_zero_stages_2_and_3_are_refused_with_the_reason():
     net = PipelineModule(specs(), num_stages=1, loss_fn=F.nn.cross_entropy)
     for stage in (2, 3):
