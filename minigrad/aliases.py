@@ -6,10 +6,10 @@ MegEngine programs import ``megengine.device``, ``megengine.random``, ``megengin
 ``megengine.functional.distributed``,
 ``megengine.module.elemwise``, ``megengine.distributed.functional`` and
 ``megengine.distributed.helper``; PyTorch and OneFlow programs import ``torch.optim``,
-``torch.utils.data`` and ``torch.cuda`` (``oneflow.`` the same). minigrad defines each of these
-once, in the layer it belongs to, and this table (:data:`ALIASES`) is the one place that lists
-the other names: ``import minigrad.functional.elemwise`` gives the very module object
-``minigrad.functional.elementwise``.
+``torch.utils.data``, ``torch.cuda`` and ``torch.accelerator`` (``oneflow.`` the same). minigrad
+defines each of these once, in the layer it belongs to, and this table (:data:`ALIASES`) is the
+one place that lists the other names: ``import minigrad.functional.elemwise`` gives the very
+module object ``minigrad.functional.elementwise``.
 
 How: importing this module (``minigrad/__init__.py`` does, first) puts a finder on ``sys.meta_path``
 that, asked for an alias, imports the real module and hands it back. Nothing is loaded before it
@@ -44,6 +44,7 @@ ALIASES = {
     "minigrad.optim": "minigrad.optimizer",
     "minigrad.utils.data": "minigrad.data",
     "minigrad.cuda": "minigrad.backend.cuda_api",
+    "minigrad.accelerator": "minigrad.backend.cuda_api",
 }
 
 

@@ -9,32 +9,14 @@ way (a GradManager) gives from the same start and the same batches.
 """
 
 import numpy as np
+from quickstart_data import SyntheticFashionMNIST, full_loss, grad_manager_reference
 
 import minigrad as flow
-import minigrad.autodiff as ad
 import minigrad.data as data
 import minigrad.module as nn
 
 BATCH_SIZE = 8
 EPOCHS = 2
-
-
-class SyntheticFashionMNIST:
-    """FashionMNIST's sample format (a ``(1, 28, 28)`` float32 tensor in [0, 1] and an int label
-    in 0..9), learnable: each image is its class's pattern plus noise."""
-
-    def __init__(self, n: int, seed: int):
-        rng = np.random.default_rng(seed)
-        patterns = np.random.default_rng(99).random((10, 1, 28, 28), dtype=np.float32)
-        self.labels = rng.integers(0, 10, n)
-        noise = rng.random((n, 1, 28, 28), dtype=np.float32)
-        self.images = (0.5 * patterns[self.labels] + 0.5 * noise).astype(np.float32)
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, i):
-        return flow.tensor(self.images[i]), int(self.labels[i])
 
 
 # --- the quickstart, as OneFlow's documentation writes it (imports changed) -------------------
@@ -124,31 +106,6 @@ def quickstart(training_data, test_data, model_path):
 
 # --- checks ------------------------------------------------------------------------------------
 
-def _full_loss(model, dataset):
-    with flow.no_grad():
-        x = flow.tensor(dataset.images)
-        return float(nn.CrossEntropyLoss()(model(x), flow.tensor(dataset.labels)))
-
-
-def _grad_manager_reference(net_class, training_data, seed):
-    """The same training the MegEngine way: a GradManager, the same initial parameters (the same
-    random seed) and the same batches (a RandomSampler with the loader's seed)."""
-    flow.random.seed(0)
-    model = net_class()
-    loss_fn = nn.CrossEntropyLoss()
-    optimizer = flow.optim.SGD(model.parameters(), lr=1e-3)
-    gm = ad.GradManager().attach(model.parameters())
-    sampler = data.RandomSampler(training_data, BATCH_SIZE, seed=seed, world_size=1, rank=0)
-    loader = data.DataLoader(training_data, sampler)
-    next(iter(loader))  # the quickstart looks at one batch first, which starts a pass
-    for _ in range(EPOCHS):
-        for x, y in loader:
-            with gm:
-                gm.backward(loss_fn(model(flow.tensor(x)), flow.tensor(y)))
-            optimizer.step().clear_grad()
-    return model
-
-
 def test_oneflow_quickstart_runs_and_trains_like_a_grad_manager(tmp_path, capsys):
     training_data, test_data = SyntheticFashionMNIST(48, 0), SyntheticFashionMNIST(16, 1)
     flow.random.seed(0)
@@ -161,9 +118,12 @@ def test_oneflow_quickstart_runs_and_trains_like_a_grad_manager(tmp_path, capsys
 
     flow.random.seed(0)
     initial = net_class()
-    assert _full_loss(model, training_data) < _full_loss(initial, training_data) - 1e-3
+    assert full_loss(model, training_data) < full_loss(initial, training_data) - 1e-3
 
-    reference = _grad_manager_reference(net_class, training_data, train_dataloader.sampler.seed)
+    sampler = data.RandomSampler(training_data, BATCH_SIZE, seed=train_dataloader.sampler.seed,
+                                 world_size=1, rank=0)
+    reference = grad_manager_reference(net_class, training_data, sampler, EPOCHS, 1e-3,
+                                       peeked=True)
     for (name, p), q, r in zip(model.named_parameters(), model2.parameters(),
                                reference.parameters(), strict=True):
         assert not np.array_equal(p.numpy(), initial.state_dict()[name]), name  # trained
