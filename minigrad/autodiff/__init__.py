@@ -2,8 +2,8 @@
 ``checkpoint``.
 
 Module order (imports go one way): ``recording`` (which GradManagers record now) -> ``tensor``
-(array + device + grad + graph node) -> ``function`` -> ``engine`` -> ``eager`` (``loss.backward()``
-outside GradManagers) -> ``grad_manager`` -> ``checkpointing`` (which also restores the backend's
+(array + device + grad + graph node) -> ``function`` -> ``engine`` -> ``grad_manager`` -> ``eager``
+(``loss.backward()`` outside GradManagers) -> ``checkpointing`` (which also restores the backend's
 random generators).
 """
 

@@ -457,6 +457,13 @@ class GradHookHandle:
             entry[1].remove(self._hook)
 
 
+def has_grad_hooks(tensor) -> bool:
+    """Whether ``register_grad_hook`` hooks (not all removed) wait for ``tensor``'s gradient: a
+    backward that cannot run them (eager autograd's) must refuse rather than skip them."""
+    entry = _GRAD_HOOKS.get(id(tensor))
+    return entry is not None and entry[0]() is tensor and bool(entry[1])
+
+
 def register_grad_hook(tensor, hook: Callable) -> GradHookHandle:
     """Run ``hook(tensor, grad) -> grad`` whenever any GradManager finalises ``tensor``'s gradient,
     after that manager's own callbacks (how ``DistributedDataParallel`` syncs gradients without

@@ -177,6 +177,19 @@ def test_inside_grad_manager_nothing_changes():
     np.testing.assert_array_equal(other.grad.numpy(), [1.0, 2.0])
 
 
+def test_parameters_with_grad_hooks_refuse_eager_backward():
+    """DDP syncs gradients with hooks that only a GradManager's backward runs: an eager backward
+    must refuse, not leave the ranks' gradients unsynchronised."""
+    w = mg.Parameter(np.array([1.0, 2.0], np.float32))
+    handle = ad.register_grad_hook(w, lambda t, g: g * 2)
+    with pytest.raises(RuntimeError, match="gradient hooks"):
+        (w * w).sum().backward()
+    assert w.grad is None
+    handle.remove()
+    (w * w).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [2.0, 4.0])
+
+
 def test_inference_loop_without_no_grad_does_not_grow():
     """The graph hangs off its outputs: once an iteration's output is dropped, its nodes (and
     the buffers they saved) are freed by reference counting alone (no cycles, no tape)."""
