@@ -32,9 +32,11 @@ the first without changing it:
    summed are those of ``GradManager.backward``, so on the same model both modes give bitwise the
    same gradients.
 
-Not covered: ``create_graph=True`` (higher-order gradients: nested GradManagers do those); the
-callbacks of ``GradManager.attach`` and ``register_grad_hook`` hooks (the distributed gradient
-all-reduce) run only in a GradManager's backward.
+Not covered: ``create_graph=True`` (higher-order gradients: nested GradManagers do those); global
+tensors (their ops are not recorded eagerly, so ``loss.backward()`` raises). The callbacks of
+``GradManager.attach`` and ``register_grad_hook`` hooks (``DistributedDataParallel``'s gradient
+all-reduce) run only in a GradManager's backward: a leaf with such hooks makes the eager backward
+raise before any ``.grad`` changes, instead of leaving the ranks' gradients unsynchronised.
 
 Example::
 
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 from minigrad.autodiff.autocast import autocast_off
 from minigrad.autodiff.engine import ConsumedGraphError, run_backward
+from minigrad.autodiff.grad_manager import has_grad_hooks
 from minigrad.autodiff.recording import EAGER, recording_for
 from minigrad.autodiff.tensor import Tensor
 
@@ -87,6 +90,14 @@ class EagerAutograd:
                              retain=bool(retain_graph))
         except ConsumedGraphError:
             raise RuntimeError(SECOND_BACKWARD) from None
+        for tensor, _ in final:
+            if tensor._eager_grad and has_grad_hooks(tensor):
+                raise RuntimeError(
+                    f"Tensor.backward: a tensor of shape {tensor.shape} has gradient hooks "
+                    "(register_grad_hook, e.g. DistributedDataParallel's all-reduce) that run only "
+                    "in a GradManager's backward; record the step with a GradManager (with gm: "
+                    "... gm.backward(loss))"
+                )
         with recording_for(()):
             for tensor, grad in final:
                 if not tensor._eager_grad:  # frozen since the graph was recorded

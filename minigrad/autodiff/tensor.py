@@ -803,7 +803,8 @@ class Parameter(Tensor):
     def requires_grad_(self, requires_grad: bool = True) -> "Parameter":
         """Freeze (False) or unfreeze (True) this parameter in place; returns it (PyTorch's
         method). Frozen, it takes no part in recordings, so no GradManager computes or delivers
-        its gradient; unfrozen, a GradManager it is attached to does again."""
+        its gradient and eager autograd (``loss.backward()`` outside GradManagers) records no op
+        on it; unfrozen, both do again."""
         key = id(self)
         entry = _FROZEN.get(key)
         frozen = entry is not None and entry[0]() is self
