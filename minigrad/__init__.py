@@ -48,12 +48,20 @@ tune_malloc_unless_disabled()
 _GLOBAL_VIEW = ("Graph", "placement", "sbp")  # OneFlow's names, from the distributed layer
 
 
+#: PyTorch's and OneFlow's module names (``flow.optim.SGD``, ``flow.utils.data.DataLoader``,
+#: ``flow.cuda.is_available()``), loaded on first use (see minigrad.aliases)
+_LAZY_MODULES = {"hub": "minigrad.hub", "logger": "minigrad.logger", "optim": "minigrad.optim",
+                 "utils": "minigrad.utils", "cuda": "minigrad.cuda",
+                 "accelerator": "minigrad.accelerator"}
+
+
 def __getattr__(name: str):
     """``mg.placement``, ``mg.sbp`` and ``mg.Graph`` (global tensors) load the distributed runtime
     on first use, so that ``import minigrad`` alone stays light; so do ``mg.hub``, ``mg.logger``
-    and ``mg.get_logger`` (the ``logging`` package costs milliseconds to import)."""
-    if name in ("hub", "logger"):
-        return importlib.import_module(f"minigrad.{name}")
+    and ``mg.get_logger`` (the ``logging`` package costs milliseconds to import), and PyTorch's
+    and OneFlow's ``mg.optim``, ``mg.utils``, ``mg.cuda`` and ``mg.accelerator``."""
+    if name in _LAZY_MODULES:
+        return importlib.import_module(_LAZY_MODULES[name])
     if name == "get_logger":
         return importlib.import_module("minigrad.logger").get_logger
     if name in _GLOBAL_VIEW:
@@ -64,6 +72,8 @@ def __getattr__(name: str):
 
 float16, float32, float64, bfloat16 = "float16", "float32", "float64", "bfloat16"
 int8, int32, int64, uint8, bool_ = "int8", "int32", "int64", "uint8", "bool"
+# PyTorch's other names (torch.float is float32, torch.long int64): t.type(mg.float)
+float, double, long = "float32", "float64", "int64"  # noqa: A001
 
 __version__ = "0.1.0"
 

@@ -5,9 +5,11 @@ MegEngine programs import ``megengine.device``, ``megengine.random``, ``megengin
 ``megengine.functional.math`` (both the ``functional`` package itself),
 ``megengine.functional.distributed``,
 ``megengine.module.elemwise``, ``megengine.distributed.functional`` and
-``megengine.distributed.helper``. minigrad defines each of these once, in the layer it belongs to,
-and this table (:data:`ALIASES`) is the one place that lists the other names: ``import
-minigrad.functional.elemwise`` gives the very module object ``minigrad.functional.elementwise``.
+``megengine.distributed.helper``; PyTorch and OneFlow programs import ``torch.optim``,
+``torch.utils.data``, ``torch.cuda`` and ``torch.accelerator`` (``oneflow.`` the same). minigrad
+defines each of these once, in the layer it belongs to, and this table (:data:`ALIASES`) is the
+one place that lists the other names: ``import minigrad.functional.elemwise`` gives the very
+module object ``minigrad.functional.elementwise``.
 
 How: importing this module (``minigrad/__init__.py`` does, first) puts a finder on ``sys.meta_path``
 that, asked for an alias, imports the real module and hands it back. Nothing is loaded before it
@@ -39,6 +41,10 @@ ALIASES = {
     "minigrad.module.elemwise": "minigrad.module.elementwise",
     "minigrad.distributed.functional": "minigrad.distributed.comm.functional",
     "minigrad.distributed.helper": "minigrad.distributed.data_parallel.helper",
+    "minigrad.optim": "minigrad.optimizer",
+    "minigrad.utils.data": "minigrad.data",
+    "minigrad.cuda": "minigrad.backend.cuda_api",
+    "minigrad.accelerator": "minigrad.backend.cuda_api",
 }
 
 

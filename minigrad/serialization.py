@@ -412,7 +412,7 @@ def _load_megengine(payload: bytes, where: str, map_location) -> Any:
 
 
 def load(f, map_location=None, allow_pickle: bool = False, format: str | None = None,  # noqa: A002
-         global_src_rank: int | None = None) -> Any:
+         global_src_rank: int | None = None, weights_only: bool | None = None) -> Any:
     """Load what ``save`` wrote, or a MegEngine checkpoint, from a path or a binary file object.
 
     ``map_location`` moves tensors: a device name (``"cpu0"``), a dict mapping saved device
@@ -430,7 +430,16 @@ def load(f, map_location=None, allow_pickle: bool = False, format: str | None = 
     ``global_src_rank=r`` (OneFlow): every rank calls ``load``; only rank ``r`` reads the file and
     the others receive its bytes, so each gets the same (local) objects, e.g. the logical tensors
     written by ``save(..., global_dst_rank=...)``, ready for ``to_global`` at any world size.
+
+    ``weights_only`` (PyTorch's ``torch.load`` argument): True or None is what ``load`` always
+    does (nothing but data is rebuilt); False is refused, use ``allow_pickle=True`` for a trusted
+    file.
     """
+    if weights_only is False:
+        raise ValueError(
+            "mg.load: weights_only=False is not supported (minigrad never runs code from a file "
+            "by default); pass allow_pickle=True to unpickle a trusted file without restriction"
+        )
     if format not in (None, "minigrad", "megengine"):
         raise ValueError(f"mg.load: format must be None, 'minigrad' or 'megengine', got {format!r}")
     is_file = hasattr(f, "read")

@@ -2,10 +2,12 @@
 ``checkpoint``.
 
 Module order (imports go one way): ``recording`` (which GradManagers record now) -> ``tensor``
-(array + device + grad + graph node) -> ``function`` -> ``engine`` -> ``grad_manager`` ->
-``checkpointing`` (which also restores the backend's random generators).
+(array + device + grad + graph node) -> ``function`` -> ``engine`` -> ``grad_manager`` -> ``eager``
+(``loss.backward()`` outside GradManagers) -> ``checkpointing`` (which also restores the backend's
+random generators).
 """
 
+from minigrad.autodiff import eager  # noqa: F401  (binds loss.backward() outside GradManagers)
 from minigrad.autodiff.checkpointing import checkpoint
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.grad_manager import (

@@ -53,13 +53,19 @@ from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.xp import get_array_module
 
 
-def run_backward(roots, rec: Recording, on_leaf) -> None:
+class ConsumedGraphError(RuntimeError):
+    """A backward reached a node that an earlier backward already consumed (raised while the walk
+    discovers the graph, before any node's backward has run)."""
+
+
+def run_backward(roots, rec: Recording, on_leaf, retain: bool = False) -> None:
     """One pass over everything of ``rec``'s graph reachable from ``roots``.
 
     ``roots``: ``((target, idx), grad)`` pairs (target a node or a leaf Tensor, grad a Tensor);
-    ``on_leaf(tensor, grad)``: a leaf's gradient is final.
+    ``on_leaf(tensor, grad)``: a leaf's gradient is final. ``retain=True`` keeps every node for
+    another backward (PyTorch's ``retain_graph``) instead of releasing it.
     """
-    _Walk(rec, on_leaf=on_leaf).run(roots, [])
+    _Walk(rec, on_leaf=on_leaf, keep=_keep_all if retain else None).run(roots, [])
 
 
 class WeightPass:
@@ -194,7 +200,7 @@ class _Walk:
                 continue
             edges = node._edges
             if edges is None or (consumed is not None and node in consumed):
-                raise RuntimeError(
+                raise ConsumedGraphError(
                     f"backward through a {type(node).__name__} node that an earlier backward "
                     "already consumed (each recorded graph can be back-propagated once)"
                 )
@@ -317,6 +323,11 @@ def _use_tracer(tracer) -> None:
 
 
 seams.TRACER.watch(_use_tracer)
+
+
+def _keep_all(node, grads, mask) -> bool:
+    """``keep`` of a retaining walk: every node stays, nothing is released."""
+    return True
 
 
 def _expect_one_more(waiting: dict, key: int) -> None:

@@ -19,6 +19,13 @@ gradient (or, for a ``records_always`` op, whenever a GradManager is recording):
 inputs' shapes, dtypes and devices, a creation number ``_seq`` (a topological order) and the tape
 of recordings it belongs to (see ``minigrad.autodiff.recording``).
 
+Outside every GradManager (recording enabled, ``STATE.tape`` empty), a call whose inputs include
+a tensor with ``_eager_grad`` (a trainable parameter, a tensor given ``requires_grad=True``, the
+output of such a call) is recorded for ``EAGER_TAPE`` instead (eager autograd, see
+``minigrad.autodiff.eager``): its edges go to the inputs' eager nodes and ``_eager_grad`` leaves,
+and its float outputs get ``_eager_grad``. Only the outputs hold such a node, so the graph lives as
+long as they do. Finding out costs one attribute read per tensor input.
+
 Dispatch seam (global tensors): a tensor class may set a class-level ``__minigrad_dispatch__``
 (``None`` on ``Tensor``). When an input carries one, the call is handed to it,
 ``dispatch(function, inputs)``, which runs the op its own way (``minigrad.distributed.
@@ -29,7 +36,7 @@ The hot path pays one attribute check per tensor input; this layer never imports
 from __future__ import annotations
 
 from minigrad import seams
-from minigrad.autodiff.recording import STATE, shares_recording
+from minigrad.autodiff.recording import EAGER_TAPE, STATE, shares_recording
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend.device import get_default_device_obj
 from minigrad.backend.dtypes import is_floating
@@ -97,6 +104,7 @@ class Function:
         edges = [] if may_record else None  # built in the same pass, used if this call records
         meta = [] if may_record else None
         device = None
+        eager = False  # some input wants eager autograd (read only when no GradManager records)
         for x in inputs:
             if isinstance(x, Tensor):
                 if x.__minigrad_dispatch__ is not None and self.dispatches:
@@ -123,9 +131,15 @@ class Function:
                             edges.append(None)
                         meta.append((data.shape, data.dtype, x_device))
                         continue
+                elif x._eager_grad:
+                    eager = True
             if may_record:
                 edges.append(None)
                 meta.append(None)
+        if eager and state.enabled:
+            tape = EAGER_TAPE
+            edges, meta = _eager_edges(inputs)
+            may_record = record = True
         if device is None:
             device = get_default_device_obj()
         if device.kind != "cpu":
@@ -143,12 +157,12 @@ class Function:
             outs = tuple(Tensor._wrap(o._data, o._device) if isinstance(o, Tensor)
                          else Tensor._wrap(o, device) for o in out)
             if record:
-                self._record(edges, meta, outs)
+                self._record(edges, meta, outs, tape)
             return outs
         y = (Tensor._wrap(out._data, out._device) if isinstance(out, Tensor)
              else Tensor._wrap(out, device))
         if record:
-            self._record(edges, meta, (y,))
+            self._record(edges, meta, (y,), tape)
         return y
 
     def _device_mismatch(self, inputs) -> RuntimeError:
@@ -174,29 +188,55 @@ class Function:
             finally:
                 STATE.enabled = True
 
-    def _record(self, edges, meta, outputs):
-        """Make this call a node of the graph recorded for ``STATE.tape``, with the inputs' edges
-        and metadata that ``__call__`` collected."""
+    def _record(self, edges, meta, outputs, tape):
+        """Make this call a node of the graph recorded for ``tape`` (``STATE.tape``, or
+        ``EAGER_TAPE``), with the inputs' edges and metadata that ``__call__`` collected."""
         state = STATE
         self._edges = edges
         self._in_meta = meta
         self._seq = state.seq = state.seq + 1
-        self._tape = state.tape
+        self._tape = tape
+        eager = tape is EAGER_TAPE
         n_out = self._n_out = len(outputs)
         if n_out == 1:
             y = outputs[0]
             if y._data.dtype.kind == "f" or is_floating(y._data.dtype):
                 y._node = self  # its _out_idx is 0 already (_wrap)
+                y._eager_grad = eager
             return
         for i, t in enumerate(outputs):
             if t._data.dtype.kind == "f" or is_floating(t._data.dtype):
                 t._node = self
                 t._out_idx = i
+                t._eager_grad = eager
 
     def _free(self):
         """Drop everything saved for backward and the edges into the graph."""
         self.__dict__.clear()
         self._edges = None
+
+
+def _eager_edges(inputs) -> tuple[list, list]:
+    """The edges and input metadata of a call recorded for ``EAGER_TAPE``: an input produced by an
+    eagerly recorded op leads to that node, a leaf with ``_eager_grad`` to itself, anything else
+    nowhere (a constant)."""
+    edges, meta = [], []
+    for x in inputs:
+        if isinstance(x, Tensor):
+            data = x._data
+            if data.dtype.kind == "f" or is_floating(data.dtype):
+                node = x._node
+                if node is not None and node._tape is EAGER_TAPE:
+                    edges.append((node, x._out_idx))
+                elif x._eager_grad and node is None:
+                    edges.append((x, 0))
+                else:
+                    edges.append(None)
+                meta.append((data.shape, data.dtype, x._device))
+                continue
+        edges.append(None)
+        meta.append(None)
+    return edges, meta
 
 
 def dispatches(operands) -> bool:

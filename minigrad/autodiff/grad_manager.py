@@ -29,7 +29,7 @@ from minigrad.autodiff.engine import (
     run_backward_input,
     run_backward_weight,
 )
-from minigrad.autodiff.recording import STATE, Recording, recording_for
+from minigrad.autodiff.recording import EAGER_TAPE, STATE, Recording, recording_for
 from minigrad.autodiff.tensor import Tensor, is_frozen, mark_attached
 from minigrad.backend.dtypes import is_floating
 
@@ -204,7 +204,7 @@ class GradManager(_WithRecords):
                 raise TypeError(
                     f"GradManager.backward_input: inputs must be Tensors, got {type(t).__name__}"
                 )
-            if t._node is None and not t._requires_grad:
+            if (t._node is None or t._node._tape is EAGER_TAPE) and not t._requires_grad:
                 raise ValueError(
                     f"GradManager.backward_input: inputs[{i}] ({_describe(t)}) cannot receive a "
                     "gradient: it was neither attached to a GradManager nor computed by recorded "
@@ -455,6 +455,13 @@ class GradHookHandle:
         entry = _GRAD_HOOKS.get(self._key)
         if entry is not None and self._hook in entry[1]:
             entry[1].remove(self._hook)
+
+
+def has_grad_hooks(tensor) -> bool:
+    """Whether ``register_grad_hook`` hooks (not all removed) wait for ``tensor``'s gradient: a
+    backward that cannot run them (eager autograd's) must refuse rather than skip them."""
+    entry = _GRAD_HOOKS.get(id(tensor))
+    return entry is not None and entry[0]() is tensor and bool(entry[1])
 
 
 def register_grad_hook(tensor, hook: Callable) -> GradHookHandle:

@@ -15,6 +15,11 @@ which is what makes liveness *per graph*:
 While a manager runs its backward, ``tape`` is narrowed to the recordings entered *before* it (the
 managers that see its backward, for higher-order gradients), and recording is off when there are
 none.
+
+Outside every GradManager, ops on tensors that require gradients are recorded for :data:`EAGER`,
+the one permanent recording of PyTorch-style eager autograd (``loss.backward()`` without a
+manager, see ``minigrad.autodiff.eager``). It is never in ``tape``: ``Function.__call__`` uses
+:data:`EAGER_TAPE` only when ``tape`` is empty, so nothing inside ``with gm:`` changes.
 """
 
 from __future__ import annotations
@@ -52,6 +57,12 @@ class Recording:
         """The GradManager that opened this recording (None for a private one, or once deleted)."""
         return self._manager() if self._manager is not None else None
 
+    def bind(self, manager) -> None:
+        """Make ``manager`` (held weakly) the one that back-propagates this recording's graphs:
+        how ``minigrad.autodiff.eager`` takes charge of :data:`EAGER` without this module
+        importing it."""
+        self._manager = weakref.ref(manager)
+
     def __repr__(self) -> str:
         return f"Recording(level={self.level}, active={self.active})"
 
@@ -73,6 +84,13 @@ class _State:
 
 
 STATE = _State()
+
+#: The permanent recording of eager autograd (ops outside every GradManager on tensors that
+#: require gradients); always active, bound to its backward by ``minigrad.autodiff.eager``.
+EAGER = Recording(None, level=0)
+#: The tape of every eagerly recorded node (one tuple, so ``node._tape is EAGER_TAPE`` tells an
+#: eager node in one comparison).
+EAGER_TAPE = (EAGER,)
 
 
 @contextlib.contextmanager

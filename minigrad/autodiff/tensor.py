@@ -7,7 +7,9 @@ module that ``minigrad.functional`` installs there once it is imported. Imports 
 one-way: backend -> ``autodiff.recording`` -> tensor -> the rest of autodiff -> functional -> ...
 
 Graph-related behaviour (``requires_grad``, ``backward``) asks the node that produced the tensor,
-so this module needs nothing from autodiff but its recording state.
+so this module needs nothing from autodiff but its recording state: ``backward`` goes to the
+manager of the node's recording (a ``GradManager``, or the eager autograd of
+``minigrad.autodiff.eager`` bound to ``recording.EAGER``).
 
 Global tensors (OneFlow's cluster-wide view, ``minigrad.distributed.global_tensor``) reach this
 layer only through duck typing, never through an import: ``to_global`` and the ``placement=`` /
@@ -25,7 +27,7 @@ import weakref
 import numpy as np
 
 from minigrad import seams
-from minigrad.autodiff.recording import is_recording
+from minigrad.autodiff.recording import EAGER, EAGER_TAPE, is_recording
 from minigrad.backend.device import Device, as_device, get_default_device_obj
 from minigrad.backend.device_checks import raise_deferred_errors
 from minigrad.backend.dtypes import is_floating, parse_extra_dtype
@@ -42,7 +44,8 @@ def _use_functional(module) -> None:
 seams.FUNCTIONAL.watch(_use_functional)
 
 
-_DTYPE_ALIASES = {"float": "float32", "int": "int32", "half": "float16", "double": "float64"}
+_DTYPE_ALIASES = {"float": "float32", "int": "int32", "half": "float16", "double": "float64",
+                  "long": "int64"}
 
 
 def as_dtype(dtype) -> np.dtype | None:
@@ -108,7 +111,9 @@ class Tensor:
 
     What ops and the autodiff engine read and write (the op protocol): ``_data`` (the backend
     array), ``_device``, ``_node``/``_out_idx`` (the recorded node that produced this tensor and
-    which of its outputs it is), ``_requires_grad`` (attached to a GradManager) and ``_wrap``.
+    which of its outputs it is), ``_requires_grad`` (attached to a GradManager), ``_eager_grad``
+    (outside GradManagers, ops on it are recorded for ``loss.backward()``: a trainable Parameter,
+    a tensor given ``requires_grad=True``, or the output of such an op) and ``_wrap``.
     Tensors also take ad-hoc attributes (``param.grad_backup = ...``), as MegEngine's do.
     """
 
@@ -118,6 +123,7 @@ class Tensor:
         "_node",
         "_out_idx",
         "_requires_grad",
+        "_eager_grad",
         "grad",
         "name",
         "__weakref__",
@@ -129,7 +135,7 @@ class Tensor:
     __minigrad_dispatch__ = None
 
     def __init__(self, data=None, dtype=None, device=None, name: str | None = None, *,
-                 placement=None, sbp=None):
+                 placement=None, sbp=None, requires_grad: bool = False):
         if data is None:
             data = []
         dev = as_device(device) if device is not None else None
@@ -156,8 +162,11 @@ class Tensor:
         self._node = None
         self._out_idx = 0
         self._requires_grad = False
+        self._eager_grad = False
         self.grad = None
         self.name = "" if name is None else name  # MegEngine: an unnamed tensor's name is ""
+        if requires_grad:
+            self.requires_grad_(True)
         if placement is not None or sbp is not None:
             place_new_tensor(self, placement, sbp, "tensor")
         elif isinstance(data, Tensor) and data.is_global:
@@ -178,6 +187,7 @@ class Tensor:
         t._node = None
         t._out_idx = 0
         t._requires_grad = False
+        t._eager_grad = False
         t.grad = None
         t.name = ""
         return t
@@ -220,10 +230,34 @@ class Tensor:
 
     @property
     def requires_grad(self) -> bool:
-        """True for a tensor attached to a GradManager or produced by an op of a live recording
-        (a :class:`Parameter` is True from the start, until frozen: see
-        :meth:`Parameter.requires_grad_`)."""
-        return self._in_graph()
+        """True for a tensor attached to a GradManager, given ``requires_grad=True``, or produced
+        by an op of a live recording, eager ones included (a :class:`Parameter` is True from the
+        start, until frozen: see :meth:`Parameter.requires_grad_`)."""
+        return self._eager_grad or self._in_graph()
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        """Mark this float leaf tensor as wanting a gradient (PyTorch's method; returns it):
+        outside every GradManager, ops on it are then recorded and ``loss.backward()`` accumulates
+        into its ``.grad`` (see ``minigrad.autodiff.eager``). Inside ``with gm:`` only
+        ``gm.attach`` counts, as in MegEngine."""
+        if requires_grad and not is_floating(self.dtype):
+            raise RuntimeError(
+                f"Tensor.requires_grad_: only float tensors can require gradients, got dtype "
+                f"{self.dtype}"
+            )
+        if self._node is not None and self._node._tape is EAGER_TAPE:
+            if requires_grad:
+                return self  # the output of a recorded op requires gradients already
+            raise RuntimeError(
+                "Tensor.requires_grad_: this tensor is the output of a recorded op, not a leaf; "
+                "use .detach() to get a tensor without gradients"
+            )
+        self._eager_grad = bool(requires_grad)
+        return self
 
     def _in_graph(self) -> bool:
         """Attached to a GradManager, or produced by an op of a live recording: gradients may
@@ -231,27 +265,46 @@ class Tensor:
         node = self._node
         return self._requires_grad or (node is not None and node.is_live)
 
-    def backward(self, dy=None) -> None:
-        """Back-propagate from this tensor (``dy`` defaults to ones) with the most recently entered
-        GradManager that recorded it and is still recording: ``gm.backward(self, dy)``, which
-        releases that manager's recording. OneFlow and PyTorch users write ``loss.backward()``.
+    def backward(self, gradient=None, retain_graph=None, create_graph: bool = False) -> None:
+        """Back-propagate from this tensor (``gradient``, MegEngine's ``dy``, defaults to ones).
+
+        Computed inside ``with gm:``, it goes to the most recently entered GradManager that
+        recorded it and is still recording: ``gm.backward(self, gradient)``, which releases that
+        manager's recording. Computed outside every GradManager from tensors that require
+        gradients (parameters), it is PyTorch's eager backward (``minigrad.autodiff.eager``):
+        gradients accumulate into the leaves' ``.grad`` and the graph is freed unless
+        ``retain_graph=True``; a non-scalar tensor needs ``gradient``.
 
         Example::
 
+            loss = loss_fn(model(x), y)   # no GradManager
+            loss.backward()               # p.grad for every parameter p of model
             with gm:
                 loss = model(x).mean()
                 loss.backward()  # same as gm.backward(loss)
         """
         node = self._node
         recordings = () if node is None else node._tape
+        if recordings is EAGER_TAPE or (node is None and self._eager_grad):
+            EAGER.manager.backward(self, gradient, retain_graph=retain_graph,
+                                   create_graph=create_graph)
+            return
         managers = [r.manager for r in recordings if r.active and r.manager is not None]
         if not managers:
             raise RuntimeError(
                 f"Tensor.backward: this tensor (shape {self.shape}, dtype {self.dtype}) was not "
                 "produced by an op recorded by a GradManager that is still recording (compute "
-                "it inside `with gm:` and call backward before the recording ends)"
+                "it inside `with gm:` and call backward before the recording ends), nor by ops "
+                "outside GradManagers on tensors that require gradients (parameters, or tensors "
+                "given requires_grad=True, not under no_grad)"
             )
-        managers[-1].backward(self, dy)
+        if retain_graph or create_graph:
+            raise ValueError(
+                "Tensor.backward: retain_graph and create_graph apply to graphs recorded outside "
+                "GradManagers; inside `with gm:` use gm.backward(y, dy, release=False), and "
+                "nested GradManagers for higher-order gradients"
+            )
+        managers[-1].backward(self, gradient)
 
     def backward_seed(self, dy=None) -> "Tensor":
         """The gradient a backward pass starts from at this tensor: ``dy`` (already checked to
@@ -377,6 +430,18 @@ class Tensor:
             )
         return self._data if dtype is None else self._data.astype(dtype)
 
+    def __format__(self, spec: str) -> str:
+        """``f"{loss:>7f}"`` formats a one-element tensor as its number (PyTorch, OneFlow);
+        an empty spec gives ``str(t)``; other specs on bigger tensors raise ``TypeError``."""
+        if not spec:
+            return str(self)
+        if self._data.size != 1:
+            raise TypeError(
+                f"Tensor.__format__: format spec {spec!r} needs a one-element tensor, got shape "
+                f"{self.shape}"
+            )
+        return format(self.item(), spec)
+
     def __float__(self) -> float:
         return float(self.item())
 
@@ -395,9 +460,57 @@ class Tensor:
             )
         return bool(self.item())
 
-    def to(self, device) -> "Tensor":
-        """A copy on ``device`` (differentiable)."""
-        return _F.copy(self, device)
+    def to(self, *args, device=None, dtype=None) -> "Tensor":
+        """A copy on ``device`` and/or converted to ``dtype`` (differentiable), in PyTorch's and
+        OneFlow's spellings: ``t.to("cpu")``, ``t.to(dtype=mg.int64)``, ``t.to("gpu0",
+        "float16")``, ``t.to(other)`` (other's device and dtype). A device always copies; a dtype
+        alone converts only when it differs; with neither, ``t`` itself.
+
+        Example::
+
+            x = x.to(DEVICE)
+            labels = pred.argmax(1).to(dtype=mg.int64)
+        """
+        for arg in args:
+            if isinstance(arg, Tensor):
+                device, dtype = arg._device, arg.dtype
+            elif isinstance(arg, Device):
+                device = arg
+            else:
+                try:
+                    dtype = as_dtype(arg)
+                except TypeError:
+                    device = arg
+        out = self
+        if dtype is not None and as_dtype(dtype) != self.dtype:
+            out = _F.astype(out, dtype)
+        if device is not None:
+            out = _F.copy(out, device)
+        return out
+
+    def type(self, dtype=None):
+        """PyTorch's ``t.type(dtype)``: the tensor converted to ``dtype`` (``t.type(mg.float)``);
+        without a dtype, the name of this tensor's dtype."""
+        if dtype is None:
+            return self.dtype.name
+        return self.to(dtype=dtype)
+
+    def move_to_(self, device) -> "Tensor":
+        """Move this tensor's data to ``device`` in place and return it: the object stays, so
+        the modules and optimizers holding it keep working (``Module.to(device)`` does this to
+        every parameter and buffer). Its ``.grad`` moves too. Only for leaves (tensors not
+        produced by a recorded op) on one process."""
+        dev = as_device(device)
+        if dev == self._device:
+            return self
+        if self.is_global or self._node is not None:
+            kind = "a global tensor" if self.is_global else "the output of a recorded op"
+            raise RuntimeError(f"Tensor.move_to_: cannot move {kind} in place; use .to(device)")
+        self._data = dev.put(to_numpy(self._data) if self._device.kind != "cpu" else self._data)
+        self._device = dev
+        if isinstance(self.grad, Tensor):
+            self.grad.move_to_(dev)
+        return self
 
     def cpu(self) -> "Tensor":
         """A copy on ``cpu0`` (differentiable)."""
@@ -455,6 +568,8 @@ class Tensor:
                 self.grad.copy())
         if isinstance(self, Parameter) and not self.requires_grad:
             out.requires_grad_(False)
+        elif self._eager_grad and self._node is None:
+            out._eager_grad = True
         return out
 
     def set_(self, source) -> "Tensor":
@@ -672,6 +787,7 @@ class Parameter(Tensor):
             if dtype is not None:
                 raise TypeError(f"Parameter: parameters must be float, got dtype {self.dtype}")
             self._data = self._data.astype(np.float32)
+        self._eager_grad = True  # trainable by default: eager autograd records ops on it
 
     @property
     def requires_grad(self) -> bool:
@@ -687,10 +803,12 @@ class Parameter(Tensor):
     def requires_grad_(self, requires_grad: bool = True) -> "Parameter":
         """Freeze (False) or unfreeze (True) this parameter in place; returns it (PyTorch's
         method). Frozen, it takes no part in recordings, so no GradManager computes or delivers
-        its gradient; unfrozen, a GradManager it is attached to does again."""
+        its gradient and eager autograd (``loss.backward()`` outside GradManagers) records no op
+        on it; unfrozen, both do again."""
         key = id(self)
         entry = _FROZEN.get(key)
         frozen = entry is not None and entry[0]() is self
+        self._eager_grad = bool(requires_grad)
         if requires_grad and frozen:
             del _FROZEN[key]
             self._requires_grad = self._requires_grad or entry[1][0]

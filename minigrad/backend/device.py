@@ -191,6 +191,12 @@ class Device:
         """Whether this is a CUDA device."""
         return self.kind == "gpu"
 
+    @property
+    def type(self) -> str:
+        """PyTorch's name of the device kind: ``"cuda"`` for a GPU, ``"cpu"`` for the CPU (what
+        ``torch.accelerator.current_accelerator().type`` gives a program to pass to ``.to``)."""
+        return "cuda" if self.kind == "gpu" else self.kind
+
     def put(self, array, dtype=None):
         """Return ``array`` as an array on this device (copying across devices when needed).
 

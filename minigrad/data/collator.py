@@ -1,7 +1,9 @@
 """Collator: merge a list of samples into one batch of NumPy arrays, keeping the sample structure.
 
-Arrays are stacked along a new leading axis; Python/NumPy scalars become 1-D arrays; tuples,
-namedtuples, lists and dicts are collated field by field (recursively); strings stay a list.
+Arrays (and Tensors, as NumPy arrays) are stacked along a new leading axis; Python/NumPy scalars
+become 1-D arrays; tuples, namedtuples, lists and dicts are collated field by field (recursively);
+strings stay a list. :func:`as_tensors` turns a collated batch's arrays into Tensors (the batches
+of PyTorch's spelling of the DataLoader).
 
 Example::
 
@@ -16,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Collator"]
+from minigrad.autodiff.tensor import Tensor
+
+__all__ = ["Collator", "as_tensors"]
 
 
 class Collator:
@@ -34,8 +38,25 @@ class Collator:
         return f"{type(self).__name__}()"
 
 
+def as_tensors(batch: Any) -> Any:
+    """``batch`` with every NumPy array inside it (in tuples, lists, dicts) made a Tensor on the
+    default device, keeping its dtype (PyTorch's batches: int64 labels stay int64)."""
+    if isinstance(batch, np.ndarray):
+        return Tensor(batch)
+    if isinstance(batch, Mapping):
+        return {k: as_tensors(v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(as_tensors(v) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(as_tensors(v) for v in batch)
+    return batch
+
+
 def _collate(batch: list[Any], where: str) -> Any:
     elem = batch[0]
+    if isinstance(elem, Tensor):  # a sample that a transform made a Tensor (ToTensor)
+        batch = [x.numpy() if isinstance(x, Tensor) else x for x in batch]
+        elem = batch[0]
     if isinstance(elem, np.ndarray):
         shapes = {x.shape for x in batch if isinstance(x, np.ndarray)}
         if len(shapes) != 1 or not all(isinstance(x, np.ndarray) for x in batch):

@@ -18,6 +18,11 @@ Example::
                         transform=Compose([Normalize(33.3, 78.6), ToMode("CHW")]), num_workers=2)
     for images, labels in loader:      # float32 (128, 1, 28, 28), int32 (128,)
         ...
+
+PyTorch's and OneFlow's spelling, ``DataLoader(dataset, batch_size, shuffle=True)`` (also
+``drop_last=`` and ``collate_fn=``), builds the sampler from those arguments (a
+``RandomSampler`` or ``SequentialSampler`` over the whole dataset on every rank, as theirs does)
+and yields batches of Tensors, as theirs do; the MegEngine spelling keeps NumPy batches.
 """
 
 from __future__ import annotations
@@ -43,9 +48,9 @@ import numpy as np
 from minigrad import seams
 from minigrad.backend.device import is_cuda_available, probe_gpus
 from minigrad.backend.transfer import pin_memory
-from minigrad.data.collator import Collator
+from minigrad.data.collator import Collator, as_tensors
 from minigrad.data.dataset.base import StreamDataset
-from minigrad.data.sampler import Sampler, SequentialSampler, StreamSampler
+from minigrad.data.sampler import RandomSampler, Sampler, SequentialSampler, StreamSampler
 from minigrad.data.transform import PseudoTransform
 
 __all__ = ["DataLoader", "WorkerInfo", "get_worker_info"]
@@ -91,6 +96,9 @@ class DataLoader:
             process, so that moving them to a GPU (``mg.tensor(batch, device="gpu0")``) is an
             asynchronous copy on a side stream (``minigrad.backend.transfer``). Without a usable
             GPU it warns once and batches stay as they are.
+        batch_size, shuffle, drop_last, collate_fn: PyTorch's and OneFlow's arguments (keywords,
+            or ``DataLoader(dataset, batch_size, shuffle)`` by position): the sampler is built from
+            them and batches are Tensors (see the module docstring); not with ``sampler``.
 
     Example::
 
@@ -110,7 +118,25 @@ class DataLoader:
         prefetch_factor: int = 2,
         worker_init_fn: Callable[[int], None] | None = None,
         pin_memory: bool = False,
+        *,
+        batch_size: int | None = None,
+        shuffle: bool | None = None,
+        drop_last: bool = False,
+        collate_fn: Callable | None = None,
     ) -> None:
+        if isinstance(sampler, int) and not isinstance(sampler, bool):
+            # PyTorch's positional order: DataLoader(dataset, batch_size, shuffle, ...)
+            if batch_size is not None:
+                raise TypeError("DataLoader: batch_size given twice (by position and keyword)")
+            batch_size, sampler = sampler, None
+            if isinstance(transform, bool):
+                shuffle, transform = transform, None
+        torch_style = (batch_size is not None or shuffle is not None or drop_last
+                       or collate_fn is not None)
+        if torch_style:
+            sampler, collator = self._torch_style(dataset, sampler, collator, batch_size,
+                                                  shuffle, drop_last, collate_fn)
+        self._tensor_batches = torch_style
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"DataLoader: num_workers must be an int >= 0, got {num_workers!r}")
         if not isinstance(timeout, (int, float)) or timeout < 0:
@@ -156,6 +182,26 @@ class DataLoader:
                 "batches stay in ordinary host memory", RuntimeWarning, stacklevel=2,
             )
             self.pin_memory = False
+
+    @staticmethod
+    def _torch_style(dataset, sampler, collator, batch_size, shuffle, drop_last, collate_fn):
+        """The sampler and collator that PyTorch's arguments describe."""
+        if sampler is not None:
+            raise ValueError(
+                "DataLoader: give either a sampler (MegEngine) or batch_size/shuffle/drop_last "
+                f"(PyTorch), not both; got sampler={sampler!r}"
+            )
+        if collate_fn is not None and collator is not None:
+            raise ValueError("DataLoader: give either collator or collate_fn, not both")
+        batch_size = 1 if batch_size is None else batch_size
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"DataLoader: batch_size must be an int >= 1, got {batch_size!r}")
+        if isinstance(dataset, StreamDataset):
+            sampler = StreamSampler(batch_size=batch_size)
+        else:
+            kind = RandomSampler if shuffle else SequentialSampler
+            sampler = kind(dataset, batch_size, bool(drop_last), world_size=1, rank=0)
+        return sampler, collate_fn if collate_fn is not None else collator
 
     def __len__(self) -> int:
         if self.stream:
@@ -225,6 +271,7 @@ class DataLoader:
         else:
             batches = _WorkerPool(self, tasks)
         batches = map(pin_memory, batches) if self.pin_memory else batches
+        batches = map(as_tensors, batches) if self._tensor_batches else batches
         tracer = seams.TRACER.value  # the profiler, when one runs
         batches = batches if tracer is None else _traced(batches, tracer)
         return batches if self.stream else _Counted(batches, self)

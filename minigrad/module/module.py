@@ -30,6 +30,7 @@ import numpy as np
 import minigrad.functional as F
 from minigrad import seams
 from minigrad.autodiff.tensor import Parameter, Tensor
+from minigrad.backend.device import Device
 from minigrad.backend.xp import to_numpy
 from minigrad.logger import get_logger
 from minigrad.module.graph import GraphModule
@@ -252,15 +253,24 @@ class Module:
                 p.grad = F.zeros_like(p.grad)
 
     def to(self, target) -> Any:
-        """OneFlow's ``module.to(nn.graph.GraphModule)``: the module's graph settings
-        (:class:`~minigrad.module.graph.GraphModule`, whose ``set_stage`` marks a pipeline
-        stage). Moving a module to a device is not done in place here: build it on the device
-        (``mg.set_default_device``) instead."""
+        """``module.to(device)`` (PyTorch, OneFlow): move every parameter and buffer to ``device``
+        in place (``"cpu"``, ``"gpu0"``, ``"cuda"``...) and return the module, so optimizers built
+        on its parameters keep them. OneFlow's ``module.to(nn.graph.GraphModule)`` returns the
+        module's graph settings (:class:`~minigrad.module.graph.GraphModule`, whose
+        ``set_stage`` marks a pipeline stage).
+
+        Example::
+
+            model = NeuralNetwork().to(DEVICE)
+        """
         if target is GraphModule:
             return GraphModule(self)
-        raise TypeError(f"{type(self).__name__}.to: expected nn.graph.GraphModule, got "
-                        f"{target!r}; build the module on its device instead "
-                        "(mg.set_default_device)")
+        if not isinstance(target, (str, Device)):
+            raise TypeError(f"{type(self).__name__}.to: expected a device or "
+                            f"nn.graph.GraphModule, got {target!r}")
+        for t in itertools.chain(self.parameters(), self.buffers()):
+            t.move_to_(target)
+        return self
 
     def to_global(self, placement, sbp) -> "Module":
         """OneFlow's ``Module.to_global``: make every parameter and buffer a global tensor on

@@ -88,7 +88,11 @@ def test_backward_releases_and_second_backward_raises():
         assert not gm.is_recording
         with pytest.raises(RuntimeError, match="already called"):
             gm.backward(y)
-    assert not (w * 2).requires_grad  # ops after release are not recorded
+    z = w * 2  # after release not recorded for gm (recorded by eager autograd, PyTorch's rule)
+    w.grad = None
+    with gm:
+        gm.backward((z * w).sum())
+    np.testing.assert_array_equal(w.grad.numpy(), [2, 2])  # z is a constant for gm
 
 
 def test_backward_outside_recording_raises():
@@ -104,10 +108,12 @@ def test_release_without_backward_stops_recording():
     y = w * 2
     assert y.requires_grad
     gm.release()
-    z = w * 2
-    assert not z.requires_grad  # not recorded once released
+    z = w * 2  # not recorded for gm once released (eager autograd records it, PyTorch's rule)
     assert not y.requires_grad  # the old graph is dead
     assert w.grad is None
+    with gm:
+        gm.backward((z * w).sum())
+    np.testing.assert_array_equal(w.grad.numpy(), [2, 2])  # z is a constant for gm
 
 
 def test_unattached_and_unused_tensors_keep_grad_none():

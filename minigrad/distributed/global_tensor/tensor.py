@@ -34,6 +34,7 @@ import numpy as np
 
 from minigrad.autodiff import no_grad
 from minigrad.autodiff.function import Function
+from minigrad.autodiff.recording import EAGER_TAPE
 from minigrad.autodiff.tensor import Parameter, Tensor
 from minigrad.backend.xp import get_array_module, to_numpy
 from minigrad.distributed.comm import arrays as comm
@@ -402,8 +403,12 @@ class LocalView(Function):
 
 def local_view(g: GlobalTensor) -> Tensor:
     """The plain tensor of ``g``'s piece for running ops locally: the same graph node (or a
-    :class:`LocalView` node for an attached leaf)."""
-    if g._node is None and g._requires_grad:
+    :class:`LocalView` node for an attached leaf; a node of eager autograd, from ops outside
+    every GradManager, does not make it less of a leaf for a GradManager). Eager autograd does
+    not go through global tensors: the view does not take ``g``'s ``_eager_grad``, so a
+    ``loss.backward()`` outside GradManagers raises instead of missing gradients."""
+    node = g._node
+    if g._requires_grad and (node is None or node._tape is EAGER_TAPE):
         return LocalView()(g)
     v = Tensor._wrap(g._data, g._device)
     v._node, v._out_idx = g._node, g._out_idx
