@@ -244,3 +244,48 @@ class DeepSpeedConfig:
     def get(self, key: str, default: Any = None) -> Any:
         """The raw value of a top-level key (as given)."""
         return self.raw.get(key, default)
+
+
+class ConfigAccessors:
+    """DeepSpeed's engine accessors of the config (``engine.train_batch_size()``, ...), shared by
+    the plain and the pipeline engine; the engine holds its :class:`DeepSpeedConfig` as
+    ``_config`` and its optimizer as ``optimizer``."""
+
+    _config: DeepSpeedConfig
+
+    def train_batch_size(self) -> int:
+        """Samples per optimizer step over all data-parallel ranks (replicas)."""
+        return self._config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        """Samples per micro-step (micro-batch) on one rank."""
+        return self._config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-steps (micro-batches) per optimizer step."""
+        return self._config.gradient_accumulation_steps
+
+    def zero_optimization_stage(self) -> int:
+        """The ZeRO stage of the config (0 to 3; 0 or 1 with a pipeline)."""
+        return self._config.zero_stage
+
+    def fp16_enabled(self) -> bool:
+        """Whether the config's ``fp16`` section is enabled (autocast float16, loss scaling)."""
+        return self._config.fp16_enabled
+
+    def bfloat16_enabled(self) -> bool:
+        """Whether the config's ``bf16`` section is enabled (autocast bfloat16)."""
+        return self._config.bf16_enabled
+
+    def gradient_clipping(self) -> float:
+        """The clipping norm (0: no clipping)."""
+        return self._config.gradient_clipping
+
+    @property
+    def config(self) -> dict:
+        """The config as given (a dict)."""
+        return self._config.raw
+
+    def get_lr(self) -> list[float]:
+        """The learning rate of each parameter group of the engine's optimizer."""
+        return [g["lr"] for g in self.optimizer.param_groups]

@@ -57,7 +57,11 @@ from minigrad.distributed.deepspeed.components import (
     check_scheduler,
     precision_context,
 )
-from minigrad.distributed.deepspeed.config import DeepSpeedConfig, DeepSpeedConfigError
+from minigrad.distributed.deepspeed.config import (
+    ConfigAccessors,
+    DeepSpeedConfig,
+    DeepSpeedConfigError,
+)
 from minigrad.distributed.runtime.log import get_logger
 from minigrad.module.module import Module
 from minigrad.optimizer.optimizer import Optimizer
@@ -67,7 +71,7 @@ __all__ = ["DeepSpeedEngine"]
 _CHECKPOINTS = EngineCheckpoints()
 
 
-class DeepSpeedEngine:
+class DeepSpeedEngine(ConfigAccessors):
     """The engine ``deepspeed.initialize`` returns for a model that is not a ``PipelineModule``;
     see the module docstring for what ``forward``, ``backward`` and ``step`` do.
 
@@ -144,48 +148,11 @@ class DeepSpeedEngine:
                 "optimizer section ({\"type\": \"Adam\", \"params\": {\"lr\": ...}})")
         return build_optimizer(self._config.optimizer, params)
 
-    # -- DeepSpeed's accessors -------------------------------------------------------------------
-    def train_batch_size(self) -> int:
-        """Samples per optimizer step over all data-parallel ranks."""
-        return self._config.train_batch_size
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        """Samples per micro-step on one rank."""
-        return self._config.train_micro_batch_size_per_gpu
-
-    def gradient_accumulation_steps(self) -> int:
-        """Micro-steps per optimizer step."""
-        return self._config.gradient_accumulation_steps
-
-    def zero_optimization_stage(self) -> int:
-        """The ZeRO stage of the config (0 to 3)."""
-        return self._config.zero_stage
-
-    def fp16_enabled(self) -> bool:
-        """Whether the config's ``fp16`` section is enabled (autocast float16, loss scaling)."""
-        return self._config.fp16_enabled
-
-    def bfloat16_enabled(self) -> bool:
-        """Whether the config's ``bf16`` section is enabled (autocast bfloat16)."""
-        return self._config.bf16_enabled
-
-    def gradient_clipping(self) -> float:
-        """The clipping norm (0: no clipping)."""
-        return self._config.gradient_clipping
-
-    @property
-    def config(self) -> dict:
-        """The config as given (a dict)."""
-        return self._config.raw
-
+    # -- DeepSpeed's accessors (the config's: ConfigAccessors) --------------------------------
     @property
     def cur_scale(self) -> float:
         """The current loss scale (1 without ``fp16``)."""
         return 1.0 if self.scaler is None else self.scaler.get_scale()
-
-    def get_lr(self) -> list[float]:
-        """The learning rate of each parameter group."""
-        return [g["lr"] for g in self.optimizer.param_groups]
 
     def get_global_grad_norm(self):
         """The gradient norm of the last step before clipping (None without clipping)."""

@@ -25,7 +25,11 @@ from minigrad.distributed.deepspeed.components import (
     build_scaler,
     precision_context,
 )
-from minigrad.distributed.deepspeed.config import DeepSpeedConfig, DeepSpeedConfigError
+from minigrad.distributed.deepspeed.config import (
+    ConfigAccessors,
+    DeepSpeedConfig,
+    DeepSpeedConfigError,
+)
 from minigrad.distributed.pipeline.engine import PipelineEngine
 from minigrad.distributed.pipeline.errors import PipelineError
 from minigrad.distributed.pipeline.loader import RepeatingLoader
@@ -34,7 +38,7 @@ from minigrad.distributed.pipeline.module import PipelineModule
 __all__ = ["DeepSpeedPipelineEngine"]
 
 
-class DeepSpeedPipelineEngine(PipelineEngine):
+class DeepSpeedPipelineEngine(ConfigAccessors, PipelineEngine):
     """A :class:`PipelineEngine` configured by a DeepSpeed config (see the module docstring).
 
     ``training_dataloader`` (first and last stages, with ``training_data``) and
@@ -93,29 +97,3 @@ class DeepSpeedPipelineEngine(PipelineEngine):
         """The pipeline engine's ``eval_batch`` under the config's precision."""
         with precision_context(self._config):
             return super().eval_batch(data_iter, return_logits, micro_batches)
-
-    # -- DeepSpeed's accessors -------------------------------------------------------------------
-    def train_batch_size(self) -> int:
-        """Samples per step over all data-parallel replicas."""
-        return self._config.train_batch_size
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        """Samples per micro-batch."""
-        return self._config.train_micro_batch_size_per_gpu
-
-    def gradient_accumulation_steps(self) -> int:
-        """Micro-batches per step."""
-        return self._config.gradient_accumulation_steps
-
-    def zero_optimization_stage(self) -> int:
-        """The ZeRO stage (0 or 1 with a pipeline)."""
-        return self._config.zero_stage
-
-    @property
-    def config(self) -> dict:
-        """The config as given (a dict)."""
-        return self._config.raw
-
-    def get_lr(self) -> list[float]:
-        """The learning rate of each parameter group."""
-        return [g["lr"] for g in self.optimizer.param_groups]

@@ -659,14 +659,20 @@ def test_engine_configuration_errors():
 # ------------------------------------------------------------------------------------------------
 # ZeRO-1 over the data-parallel axis
 # ------------------------------------------------------------------------------------------------
-def _zero_job(zero_stage):
-    rank = dist.get_rank()
+def _dp_x_pp(make_opt, **engine_options):
+    """2 stages x 2 replicas: this rank's engine (4 micro-batches, 1F1B), its replica and its
+    replica's items (4 of every 8)."""
     net = PipelineModule(specs(), topology=PipeDataParallelTopology(2, 2),
                          loss_fn=F.nn.cross_entropy)
-    replica = net.topology.get_coord(rank).data
+    replica = net.topology.get_coord(dist.get_rank()).data
     data = items(8 * STEPS)
     mine = [x for s in range(STEPS) for x in data[s * 8 + replica * 4:s * 8 + replica * 4 + 4]]
-    engine = PipelineEngine(net, adam(list(net.parameters())), 4, "1f1b", zero_stage=zero_stage)
+    engine = PipelineEngine(net, make_opt(list(net.parameters())), 4, "1f1b", **engine_options)
+    return engine, net, replica, mine
+
+
+def _zero_job(zero_stage):
+    engine, net, replica, mine = _dp_x_pp(adam, zero_stage=zero_stage)
     losses = [engine.train_batch(Counting(mine[s * 4:(s + 1) * 4])) for s in range(STEPS)]
     state_bytes = engine.optimizer.local_state_bytes() if zero_stage else None
     return losses, params_of(net), replica, state_bytes
@@ -688,14 +694,7 @@ def test_zero1_x_pp_equals_plain_dp_x_pp_and_the_global_batch():
 
 
 def _reduce_dtype_job(reduce_dtype):
-    rank = dist.get_rank()
-    net = PipelineModule(specs(), topology=PipeDataParallelTopology(2, 2),
-                         loss_fn=F.nn.cross_entropy)
-    replica = net.topology.get_coord(rank).data
-    data = items(8 * STEPS)
-    mine = [x for s in range(STEPS) for x in data[s * 8 + replica * 4:s * 8 + replica * 4 + 4]]
-    engine = PipelineEngine(net, sgd(list(net.parameters())), 4, "1f1b",
-                            reduce_dtype=reduce_dtype)
+    engine, net, _, mine = _dp_x_pp(sgd, reduce_dtype=reduce_dtype)
     engine.train_batch(Counting(mine[:4]))
     return params_of(net)
 
