@@ -254,7 +254,8 @@ def _self_attention(qkv: Tensor, heads: int, attn_mask, is_causal) -> Tensor:
     n, length, width = qkv.shape
     e = width // (3 * heads)
     scale = 1.0 / math.sqrt(e)
-    bias = attention_bias(length, length, attn_mask, False, like=qkv)
+    bias = None if attn_mask is None else attention_bias(length, length, attn_mask, False,
+                                                         like=qkv)
     return _SelfAttention()(qkv, heads, bias, scale, bool(is_causal))
 
 
