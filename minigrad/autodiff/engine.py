@@ -294,15 +294,24 @@ class _Walk:
         (broadcasting) and cast to its dtype (``in_meta``: each input's shape, dtype, device)."""
         deliver = self.deliver
         for edge, m, g, wanted in zip(edges, in_meta, in_grads, mask):
-            if g is not None and not isinstance(g, Tensor):
-                g = _wrap_array(node, in_grads, g, m[2])  # a raw array from a fast backward path
-            if not wanted:
+            if g is None:
+                if wanted:
+                    deliver(edge[0], edge[1], None)
                 continue
-            if g is not None:
-                if g._data.shape != m[0]:
-                    g = g.sum_to(m[0])
-                if g._data.dtype != m[1]:
-                    g = g.astype(m[1])
+            if g.__class__ is not Tensor and not isinstance(g, Tensor):
+                if not _is_array(g):  # (checked for every input, wanted or not)
+                    raise _not_a_gradient(node, in_grads, g)
+                if not wanted:
+                    continue
+                g = Tensor._wrap(g, m[2])  # a raw array from a fast backward path
+            elif not wanted:
+                continue
+            data = g._data
+            if data.shape != m[0]:
+                g = g.sum_to(m[0])
+                data = g._data
+            if data.dtype != m[1]:
+                g = g.astype(m[1])
             deliver(edge[0], edge[1], g)
 
 
@@ -354,15 +363,13 @@ def _release(node, rec: Recording) -> None:
         node._free()
 
 
-def _wrap_array(node, in_grads, g, device) -> Tensor:
-    """A backend array returned by ``node.backward`` as a Tensor; anything else is an error."""
-    if not _is_array(g):
-        i = next(i for i, x in enumerate(in_grads) if x is g)
-        raise TypeError(
-            f"{type(node).__name__}.backward must return a Tensor, an array or None for each "
-            f"input; got {type(g).__name__} for input {i}"
-        )
-    return Tensor._wrap(g, device)
+def _not_a_gradient(node, in_grads, g) -> TypeError:
+    """The error for something other than a Tensor, an array or None returned by ``backward``."""
+    i = next(i for i, x in enumerate(in_grads) if x is g)
+    return TypeError(
+        f"{type(node).__name__}.backward must return a Tensor, an array or None for each "
+        f"input; got {type(g).__name__} for input {i}"
+    )
 
 
 def _device_of(grads):

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from minigrad.autodiff.autocast import AUTOCAST
-from minigrad.autodiff.function import Function
+from minigrad.autodiff.function import Function, dispatches
 from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
 from minigrad.functional._util import autocast_low, recording_backward
@@ -104,36 +104,62 @@ class _Attention(Function):
     after the query without a mask array (and skips their exponentials)."""
 
     def forward(self, q, k, v, bias, scale, causal):
-        xp = q.xp
-        w = xp.matmul(q._data, _transposed(xp, k._data))
-        if bias is not None:
-            shape = np.broadcast_shapes(w.shape, bias.shape)
-            if shape != w.shape:
-                w = xp.ascontiguousarray(xp.broadcast_to(w, shape))
-        w = kernels.attention_softmax(w, scale, None if bias is None else bias._data, causal)
+        out, self.w = _attention_arrays(q.xp, q._data, k._data, v._data,
+                                        None if bias is None else bias._data, scale, causal)
         self.q, self.k, self.v, self.bias, self.scale, self.causal = q, k, v, bias, scale, causal
-        self.w = w
-        return xp.matmul(w, v._data)
+        return out
 
     def backward(self, dy):
         q, k, v, scale = self.q, self.k, self.v, self.scale
-        need_q, need_k, need_v = (self.needs_input_grad(i) for i in range(3))
+        need = [self.needs_input_grad(i) for i in range(3)]
         if recording_backward():  # Tensor ops, so that a second-order gradient flows through
-            bias = self.bias
-            if self.causal:  # the forward's kernel applied it without an array: add it here
-                bias = attention_bias(q.shape[-2], k.shape[-2], bias, True, like=q)
-            w = _weights(q, k, bias, scale)
-            dw = matmul(dy, v, transpose_b=True)
-            ds = w * (dw - _sum(dw * w, -1, keepdims=True))
-            return (matmul(ds, k) * scale if need_q else None,
-                    matmul(ds, q, transpose_a=True) * scale if need_k else None,
-                    matmul(w, dy, transpose_a=True) if need_v else None, None, None, None)
-        xp, w, g = q.xp, self.w, dy._data
-        dv = xp.matmul(xp.swapaxes(w, -1, -2), g) if need_v else None
-        ds = kernels.attention_softmax_grad(w, xp.matmul(g, _transposed(xp, v._data)), scale)
-        dq = xp.matmul(ds, k._data) if need_q else None
-        dk = xp.matmul(xp.swapaxes(ds, -1, -2), q._data) if need_k else None
-        return dq, dk, dv, None, None, None
+            return (*_recorded_attention_grads(q, k, v, self.bias, scale, self.causal, dy, need),
+                    None, None, None)
+        outs = [None] * 3
+        _attention_grad_arrays(q.xp, q._data, k._data, v._data, self.w, dy._data, scale, need,
+                               outs)
+        return (*outs, None, None, None)
+
+
+def _attention_arrays(xp, q, k, v, bias, scale, causal):
+    """``(softmax(q k^T * scale + bias) v, the weights)`` on arrays (bias: an array or None)."""
+    w = xp.matmul(q, _transposed(xp, k))
+    if bias is not None:
+        shape = np.broadcast_shapes(w.shape, bias.shape)
+        if shape != w.shape:
+            w = xp.ascontiguousarray(xp.broadcast_to(w, shape))
+    w = kernels.attention_softmax(w, scale, bias, causal)
+    return xp.matmul(w, v), w
+
+
+def _attention_grad_arrays(xp, q, k, v, w, g, scale, need, outs) -> None:
+    """The gradients of q, k, v (those ``need`` lists) given the output's ``g``, on arrays:
+    ``outs[i]`` is None (a new array is put there) or an array the product is written into."""
+    def product(i, a, b):
+        if outs[i] is None:
+            outs[i] = xp.matmul(a, b)
+        else:
+            xp.matmul(a, b, out=outs[i])
+
+    if need[2]:
+        product(2, xp.swapaxes(w, -1, -2), g)
+    ds = kernels.attention_softmax_grad(w, xp.matmul(g, _transposed(xp, v)), scale)
+    if need[0]:
+        product(0, ds, k)
+    if need[1]:
+        product(1, xp.swapaxes(ds, -1, -2), q)
+
+
+def _recorded_attention_grads(q, k, v, bias, scale, causal, dy, need) -> list:
+    """The gradients of q, k, v (Tensors) as recorded Tensor ops (second-order gradients)."""
+    if causal:  # the forward's kernel applied it without an array: add it here
+        bias = attention_bias(q.shape[-2], k.shape[-2], bias, True, like=q)
+    w = _weights(q, k, bias, scale)
+    dw = matmul(dy, v, transpose_b=True)
+    ds = w * (dw - _sum(dw * w, -1, keepdims=True))
+    return [matmul(ds, k) * scale if need[0] else None,
+            matmul(ds, q, transpose_a=True) * scale if need[1] else None,
+            matmul(w, dy, transpose_a=True) if need[2] else None]
 
 
 class _SplitHeads(Function):
@@ -154,13 +180,57 @@ class _SplitHeads(Function):
         n, length, width = self.shape
         heads, parts = self.heads, self.parts
         if recording_backward():
-            merged = transpose(stack(list(grads), 0), (1, 3, 0, 2, 4))
-            return reshape(merged, self.shape), None, None
+            return _recorded_merge_parts(list(grads), self.shape), None, None
         d = width // (parts * heads)
         out = grads[0].xp.empty((n, length, parts, heads, d), grads[0].dtype)
         for i, g in enumerate(grads):
             out[:, :, i] = g._data.transpose(0, 2, 1, 3)
         return out.reshape(self.shape), None, None
+
+
+def _recorded_merge_parts(grads: list, shape: tuple) -> Tensor:
+    """P head gradients (N, H, T, E/H) back into one (N, T, P*E) gradient, as recorded Tensor
+    ops (the adjoint of ``_SplitHeads``)."""
+    return reshape(transpose(stack(grads, 0), (1, 3, 0, 2, 4)), shape)
+
+
+class _SelfAttention(Function):
+    """Causal or masked self-attention without dropout from the fused projection ``qkv``
+    (N, T, 3E) to the merged heads (N, T, E): ``_SplitHeads``, ``_Attention`` and
+    ``_MergeHeads`` as one node, with the same products. Being one node, its backward writes
+    dq, dk and dv straight into one (3, N, H, T, E/H) array and merges it with one copy, where
+    the three nodes cost a copy per part, and it pays the graph's bookkeeping once instead of
+    three times (on a GPU a Transformer step is bound by such host-side costs). Backward uses
+    Tensor ops when it is being recorded."""
+
+    def forward(self, qkv, heads, bias, scale, causal):
+        xp, d = qkv.xp, qkv._data
+        n, length, width = d.shape
+        e = width // (3 * heads)
+        packed = xp.ascontiguousarray(d.reshape(n, length, 3, heads, e).transpose(2, 0, 3, 1, 4))
+        out, self.w = _attention_arrays(xp, packed[0], packed[1], packed[2],
+                                        None if bias is None else bias._data, scale, causal)
+        self.qkv, self.packed, self.heads = qkv, packed, heads
+        self.bias, self.scale, self.causal = bias, scale, causal
+        return xp.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(n, length, heads * e)
+
+    def backward(self, dy):
+        qkv, heads, scale = self.qkv, self.heads, self.scale
+        n, length, width = qkv.shape
+        e = width // (3 * heads)
+        if recording_backward():  # the three nodes' recorded backwards, composed
+            q, k, v = _SplitHeads()(qkv, heads, 3)
+            g = transpose(reshape(dy, (n, length, heads, e)), (0, 2, 1, 3))
+            grads = _recorded_attention_grads(q, k, v, self.bias, scale, self.causal, g,
+                                              [True] * 3)
+            return _recorded_merge_parts(grads, qkv.shape), None, None, None, None
+        xp, packed, w = qkv.xp, self.packed, self.w
+        g = xp.ascontiguousarray(dy._data.reshape(n, length, heads, e).transpose(0, 2, 1, 3))
+        grads = xp.empty((3, n, heads, length, e), np.result_type(w.dtype, g.dtype))
+        _attention_grad_arrays(xp, packed[0], packed[1], packed[2], w, g, scale, [True] * 3,
+                               [grads[0], grads[1], grads[2]])
+        merged = xp.ascontiguousarray(grads.transpose(1, 3, 0, 2, 4))
+        return merged.reshape(n, length, width), None, None, None, None
 
 
 class _MergeHeads(Function):
@@ -176,6 +246,17 @@ class _MergeHeads(Function):
         if recording_backward():
             return transpose(reshape(dy, (n, length, h, d)), (0, 2, 1, 3))
         return dy.xp.ascontiguousarray(dy._data.reshape(n, length, h, d).transpose(0, 2, 1, 3))
+
+
+def _self_attention(qkv: Tensor, heads: int, attn_mask, is_causal) -> Tensor:
+    """``_SplitHeads``, ``scaled_dot_product_attention`` (no dropout) and ``_MergeHeads`` of
+    ``multi_head_attention`` as one node (``_SelfAttention``), with the same checks."""
+    n, length, width = qkv.shape
+    e = width // (3 * heads)
+    scale = 1.0 / math.sqrt(e)
+    bias = None if attn_mask is None else attention_bias(length, length, attn_mask, False,
+                                                         like=qkv)
+    return _SelfAttention()(qkv, heads, bias, scale, bool(is_causal))
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
@@ -249,7 +330,12 @@ def multi_head_attention(query, key, value, num_heads: int, in_proj_weight, in_p
             f"{op}: in_proj_weight has shape {in_proj_weight.shape}, expected {(3 * e, e)}"
         )
     if query is key and key is value:  # self-attention: one fused projection
-        q, k, v = _SplitHeads()(linear(query, in_proj_weight, in_proj_bias), num_heads, 3)
+        qkv = linear(query, in_proj_weight, in_proj_bias)
+        if not (dropout_p and training) and not AUTOCAST.enabled and not dispatches((qkv,)):
+            out = _self_attention(qkv, num_heads, attn_mask, is_causal)
+            return out if out_proj_weight is None else linear(out, out_proj_weight,
+                                                              out_proj_bias)
+        q, k, v = _SplitHeads()(qkv, num_heads, 3)
     else:
         key, value = _f(key), _f(value)
         if key.ndim != 3 or key.shape[0] != n or key.shape[2] != e or value.shape != key.shape:

@@ -97,17 +97,19 @@ class Add(Function):
 
 
 class Sub(Function):
-    """``a - b``; gradients ``dy`` and ``-dy``."""
+    """``a - b``; gradients ``dy`` and ``-dy`` (the negation only when ``b`` wants a gradient: a
+    loss's label does not)."""
 
     def forward(self, a, b):
         return (a._data if isinstance(a, Tensor) else a) - (b._data if isinstance(b, Tensor) else b)
 
     def backward(self, dy):
-        return dy, -dy
+        return dy, (-dy if self.needs_input_grad(1) else None)
 
 
 class Mul(Function):
-    """``a * b``; gradients ``dy * b`` and ``dy * a`` (each only when needed)."""
+    """``a * b``; gradients ``dy * b`` and ``dy * a`` (each only when needed; one product for a
+    square ``x * x``, whose two equal gradients the engine then adds)."""
 
     def forward(self, a, b):
         self.a, self.b = a, b
@@ -115,9 +117,11 @@ class Mul(Function):
 
     def backward(self, dy):
         a, b = self.a, self.b
-        return (dy * b if self.needs_input_grad(0) else None), (
-            dy * a if self.needs_input_grad(1) else None
-        )
+        need_a, need_b = self.needs_input_grad(0), self.needs_input_grad(1)
+        if a is b and need_a and need_b:
+            g = dy * a
+            return g, g
+        return (dy * b if need_a else None), (dy * a if need_b else None)
 
 
 class Div(Function):

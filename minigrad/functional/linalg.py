@@ -3,12 +3,13 @@ primitives; ``dot`` composes."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 
 from minigrad.autodiff.autocast import AUTOCAST
-from minigrad.autodiff.function import Function
+from minigrad.autodiff.function import Function, dispatches
 from minigrad.autodiff.tensor import Tensor
 from minigrad.functional._util import (
     autocast_low,
@@ -232,27 +233,46 @@ def einsum(equation: str, *args) -> Tensor:
 
 
 class Linear(Function):
-    """``x @ w.T + b`` for a 2-D ``x``: the hottest op of most models, so it is one node with the
-    bias added in place, and its backward skips the products nobody needs (e.g. the input gradient
-    of the first layer). The backward uses Tensor ops, so it is itself differentiable."""
+    """``x @ w.T + b``: the hottest op of most models, so it is one node with the bias added in
+    place, and its backward skips the products nobody needs (e.g. the input gradient of the first
+    layer). ``x`` is 2-D, or (..., in_features) with its leading axes flattened inside the node
+    (one node where a reshape each side would add two more each way; the same products). The
+    backward uses Tensor ops, so it is itself differentiable."""
 
     def forward(self, x, w, b):
         self.x, self.w, self.has_bias = x, w, b is not None
-        out = x.xp.matmul(x._data, w._data.T)
+        d = x._data
+        if d.ndim != 2:
+            d = d.reshape(math.prod(d.shape[:-1]), d.shape[-1])
+        self.x2d = d
+        out = x.xp.matmul(d, w._data.T)
         if b is not None:
             out += b._data
+        if x._data.ndim != 2:
+            out = out.reshape(x._data.shape[:-1] + (out.shape[-1],))
         return out
 
     def backward(self, dy):
         need_x, need_w = self.needs_input_grad(0), self.needs_input_grad(1)
         need_b = self.has_bias and self.needs_input_grad(2)
+        x = self.x
+        flat = x.ndim != 2
         if recording_backward():  # Tensor ops, so that a second-order gradient flows through
+            if flat:
+                dy = reshape(dy, (-1, dy.shape[-1]))
             dx = matmul(dy, self.w) if need_x else None
-            dw = matmul(dy, self.x, transpose_a=True) if need_w else None
+            if flat and dx is not None:
+                dx = reshape(dx, x.shape)
+            x2d = reshape(x, (-1, x.shape[-1])) if flat else x
+            dw = matmul(dy, x2d, transpose_a=True) if need_w else None
             return dx, dw, _sum(dy, 0) if need_b else None
         g = dy._data
+        if flat:
+            g = g.reshape(math.prod(g.shape[:-1]), g.shape[-1])
         dx = g @ self.w._data if need_x else None
-        dw = g.T @ self.x._data if need_w else None
+        if flat and dx is not None:
+            dx = dx.reshape(x.shape)
+        dw = g.T @ self.x2d if need_w else None
         return dx, dw, g.sum(axis=0) if need_b else None
 
 
@@ -277,14 +297,17 @@ def linear(inp, weight, bias=None, compute_mode: str = "default") -> Tensor:
         )
     if bias is not None and not isinstance(bias, Tensor):
         bias = Tensor(bias, dtype=weight.dtype, device=weight._device)
+    fused = bias is None or (
+        bias.shape == (weight.shape[0],) and bias.dtype == weight.dtype == inp.dtype
+    )
+    if fused and not dispatches((inp, weight, bias)):  # any rank in one node (global tensors'
+        out = Linear()(inp, weight, bias)               # rule for Linear takes a 2-D input)
+        return out if result_dtype is None else out.astype(result_dtype)
     lead = inp.shape[:-1]
     if inp.ndim == 1:
         inp = reshape(inp, (1, -1))
     elif inp.ndim > 2:
         inp = reshape(inp, (-1, inp.shape[-1]))
-    fused = bias is None or (
-        bias.shape == (weight.shape[0],) and bias.dtype == weight.dtype == inp.dtype
-    )
     out = Linear()(inp, weight, bias if fused else None)
     if not fused:
         out = out + bias

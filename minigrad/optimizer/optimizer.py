@@ -108,19 +108,25 @@ class Optimizer:
         A parameter with a ``replaced_by`` attribute was swapped out of its module (sharded by
         ``dist.fully_shard``): updating it would train nothing, so this raises, naming it."""
         self._check_not_replaced()
+        states = self._state
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None:
+                grad = p.grad
+                if grad is None:
                     continue
-                grad = p.grad.data if isinstance(p.grad, Tensor) else p.grad
-                if grad.shape != p.data.shape:  # the arrays updated (a global tensor's pieces)
+                if isinstance(grad, Tensor):
+                    grad = grad.data
+                data = p.data
+                if grad.shape != data.shape:  # the arrays updated (a global tensor's pieces)
                     raise ValueError(
                         f"{self._name}.step: gradient shape {grad.shape} does not match parameter "
                         f"shape {p.shape}"
                     )
-                state = self._state.setdefault(id(p), {})
-                if not getattr(p.data.flags, "writeable", True):  # e.g. a loaded read-only array
-                    p.set_value(p.data)  # set_value keeps a writable copy
+                state = states.get(id(p))
+                if state is None:
+                    state = states[id(p)] = {}
+                if not getattr(data.flags, "writeable", True):  # e.g. a loaded read-only array
+                    p.set_value(data)  # set_value keeps a writable copy
                 with p.device.context():  # a GPU parameter is updated on its own GPU
                     self._update_param(p, grad, state, group)
         return self

@@ -347,3 +347,49 @@ def test_cupy_array_recognised_before_minigrad_loads_cupy(monkeypatch):
     assert not xp.is_cupy_array(x)
     with pytest.raises(TypeError, match="all_gather: expected a NumPy or CuPy array"):
         check_array("all_gather", x)
+
+
+def test_a_transformer_step_launches_no_avoidable_kernels(fake):
+    """One training step of a pre-norm Transformer block (the GPU benchmark's model, small) on the
+    fake: the kernels a GPU step launches, counted, since host-side cost per launch bounds such a
+    step on a GPU. No per-part copies of the head gradients (``setitem``), no negation of a
+    label's gradient nobody wants, one product for the loss's square; the attention's copies are
+    the split, k^T and the merge forward and the merge, v^T and the head gradients backward."""
+    d, heads, seq, batch, hidden = 8, 2, 4, 2, 16
+    rng = np.random.default_rng(0)
+
+    def param(*shape, scale=0.3):
+        return mg.Parameter((rng.standard_normal(shape) * scale).astype(np.float32),
+                            device="gpu0")
+
+    p = {"w_qkv": param(3 * d, d), "b_qkv": param(3 * d), "w_o": param(d, d), "b_o": param(d),
+         "w_fc1": param(hidden, d), "b_fc1": param(hidden), "w_fc2": param(d, hidden),
+         "b_fc2": param(d), "g1": param(d), "b1": param(d), "g2": param(d), "b2": param(d)}
+    x = mg.tensor(rng.standard_normal((batch, seq, d)).astype(np.float32), device="gpu0")
+    y = mg.tensor(rng.standard_normal((batch, seq, d)).astype(np.float32), device="gpu0")
+    gm = ad.GradManager().attach(list(p.values()))
+    opt = optim.SGD(list(p.values()), lr=0.01, momentum=0.9)
+
+    def step():
+        with gm:
+            h = F.layer_norm(x, d, True, p["g1"], p["b1"])
+            h = x + F.multi_head_attention(h, h, h, heads, p["w_qkv"], p["b_qkv"], p["w_o"],
+                                           p["b_o"], is_causal=True)
+            f = F.gelu(F.linear(F.layer_norm(h, d, True, p["g2"], p["b2"]), p["w_fc1"],
+                                p["b_fc1"]))
+            loss = F.square_loss(h + F.linear(f, p["w_fc2"], p["b_fc2"]), y)
+            gm.backward(loss)
+        opt.step().clear_grad()
+
+    step()  # momentum buffers are made on the first step
+    fake.clear()
+    step()
+    launches = [e.split(" on ")[0].removeprefix("launch ") for e in fake.events
+                if e.startswith("launch ")]
+    counts = {k: launches.count(k) for k in set(launches)}
+    assert fake.syncs == []
+    assert "setitem" not in counts and "negative" not in counts, counts
+    assert counts["ascontiguousarray"] == 6, counts
+    assert counts["multiply"] == 4 and counts["add"] == 8 and counts["sum"] == 5, counts
+    assert counts["kernel sgd_step"] == 12 and counts["matmul"] == 18, counts
+    assert len(launches) == 69, counts

@@ -56,6 +56,35 @@ def test_linear_second_order(device, rng, double_grad):
                 rng.standard_normal((3, 4)), rng.standard_normal(3), device=device)
 
 
+
+@pytest.mark.parametrize("xshape", [(2, 3, 4), (4,), (2, 1, 3, 4)])
+def test_linear_of_any_rank_is_one_node_and_bitwise_the_2d_product(xshape, device, rng):
+    """A non-2-D input is flattened inside the Linear node (no reshape nodes each way): the node's
+    first edge is the input itself, and output and gradients equal bit for bit those of the
+    2-D product between explicit reshapes."""
+    x, w, b = rng.standard_normal(xshape), rng.standard_normal((3, 4)), rng.standard_normal(3)
+    results = []
+    for one_node in (True, False):
+        xt, wt, bt = (mg.Parameter(a.astype("float32"), device=device) for a in (x, w, b))
+        gm = mg.GradManager().attach([xt, wt, bt])
+        with gm:
+            if one_node:
+                y = F.linear(xt, wt, bt)
+                assert type(y._node).__name__ == "Linear" and y._node._edges[0][0] is xt
+            else:
+                y = F.reshape(F.linear(F.reshape(xt, (-1, 4)), wt, bt), xshape[:-1] + (3,))
+            gm.backward((y * y).sum())
+        results.append([y.numpy(), xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()])
+    for got, want in zip(*results):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+def test_linear_of_a_3d_input_second_order(device, rng, double_grad):
+    double_grad(lambda x, w, b: F.linear(x, w, b) * F.linear(x, w, b),
+                rng.standard_normal((2, 3, 4)), rng.standard_normal((3, 4)),
+                rng.standard_normal(3), device=device)
+
 def test_linear_error_names_shapes(device):
     with pytest.raises(ValueError, match=r"linear: .*\(2, 5\).*\(3, 4\)"):
         F.linear(_t(np.zeros((2, 5)), device), _t(np.zeros((3, 4)), device))

@@ -158,3 +158,63 @@ def test_module_and_functional_read_a_boolean_mask_the_same_way(rng, default_dev
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
     same = F.scaled_dot_product_attention(mg.tensor(x), mg.tensor(x), mg.tensor(x), keep)
     np.testing.assert_allclose(same.numpy(), out.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _three_node_self_attention(x, h, w_in, b_in, mask, causal):
+    """multi_head_attention's self-attention as the separate split / attention / merge nodes
+    (what it computes when the fused node cannot be used), without the output projection."""
+    from minigrad.functional import attention  # noqa: PLC0415  (the unfused nodes, for reference)
+
+    q, k, v = attention._SplitHeads()(F.linear(x, w_in, b_in), h, 3)
+    return attention._MergeHeads()(F.scaled_dot_product_attention(q, k, v, mask, causal))
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fused_self_attention_is_bitwise_the_three_nodes(mask_kind, causal, dtype, device, rng):
+    """Self-attention is one node (split, attention and merge fused); its output and every
+    gradient equal, bit for bit, those of the three separate nodes."""
+    n, length, e, h = 2, 6, 8, 2
+    x = rng.standard_normal((n, length, e))
+    w_in, b_in = rng.standard_normal((3 * e, e)) * 0.3, rng.standard_normal(3 * e)
+    mask = {"none": None, "bool": rng.random((length, length)) > 0.3,
+            "float": rng.standard_normal((n, 1, length, length))}[mask_kind]
+    if mask is not None and mask.dtype == bool:
+        mask[:, 0] = True  # every query sees a key
+    results = []
+    for fused in (True, False):
+        xt, wt, bt = (mg.Parameter(a.astype(dtype), device=device) for a in (x, w_in, b_in))
+        mt = None if mask is None else mg.tensor(mask if mask.dtype == bool
+                                                 else mask.astype(dtype), device=device)
+        gm = mg.GradManager().attach([xt, wt, bt])
+        with gm:
+            if fused:
+                out = F.multi_head_attention(xt, xt, xt, h, wt, bt, attn_mask=mt,
+                                             is_causal=causal)
+            else:
+                out = _three_node_self_attention(xt, h, wt, bt, mt, causal)
+            gm.backward((out * out).sum())
+        results.append([out.numpy()] + [p.grad.numpy() for p in (xt, wt, bt)])
+    for got, want in zip(*results):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_fused_self_attention_copies_less_on_a_gpu():
+    """On the fake CuPy the fused self-attention's backward writes dq, dk, dv into one array:
+    no per-part copies (``setitem``) and no ``empty`` of the merged gradient remain."""
+    from fakes import fake_cupy  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    with fake_cupy.installed(1) as fake:
+        x = mg.Parameter(rng.standard_normal((2, 4, 8)).astype("float32"), device="gpu0")
+        w = mg.Parameter(rng.standard_normal((24, 8)).astype("float32"), device="gpu0")
+        gm = mg.GradManager().attach([x, w])
+        with gm:
+            out = F.multi_head_attention(x, x, x, 2, w, is_causal=True)
+            fake.clear()
+            gm.backward(out.sum())
+        launches = [e for e in fake.events if e.startswith("launch ")]
+    assert not [e for e in launches if "setitem" in e], launches
+    assert sum("ascontiguousarray" in e for e in launches) == 3, launches

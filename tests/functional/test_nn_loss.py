@@ -107,6 +107,37 @@ def test_l1_and_square_loss(reduction, device, rng):
     check_grad(lambda a, b: F.square_loss(a, b, reduction), a, b, device=device)
 
 
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 5), ()])
+def test_square_loss_node_is_bitwise_the_composition(reduction, dtype, shape, device, rng):
+    """square_loss is one node; its loss and both gradients equal, bit for bit, those of the
+    composition ``((pred - label) * (pred - label)).mean()`` (or ``.sum()``) it replaces."""
+    a, b = rng.standard_normal(shape) * 3, rng.standard_normal(shape)
+    results = []
+    for fused in (True, False):
+        pa, pb = (mg.Parameter(x.astype(dtype), device=device) for x in (a, b))
+        gm = mg.GradManager().attach([pa, pb])
+        with gm:
+            if fused:
+                loss = F.square_loss(pa, pb, reduction)
+            else:
+                d = pa - pb
+                loss = _red(d * d, reduction)
+            gm.backward(loss * 1.7)
+        results.append([loss.numpy(), pa.grad.numpy(), pb.grad.numpy()])
+    for got, want in zip(*results):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_square_loss_is_twice_differentiable(reduction, device, rng, double_grad):
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    double_grad(lambda a, b: F.square_loss(a, b, reduction) * F.square_loss(a, b, reduction),
+                a, b, device=device)
+
 def test_topk_accuracy(device, rng):
     logits = rng.standard_normal((50, 7))
     target = rng.integers(0, 7, 50).astype(np.int32)
