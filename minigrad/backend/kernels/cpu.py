@@ -133,8 +133,24 @@ def to_product_layout(dy):
     return mat, dbias
 
 
+def _flat_of_one_dtype(*arrays) -> bool:
+    """Whether the numba loops take these arrays: NumPy, C-contiguous, one float32/float64 dtype."""
+    dtype = arrays[0].dtype
+    return dtype in (np.float32, np.float64) and all(
+        isinstance(a, np.ndarray) and a.dtype == dtype and a.flags.c_contiguous for a in arrays)
+
+
 def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):
-    # array-module generic: also the GPU's path for dtypes its fused kernel does not take
+    if _flat_of_one_dtype(p, g, *(() if buf is None else (buf,))):
+        if buf is None:
+            loops.sgd_plain_step(p.reshape(-1), g.reshape(-1), lr, weight_decay,
+                                 bool(weight_decay))
+        else:
+            loops.sgd_step(p.reshape(-1), g.reshape(-1), buf.reshape(-1), lr, momentum,
+                           weight_decay, nesterov, bool(weight_decay))
+        return
+    # array-module generic: other dtypes and layouts, and the GPU's path for what its fused
+    # kernel does not take
     if weight_decay:
         g = g + weight_decay * p
     if buf is not None:
@@ -145,6 +161,11 @@ def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):
 
 
 def adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, step):
+    if _flat_of_one_dtype(p, g, m, v):
+        loops.adam_step(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), lr, b1,
+                        1 - b1, b2, 1 - b2, 1 - b1**step, 1 - b2**step, eps, weight_decay,
+                        bool(weight_decay) and not decoupled, bool(weight_decay) and decoupled)
+        return
     xp = get_array_module(p)
     if weight_decay and not decoupled:
         g = g + weight_decay * p
