@@ -529,14 +529,16 @@ def deformable_psroi_pooling(inp, rois, trans, no_trans: bool, part_size: int, p
         part_y = np.floor(np.arange(ph) / ph * parts).astype(np.int64)
         part_x = np.floor(np.arange(pw) / pw * parts).astype(np.int64)
         offset = getitem(t, (slice(0, k), slice(None), part_y[:, None], part_x[None, :]))
-        scale_x = _const(x, (width * trans_std).reshape(k, 1, 1, 1, 1))
-        scale_y = _const(x, (height * trans_std).reshape(k, 1, 1, 1, 1))
+        with x._device.context():
+            scale_x = _const(x, (width * trans_std).reshape(k, 1, 1, 1, 1))
+            scale_y = _const(x, (height * trans_std).reshape(k, 1, 1, 1, 1))
         cx = cx + reshape(getitem(offset, (slice(None), 0)), (k, ph, 1, pw, 1)) * scale_x
         cy = cy + reshape(getitem(offset, (slice(None), 1)), (k, ph, 1, pw, 1)) * scale_y
     vx, vy = cx._data, cy._data
-    valid = (vx >= -0.5) & (vx <= w - 0.5) & (vy >= -0.5) & (vy <= h - 0.5)
-    count = valid.sum(axis=(2, 4))  # (R, ph, pw)
-    weight = valid / xp.maximum(count, 1)[:, :, None, :, None]
+    with x._device.context():  # raw-array work: on the GPU that holds the data
+        valid = (vx >= -0.5) & (vx <= w - 0.5) & (vy >= -0.5) & (vy <= h - 0.5)
+        count = valid.sum(axis=(2, 4))  # (R, ph, pw)
+        weight = valid / xp.maximum(count, 1)[:, :, None, :, None]
     grid = stack([reshape(cx, (k, ph * spp, pw * spp)), reshape(cy, (k, ph * spp, pw * spp))], -1)
     samples = Sample()(x, grid, batch, "replicate", 0.0, False)  # (R, C, ph*spp, pw*spp)
     samples = reshape(samples, (k, x.shape[1], ph, spp, pw, spp))
