@@ -20,6 +20,8 @@ Steps (in this order; ``--list`` prints them):
 * ``pytest_gpu``: ``pytest -q -m gpu tests --ignore=tests/distributed --ignore=tests/examples``.
 * ``train_mnist``: ``examples/train_mnist.py`` on the GPU (one rank, one epoch).
 * ``bench_gpu``: ``benchmarks/bench_gpu.py --rounds 5 --steps 10`` (results written under DIR).
+* ``profile_gpu_step``: ``benchmarks/profile_gpu_step.py`` (dispatch against wall time, kernels
+  per step and GPU busy time, minigrad against PyTorch; the log is the report).
 * ``cpu_bench_2_cores``: ``benchmarks/bench_training.py`` on two cores of the host CPU (issue 29
   wants each CPU vendor measured; the GPU machines' hosts are Intel Xeons), results under DIR.
 
@@ -371,6 +373,8 @@ def plan(out_dir: str) -> list[tuple[str, list[str], float]]:
                   90))
     steps.append(("bench_gpu", [py, "benchmarks/bench_gpu.py", "--rounds", "5", "--steps", "10",
                                 "--out", os.path.join(out_dir, "bench_gpu.json")], 120))
+    steps.append(("profile_gpu_step", [py, "benchmarks/profile_gpu_step.py", "--models",
+                                       "transformer", "mlp"], 90))
     # not a GPU check: the GPU machine's host CPU (an Intel Xeon with AVX-512 where the project's
     # own machines are AMD) measured as issue 29 asks, on two cores, minigrad on the CPU
     steps.append(("cpu_bench_2_cores", [py, "-c", CPU_BENCH, os.path.join(out_dir,
