@@ -14,6 +14,7 @@ import numpy as np
 from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function, dispatches
 from minigrad.autodiff.tensor import Tensor, as_dtype
+from minigrad.backend import kernels
 from minigrad.backend.device import as_device
 from minigrad.backend.dtypes import is_floating
 from minigrad.backend.xp import erf as erf_kernel
@@ -429,16 +430,17 @@ class Abs(Function):
 
 
 class Relu(Function):
-    """``max(x, 0)``; gradient ``dy`` where ``x > 0``, else 0 (a saved boolean mask)."""
+    """``max(x, 0)`` (NaN stays NaN); gradient ``dy`` where ``x > 0``, else 0 (a saved boolean
+    mask). One fused kernel each way."""
 
     def forward(self, x):
-        self.mask = x._data > 0
-        return x._data * self.mask
+        y, self.mask = kernels.relu(x._data)
+        return y
 
     def backward(self, dy):
         if recording_backward():
             return dy * Tensor._wrap(self.mask, dy._device)  # float * bool keeps dy's dtype
-        return dy._data * self.mask
+        return kernels.relu_grad(dy._data, self.mask)
 
 
 class Clip(Function):

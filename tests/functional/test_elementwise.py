@@ -430,3 +430,22 @@ def test_mixed_devices_name_op_shapes_and_devices(name, fake_gpu_tensor):
         RuntimeError, match=rf"{name}: .*\(2, 2\) float32 on cpu0 .*\(2, 2\) float32 on gpu0"
     ):
         getattr(F, name)(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_relu_special_values_and_gradient_mask(dtype, device):
+    """``-inf`` gives 0 (``x * (x > 0)`` gave NaN), NaN propagates, ``-0.0`` gives ``+0.0``; the
+    gradient is ``dy`` where ``x > 0`` and exactly 0 elsewhere, even where ``dy`` is NaN."""
+    x = np.array([-np.inf, -2.0, -0.0, 0.0, 1e-30, 3.0, np.inf, np.nan], dtype)
+    t = mg.Parameter(x, device=device)
+    gm = mg.GradManager().attach(t)
+    dy = np.array([1.0, np.nan, 2.0, 3.0, 4.0, np.inf, 5.0, 6.0], dtype)
+    with gm:
+        y = F.relu(t)
+        gm.backward(y, mg.tensor(dy, device=device))
+    want = np.where(x > 0, x, np.where(np.isnan(x), x, 0)).astype(dtype)
+    got = y.numpy()
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, want)
+    assert not np.signbit(got[:4]).any()  # +0.0, not -0.0
+    np.testing.assert_array_equal(t.grad.numpy(), np.where(x > 0, dy, 0).astype(dtype))

@@ -55,6 +55,8 @@ __all__ = [
     "max_pool2d",
     "max_pool2d_grad",
     "register_kernels",
+    "relu",
+    "relu_grad",
     "sgd_step",
     "softmax",
     "softmax_grad",
@@ -128,6 +130,22 @@ def _half_in_float32(fn):
         return tuple(back) if isinstance(out, tuple) else back[0]
 
     return wrapper
+
+
+# --------------------------------------------------------------------------------------------------
+# ReLU
+
+
+def relu(x):
+    """``(y, mask)``: ``mask = x > 0``, ``y = x`` there and where ``x`` is NaN, else ``+0.0``
+    (``-inf`` gives 0). One pass where ``x * (x > 0)`` took two (and gave NaN for ``-inf``)."""
+    return backend_for(x).relu(_contiguous(x))
+
+
+def relu_grad(dy, mask):
+    """``dy`` where ``mask`` (from :func:`relu`), else 0, also where ``dy`` is not finite (as
+    PyTorch's ``threshold_backward``)."""
+    return backend_for(dy).relu_grad(_contiguous(dy), mask)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,6 +13,26 @@ from minigrad.backend.kernels import loops
 from minigrad.backend.xp import get_array_module
 
 
+def relu(x):
+    if x.dtype in (np.float32, np.float64):
+        y, mask = np.empty_like(x), np.empty(x.shape, np.bool_)
+        loops.relu_forward(x.reshape(-1), y.reshape(-1), mask.reshape(-1))
+        return y, mask
+    # array-module generic: other dtypes, and the GPU's path for those its kernel does not take
+    xp = get_array_module(x)
+    mask = x > 0
+    return xp.where(mask | (x != x), x, x.dtype.type(0)), mask
+
+
+def relu_grad(dy, mask):
+    if dy.dtype in (np.float32, np.float64):
+        dx = np.empty_like(dy)
+        loops.relu_backward(dy.reshape(-1), mask.reshape(-1), dx.reshape(-1))
+        return dx
+    xp = get_array_module(dy)
+    return xp.where(mask, dy, dy.dtype.type(0))
+
+
 def gelu(x):
     y, cdf = np.empty_like(x), np.empty_like(x)
     loops.gelu_forward(x.reshape(-1), y.reshape(-1), cdf.reshape(-1))

@@ -21,6 +21,28 @@ import cupyx
 from minigrad.backend.kernels import cpu as _cpu
 
 # --------------------------------------------------------------------------------------------------
+# ReLU: the output and its mask in one kernel (float32/float64; other dtypes composed)
+
+_relu_forward = cp.ElementwiseKernel(
+    "T x", "T y, bool mask", "mask = x > T(0); y = (mask || x != x) ? x : T(0)",
+    "minigrad_relu_forward")
+_relu_backward = cp.ElementwiseKernel(
+    "T dy, bool mask", "T dx", "dx = mask ? dy : T(0)", "minigrad_relu_backward")
+
+
+def relu(x):
+    if x.dtype.kind != "f" or x.dtype.itemsize < 4:
+        return _cpu.relu(x)
+    return _relu_forward(x)
+
+
+def relu_grad(dy, mask):
+    if dy.dtype.kind != "f" or dy.dtype.itemsize < 4:
+        return _cpu.relu_grad(dy, mask)
+    return _relu_backward(dy, mask)
+
+
+# --------------------------------------------------------------------------------------------------
 # GELU
 
 _gelu_forward = cp.ElementwiseKernel(

@@ -225,6 +225,30 @@ def run_max(a, lo, hi):
 
 
 # --------------------------------------------------------------------------------------------------
+# ReLU on flat arrays
+
+
+@kernel
+def relu_forward(x, y, mask):
+    """``mask = x > 0``; ``y = x`` there (and where ``x`` is NaN, which propagates), else ``+0.0``
+    (``-inf`` gives 0, where ``x * (x > 0)`` gave NaN)."""
+    zero = x.dtype.type(0)
+    for i in range(x.size):
+        v = x[i]
+        m = v > zero
+        mask[i] = m
+        y[i] = v if m or v != v else zero
+
+
+@kernel
+def relu_backward(dy, mask, dx):
+    """``dx = dy`` where ``mask``, else 0 (also where ``dy`` is inf or NaN, as PyTorch)."""
+    zero = dy.dtype.type(0)
+    for i in range(dy.size):
+        dx[i] = dy[i] if mask[i] else zero
+
+
+# --------------------------------------------------------------------------------------------------
 # GELU (exact erf form) on flat arrays
 
 
