@@ -70,6 +70,7 @@ __all__ = [
     "mul",
     "neg",
     "not_equal",
+    "polar",
     "pow",
     "right_shift",
     "round",
@@ -718,6 +719,18 @@ def acos(x) -> Tensor:
 def atan(x) -> Tensor:
     """Inverse tangent."""
     return _UnaryMath()(_f(x), lambda xp, d: xp.arctan(d), lambda t: 1.0 / (1.0 + t * t))
+
+
+def polar(abs, angle) -> Tensor:  # noqa: A002 - MegEngine's argument name
+    """The complex tensor ``abs * (cos(angle) + 1j * sin(angle))`` from polar coordinates
+    (MegEngine's ``F.polar``): complex64 from float32 inputs, complex128 from float64.
+
+    Example::
+
+        z = F.polar(mg.tensor([2.0]), mg.tensor([np.pi / 2]))   # about 2j
+    """
+    r, theta = _f(abs), _f(angle)
+    return r * cos(theta) + r * sin(theta) * 1j
 
 
 def sinh(x) -> Tensor:

@@ -449,3 +449,15 @@ def test_relu_special_values_and_gradient_mask(dtype, device):
     np.testing.assert_array_equal(got, want)
     assert not np.signbit(got[:4]).any()  # +0.0, not -0.0
     np.testing.assert_array_equal(t.grad.numpy(), np.where(x > 0, dy, 0).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype, complex_dtype", [("float32", "complex64"),
+                                                  ("float64", "complex128")])
+def test_polar_builds_the_complex_number_from_abs_and_angle(dtype, complex_dtype, device):
+    rng = np.random.default_rng(0)
+    r, theta = rng.random((2, 3, 4)).astype(dtype), (rng.random((2, 3, 4)) * 7 - 3.5).astype(dtype)
+    z = F.polar(mg.tensor(r, device=device), mg.tensor(theta, device=device))
+    assert z.dtype == np.dtype(complex_dtype) and z.shape == (2, 3, 4)
+    want = r.astype(np.float64) * np.exp(1j * theta.astype(np.float64))
+    np.testing.assert_allclose(z.numpy(), want, rtol=1e-6 if dtype == "float32" else 1e-14,
+                               atol=1e-6 if dtype == "float32" else 1e-14)
