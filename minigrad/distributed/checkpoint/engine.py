@@ -13,9 +13,13 @@ import os
 
 from minigrad.distributed.checkpoint.loading import load
 from minigrad.distributed.checkpoint.saving import save
-from minigrad.distributed.checkpoint.storage import INDEX, LATEST
+from minigrad.distributed.checkpoint.storage import INDEX, LATEST, read_index
+from minigrad.distributed.runtime.log import get_logger
 
 __all__ = ["EngineCheckpoints"]
+
+#: the key of the learning-rate scheduler's state in an engine checkpoint (DeepSpeed's name)
+SCHEDULER_KEY = "lr_scheduler"
 
 
 class _Held:
@@ -31,12 +35,14 @@ class _Held:
         self.value = state["value"]
 
 
-def _state(engine, client_state) -> tuple[dict, _Held, _Held]:
+def _state(engine, client_state, scheduler: bool = True) -> tuple[dict, _Held, _Held]:
     steps, client = _Held(engine.global_steps), _Held(client_state)
     state = {"module": engine.module, "optimizer": engine.optimizer, "global_steps": steps,
              "client_state": client}
     if engine.optimizer is None:
         del state["optimizer"]
+    if scheduler and getattr(engine, "lr_scheduler", None) is not None:  # DeepSpeed's engines
+        state[SCHEDULER_KEY] = engine.lr_scheduler
     if engine.scaler is not None:  # the loss scale and its growth counter travel with the run
         state["scaler"] = engine.scaler
     return state, steps, client
@@ -51,8 +57,10 @@ class EngineCheckpoints:
         state, _, _ = _state(engine, dict(client_state))
         return save(state, os.path.join(os.fspath(save_dir), tag))
 
-    def load_checkpoint(self, engine, load_dir, tag) -> tuple:
-        """See ``PipelineEngine.load_checkpoint``."""
+    def load_checkpoint(self, engine, load_dir, tag, load_lr_scheduler: bool = True) -> tuple:
+        """See ``PipelineEngine.load_checkpoint``; the engine's ``lr_scheduler`` (if any) is
+        loaded too when ``load_lr_scheduler`` and the checkpoint has one (a checkpoint saved
+        without a scheduler leaves it as it is, with a warning)."""
         load_dir = os.fspath(load_dir)
         if tag is None:
             try:
@@ -63,7 +71,12 @@ class EngineCheckpoints:
         path = os.path.join(load_dir, tag)
         if not os.path.exists(os.path.join(path, INDEX)):
             return None, None
-        state, steps, client = _state(engine, {})
+        has_scheduler = SCHEDULER_KEY in read_index(path).get("objects", {})
+        wanted = load_lr_scheduler and getattr(engine, "lr_scheduler", None) is not None
+        if wanted and not has_scheduler:
+            get_logger().warning(f"load_checkpoint: {path} has no lr_scheduler state; the "
+                                 f"scheduler keeps its position")
+        state, steps, client = _state(engine, {}, scheduler=wanted and has_scheduler)
         load(state, path)
         engine.global_steps = int(steps.value)
         return path, client.value

@@ -9,12 +9,15 @@ A DeepSpeed training program runs with only that import changed (and ``deepspeed
 config and wires them together:
 
 * :mod:`.config` — the JSON/dict config, DeepSpeed's defaults and consistency rules;
-* :mod:`.components` — the optimizer, loss scaler, autocast and loader a config builds;
+* :mod:`.components` — the optimizer, scheduler, loss scaler, autocast and loader a config
+  builds;
 * :mod:`.engine` — :class:`DeepSpeedEngine` (data parallelism, ZeRO 0-3, accumulation);
 * :mod:`.pipe_engine` — :class:`DeepSpeedPipelineEngine`, the pipeline engine configured;
 * :mod:`.entry` — ``add_config_arguments``, ``init_distributed``, ``initialize``;
 * :mod:`.pipe`, :mod:`.utils` — DeepSpeed's module paths of the pipeline names and
-  ``RepeatingLoader``.
+  ``RepeatingLoader``;
+* :mod:`.runtime.lr_schedules` — DeepSpeed's schedulers (``WarmupLR``, ``WarmupDecayLR``,
+  ``WarmupCosineLR``, ``OneCycle``, ``LRRangeTest``), at DeepSpeed's module path.
 
 It sits above ``minigrad.amp`` in the layer order (the ``fp16`` section builds a ``GradScaler``)
 and above every other folder of ``minigrad.distributed``; nothing imports it. The config keys and
@@ -37,7 +40,7 @@ Example::
 """
 
 import minigrad.distributed as comm
-from minigrad.distributed.deepspeed import pipe, utils
+from minigrad.distributed.deepspeed import pipe, runtime, utils
 from minigrad.distributed.deepspeed.config import DeepSpeedConfig, DeepSpeedConfigError
 from minigrad.distributed.deepspeed.engine import DeepSpeedEngine
 from minigrad.distributed.deepspeed.entry import (
@@ -61,5 +64,6 @@ __all__ = [
     "init_distributed",
     "initialize",
     "pipe",
+    "runtime",
     "utils",
 ]

@@ -1,5 +1,6 @@
-"""What a DeepSpeed config builds out of minigrad's own parts: the optimizer, the loss scaler, the
-autocast context and the training data loader (the mapping is in ``docs/deepspeed.md``).
+"""What a DeepSpeed config builds out of minigrad's own parts: the optimizer, the learning-rate
+scheduler, the loss scaler, the autocast context and the training data loader (the mapping is in
+``docs/deepspeed.md``).
 
 Nothing here trains: the engines (:mod:`.engine`, :mod:`.pipe_engine`) call these once, at
 ``deepspeed.initialize``.
@@ -12,16 +13,19 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import minigrad.optimizer as optim
 from minigrad.amp import GradScaler, autocast
 from minigrad.autodiff.tensor import Tensor
 from minigrad.data import Collator, DataLoader, RandomSampler
 from minigrad.distributed.deepspeed.config import DeepSpeedConfig, DeepSpeedConfigError
+from minigrad.distributed.deepspeed.runtime import lr_schedules
+from minigrad.distributed.runtime.log import get_logger
 from minigrad.optimizer.optimizer import Optimizer
 
-__all__ = ["TensorCollator", "build_loader", "build_optimizer", "build_scaler", "check_scheduler",
-           "precision_context"]
+__all__ = ["TensorCollator", "build_loader", "build_optimizer", "build_scaler", "build_scheduler",
+           "configure_scheduler", "precision_context"]
 
 #: DeepSpeed's optimizer types minigrad maps (lower case, as DeepSpeed compares them), with the
 #: params each accepts and their defaults (DeepSpeed's FusedAdam: lr 1e-3, weight decay 0)
@@ -69,16 +73,51 @@ def build_optimizer(section: dict, params) -> Optimizer:
                weight_decay=p["weight_decay"])
 
 
-def check_scheduler(section: dict | None) -> None:
-    """DeepSpeed's schedulers (``WarmupLR``, ``WarmupDecayLR``, ``OneCycle``, ``LRRangeTest``)
-    are not in minigrad: a ``scheduler`` section raises, naming what to do instead."""
-    if section is not None:
+def build_scheduler(section: dict, optimizer: Optimizer):
+    """The scheduler of the config's ``scheduler`` section driving ``optimizer``: one of
+    DeepSpeed's (``WarmupLR``, ``WarmupDecayLR``, ``WarmupCosineLR``, ``OneCycle``,
+    ``LRRangeTest``; exact case, as DeepSpeed looks the name up) built with ``params`` as its
+    keyword arguments."""
+    kind = section["type"]
+    if kind not in lr_schedules.VALID_LR_SCHEDULES:
         raise DeepSpeedConfigError(
-            f"DeepSpeed config: scheduler.type {section['type']!r} is not supported: minigrad "
-            f"has none of DeepSpeed's schedulers (WarmupLR, WarmupDecayLR, OneCycle, "
-            f"LRRangeTest); supported: no scheduler section; build a minigrad scheduler "
-            f"(optim.LinearWarmup, CosineAnnealingLR, StepLR, MultiStepLR) and pass it as "
+            f"DeepSpeed config: scheduler.type must be one of "
+            f"{', '.join(sorted(lr_schedules.VALID_LR_SCHEDULES))} (exact case), got {kind!r}; "
+            f"for another schedule pass a minigrad scheduler as "
             f"deepspeed.initialize(lr_scheduler=...)")
+    cls = getattr(lr_schedules, kind)
+    signature = inspect.signature(cls)
+    accepted = [name for name in signature.parameters if name != "optimizer"]
+    given = section["params"]
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        raise DeepSpeedConfigError(
+            f"DeepSpeed config: scheduler.params for {kind} has unknown key(s) {unknown}; "
+            f"expected some of {sorted(accepted)}")
+    missing = [name for name in accepted if name not in given
+               and signature.parameters[name].default is inspect.Parameter.empty]
+    if missing:
+        raise DeepSpeedConfigError(
+            f"DeepSpeed config: scheduler.params for {kind} must give {missing}, got "
+            f"{sorted(given)}")
+    return cls(optimizer, **given)
+
+
+def configure_scheduler(lr_scheduler, section: dict | None, optimizer: Optimizer):
+    """The engine's scheduler, as DeepSpeed chooses it: the one passed to ``initialize`` (a
+    scheduler, or a callable ``optimizer -> scheduler``) if any (a ``scheduler`` section in the
+    config is then ignored, with a warning), else the config's (None without a section)."""
+    if lr_scheduler is not None:
+        if section is not None:
+            get_logger("deepspeed").warning(
+                f"deepspeed.initialize: an lr_scheduler was passed and the config has a "
+                f"scheduler section ({section['type']}); using the one passed")
+        if callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
+            return lr_scheduler(optimizer)
+        return lr_scheduler
+    if section is None:
+        return None
+    return build_scheduler(section, optimizer)
 
 
 def build_scaler(config: DeepSpeedConfig, module=None) -> GradScaler | None:

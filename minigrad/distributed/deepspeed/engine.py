@@ -54,7 +54,7 @@ from minigrad.distributed.deepspeed.components import (
     build_loader,
     build_optimizer,
     build_scaler,
-    check_scheduler,
+    configure_scheduler,
     precision_context,
 )
 from minigrad.distributed.deepspeed.config import (
@@ -80,7 +80,8 @@ class DeepSpeedEngine(ConfigAccessors):
     ``params -> Optimizer``, or None to build the config's), ``model_parameters`` (what the
     config's optimizer updates; default all of ``model.parameters()``), ``training_data`` (a
     map-style dataset: the engine builds ``training_dataloader`` from it), ``lr_scheduler`` (a
-    minigrad scheduler or a callable ``optimizer -> scheduler``), ``collate_fn``.
+    scheduler or a callable ``optimizer -> scheduler``; None: the config's ``scheduler``
+    section, if any), ``collate_fn``.
 
     Example::
 
@@ -121,9 +122,7 @@ class DeepSpeedEngine(ConfigAccessors):
             groups = [dict(g) for g in self.optimizer.param_groups]
             self.optimizer = ZeroRedundancyOptimizer(groups, optimizer_class=type(self.optimizer))
         self.basic_optimizer = self.optimizer
-        check_scheduler(config.scheduler)
-        self.lr_scheduler = lr_scheduler(self.optimizer) if callable(lr_scheduler) and not \
-            hasattr(lr_scheduler, "step") else lr_scheduler
+        self.lr_scheduler = configure_scheduler(lr_scheduler, config.scheduler, self.optimizer)
         self.scaler = build_scaler(config, model)
         self._params = list(model.parameters())
         self._gm = GradManager().attach(self._params)
@@ -267,16 +266,20 @@ class DeepSpeedEngine(ConfigAccessors):
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state: dict | None = None,
                         save_latest: bool = True) -> str:
-        """DeepSpeed's checkpoint: module, optimizer (sharded as it is), loss scaler,
-        ``global_steps`` and ``client_state`` in ``save_dir/tag`` (default ``global_step<N>``),
-        and ``save_dir/latest`` naming ``tag``; collective, like ``PipelineEngine``'s (the same
-        ``dist.checkpoint`` format: it loads into any layout). Returns the directory."""
+        """DeepSpeed's checkpoint: module, optimizer (sharded as it is), learning-rate
+        scheduler, loss scaler, ``global_steps`` and ``client_state`` in ``save_dir/tag``
+        (default ``global_step<N>``), and ``save_dir/latest`` naming ``tag``; collective, like
+        ``PipelineEngine``'s (the same ``dist.checkpoint`` format: it loads into any layout).
+        Returns the directory."""
         return _CHECKPOINTS.save_checkpoint(self, save_dir, tag, client_state or {})
 
-    def load_checkpoint(self, load_dir, tag=None, **kwargs) -> tuple:
-        """Load what :meth:`save_checkpoint` wrote (``tag`` None: ``load_dir/latest``).
+    def load_checkpoint(self, load_dir, tag=None, load_lr_scheduler_states: bool = True,
+                        **kwargs) -> tuple:
+        """Load what :meth:`save_checkpoint` wrote (``tag`` None: ``load_dir/latest``); the
+        scheduler continues from its saved step unless ``load_lr_scheduler_states=False``.
         Returns ``(path, client_state)``, or ``(None, None)`` when there is none."""
-        return _CHECKPOINTS.load_checkpoint(self, load_dir, tag)
+        return _CHECKPOINTS.load_checkpoint(self, load_dir, tag,
+                                            load_lr_scheduler=load_lr_scheduler_states)
 
     def __repr__(self) -> str:
         return (f"DeepSpeedEngine({type(self.module).__name__}, rank {self.global_rank} of "

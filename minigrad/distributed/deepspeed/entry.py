@@ -28,7 +28,7 @@ from minigrad.distributed.comm.group import (
     is_distributed,
     is_initialized,
 )
-from minigrad.distributed.deepspeed.components import build_optimizer, check_scheduler
+from minigrad.distributed.deepspeed.components import build_optimizer
 from minigrad.distributed.deepspeed.config import (
     DeepSpeedConfig,
     DeepSpeedConfigError,
@@ -129,11 +129,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
         cfg = DeepSpeedConfig(raw, world_size=model.topology.get_dim("data"))
         if model_parameters is not None:
             model_parameters = list(model_parameters)
-        check_scheduler(cfg.scheduler)
         opt = _pipeline_optimizer(cfg, model, optimizer, model_parameters)
         engine = DeepSpeedPipelineEngine(model, opt, cfg, training_data=training_data,
-                                         collate_fn=collate_fn)
-        engine.lr_scheduler = _scheduler(lr_scheduler, engine.optimizer)
+                                         lr_scheduler=lr_scheduler, collate_fn=collate_fn)
     else:
         world = get_world_size() if is_distributed() else 1
         cfg = DeepSpeedConfig(raw, world_size=world)
@@ -157,9 +155,3 @@ def _pipeline_optimizer(cfg: DeepSpeedConfig, model, optimizer, params):
             "optimizer section ({\"type\": \"Adam\", \"params\": {\"lr\": ...}})")
     return build_optimizer(from_config, params)
 
-
-def _scheduler(lr_scheduler, optimizer):
-    """A scheduler, or a callable ``optimizer -> scheduler`` (DeepSpeed accepts both)."""
-    if lr_scheduler is not None and callable(lr_scheduler) and not hasattr(lr_scheduler, "step"):
-        return lr_scheduler(optimizer)
-    return lr_scheduler

@@ -20,9 +20,11 @@ Example::
 
 from __future__ import annotations
 
+from minigrad.distributed.checkpoint.engine import EngineCheckpoints
 from minigrad.distributed.deepspeed.components import (
     build_loader,
     build_scaler,
+    configure_scheduler,
     precision_context,
 )
 from minigrad.distributed.deepspeed.config import (
@@ -43,7 +45,8 @@ class DeepSpeedPipelineEngine(ConfigAccessors, PipelineEngine):
 
     ``training_dataloader`` (first and last stages, with ``training_data``) and
     ``data_iterator`` (the repeating iterator ``train_batch()`` reads) are DeepSpeed's
-    attributes; ``lr_scheduler`` steps after every step that was not skipped.
+    attributes; ``lr_scheduler`` (the one passed, else the config's ``scheduler`` section) steps
+    after every step that was not skipped and travels with the checkpoints.
 
     Example::
 
@@ -59,7 +62,7 @@ class DeepSpeedPipelineEngine(ConfigAccessors, PipelineEngine):
         self._config = config
         super().__init__(module, optimizer, micro_batches=config.gradient_accumulation_steps,
                          zero_stage=config.zero_stage, scaler=build_scaler(config, module))
-        self.lr_scheduler = lr_scheduler
+        self.lr_scheduler = configure_scheduler(lr_scheduler, config.scheduler, self.optimizer)
         self.training_dataloader = None
         self.data_iterator = None
         if training_data is not None and (self.is_first_stage() or self.is_last_stage()):
@@ -92,6 +95,13 @@ class DeepSpeedPipelineEngine(ConfigAccessors, PipelineEngine):
                 skipped is None or self.scaler.skipped_steps == skipped):
             self.lr_scheduler.step()
         return loss
+
+    def load_checkpoint(self, load_dir, tag=None, load_lr_scheduler_states: bool = True,
+                        **kwargs) -> tuple:
+        """The pipeline engine's ``load_checkpoint``; the scheduler continues from its saved
+        step unless ``load_lr_scheduler_states=False`` (DeepSpeed's keyword)."""
+        return EngineCheckpoints().load_checkpoint(self, load_dir, tag,
+                                                   load_lr_scheduler=load_lr_scheduler_states)
 
     def eval_batch(self, data_iter, return_logits: bool = False, micro_batches=None):
         """The pipeline engine's ``eval_batch`` under the config's precision."""
