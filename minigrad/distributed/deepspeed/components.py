@@ -37,6 +37,15 @@ _SGD_PARAMS = {"lr": None, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.
 OPTIMIZERS = {"adam": _ADAM_PARAMS, "adamw": _ADAM_PARAMS, "sgd": _SGD_PARAMS}
 
 
+def _check_known(section: str, kind: str, given: dict, accepted) -> None:
+    """Raise naming the keys of ``<section>.params`` that ``kind`` does not take."""
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        raise DeepSpeedConfigError(
+            f"DeepSpeed config: {section}.params for {kind} has unknown key(s) {unknown}; "
+            f"expected some of {sorted(accepted)}")
+
+
 def build_optimizer(section: dict, params) -> Optimizer:
     """The optimizer of the config's ``optimizer`` section over ``params``. ``Adam`` follows
     DeepSpeed: decoupled weight decay (AdamW) unless ``"adam_w_mode": false``."""
@@ -47,11 +56,7 @@ def build_optimizer(section: dict, params) -> Optimizer:
             f"minigrad, got {section['type']!r}")
     accepted = OPTIMIZERS[kind]
     given = section["params"]
-    unknown = sorted(set(given) - set(accepted))
-    if unknown:
-        raise DeepSpeedConfigError(
-            f"DeepSpeed config: optimizer.params for {section['type']} has unknown key(s) "
-            f"{unknown}; expected some of {sorted(accepted)}")
+    _check_known("optimizer", section["type"], given, accepted)
     p = {**accepted, **given}
     if kind == "sgd":
         if p["lr"] is None:
@@ -89,11 +94,7 @@ def build_scheduler(section: dict, optimizer: Optimizer):
     signature = inspect.signature(cls)
     accepted = [name for name in signature.parameters if name != "optimizer"]
     given = section["params"]
-    unknown = sorted(set(given) - set(accepted))
-    if unknown:
-        raise DeepSpeedConfigError(
-            f"DeepSpeed config: scheduler.params for {kind} has unknown key(s) {unknown}; "
-            f"expected some of {sorted(accepted)}")
+    _check_known("scheduler", kind, given, accepted)
     missing = [name for name in accepted if name not in given
                and signature.parameters[name].default is inspect.Parameter.empty]
     if missing:
