@@ -382,13 +382,19 @@ def test_no_sync_accumulates_locally_and_syncs_once_bitwise_ddp():
             np.testing.assert_array_equal(a, b)
 
 
-def _prefetch_worker():
+def _nested_sharded():
+    """A float32 Net with its block and itself fully sharded: (net, gm, SGD, an input)."""
     net = Net("float32")
     dist.fully_shard(net.block)
     dist.fully_shard(net)
     gm = ad.GradManager().attach(_trainable(net))
     opt = optim.SGD(_trainable(net), lr=0.1)
     x = mg.tensor(np.ones((2, IN), "float32"))
+    return net, gm, opt, x
+
+
+def _prefetch_worker():
+    net, gm, opt, x = _nested_sharded()
     hits = []
     for _ in range(3):
         with gm:
@@ -405,12 +411,7 @@ def test_the_next_wrapped_module_is_prefetched_from_the_second_forward_on():
 
 
 def _skip_backward_worker():
-    net = Net("float32")
-    dist.fully_shard(net.block)
-    dist.fully_shard(net)
-    gm = ad.GradManager().attach(_trainable(net))
-    opt = optim.SGD(_trainable(net), lr=0.1)
-    x = mg.tensor(np.ones((2, IN), "float32"))
+    net, gm, opt, x = _nested_sharded()
     try:
         for _ in range(2):
             with gm:

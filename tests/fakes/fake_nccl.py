@@ -157,22 +157,25 @@ def make_nccl(fake, cupy_version: int = 14) -> types.ModuleType:
             parts = self._collective("allGather", stream, sendbuf, size, datatype)
             self._put(recvbuf, np.concatenate(parts))
 
-        def send(self, sendbuf, count, datatype, peer, stream):
+        def _message(self, direction: str, peer: int, stream) -> int:
+            """Issue a send ("to") or receive ("from") on ``stream``; its number between the two
+            ranks in that direction (1, 2, ...), which names the message's file."""
             fake._check_current(self._device)
             on = fake.streams[stream, self._device]
             fake.issue(on)
-            fake.events.append(f"nccl send to {peer} on {on.name}")
-            k = self._p2p[("to", peer)] = self._p2p.get(("to", peer), 0) + 1
+            fake.events.append(f"nccl {'send to' if direction == 'to' else 'recv from'} {peer} "
+                               f"on {on.name}")
+            k = self._p2p[(direction, peer)] = self._p2p.get((direction, peer), 0) + 1
+            return k
+
+        def send(self, sendbuf, count, datatype, peer, stream):
+            k = self._message("to", peer, stream)
             size = count * np.dtype(DTYPES[datatype]).itemsize
             _write(os.path.join(self._dir, f"p{self._rank}-{peer}.{k}"),
                    ctypes.string_at(sendbuf, size) if size else b"")
 
         def recv(self, recvbuf, count, datatype, peer, stream):
-            fake._check_current(self._device)
-            on = fake.streams[stream, self._device]
-            fake.issue(on)
-            fake.events.append(f"nccl recv from {peer} on {on.name}")
-            k = self._p2p[("from", peer)] = self._p2p.get(("from", peer), 0) + 1
+            k = self._message("from", peer, stream)
             data = _wait_read(os.path.join(self._dir, f"p{peer}-{self._rank}.{k}"),
                               f"a send from rank {peer}")
             size = count * np.dtype(DTYPES[datatype]).itemsize

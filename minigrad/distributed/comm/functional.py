@@ -47,6 +47,19 @@ def _token(out: Tensor) -> Tensor:
     return out
 
 
+def _rooted(op: Function, inp: Tensor, group, root, *args):
+    """Run a collective whose result lands on one rank: ``op(inp, group, root, *args)`` with the
+    group resolved and ``root`` defaulted to its first rank; the output on ``root``, None on the
+    others (whose output becomes a backward root: :func:`_token`)."""
+    group = resolve_group(group)
+    root = _root(group, root)
+    out = op(inp, group, root, *args)
+    if get_rank() == root:
+        return out
+    _token(out)
+    return None
+
+
 class _Collective(Function):
     """Collectives must run on every rank even when this rank's input needs no gradient, so the
     backward communication stays matched: record whenever a GradManager is recording."""
@@ -151,13 +164,7 @@ class ReduceSum(_Collective):
 
 def reduce_sum(inp: Tensor, group=WORLD, root: int | None = None):
     """Sum over ``group`` onto ``root`` (its first rank by default); None on the other ranks."""
-    group = resolve_group(group)
-    root = _root(group, root)
-    out = ReduceSum()(inp, group, root)
-    if get_rank() == root:
-        return out
-    _token(out)
-    return None
+    return _rooted(ReduceSum(), inp, group, root)
 
 
 class Gather(_Collective):
@@ -183,13 +190,7 @@ class Gather(_Collective):
 
 def gather(inp: Tensor, group=WORLD, root: int | None = None, axis: int = 0):
     """Concatenate every rank's ``inp`` along ``axis`` on ``root``; None elsewhere."""
-    group = resolve_group(group)
-    root = _root(group, root)
-    out = Gather()(inp, group, root, axis)
-    if get_rank() == root:
-        return out
-    _token(out)
-    return None
+    return _rooted(Gather(), inp, group, root, axis)
 
 
 class Scatter(_Collective):

@@ -24,10 +24,7 @@ def main():
     dist.init_process_group()
     restart = int(os.environ["MINIGRAD_RESTART_COUNT"])
     job = Run("data2")
-    state = job.state(0)
-    path = dist.checkpoint.latest(root)
-    if path is not None:
-        dist.checkpoint.load(state, path)
+    state, _ = job.resume(root)
     resumed_from = state["step"]
     for step in range(state["step"], stop):
         if restart == 0 and step == kill_at and dist.get_rank() == 1:

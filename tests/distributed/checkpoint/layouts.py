@@ -73,6 +73,15 @@ class Run:
     def state(self, step: int) -> dict:
         return {"model": self.model, "optim": self.opt, "step": step}
 
+    def resume(self, root: str) -> tuple[dict, str | None]:
+        """The state at step 0, loaded from the latest checkpoint under ``root`` if there is one;
+        and that checkpoint's path (None when there is none)."""
+        state = self.state(0)
+        latest = dist.checkpoint.latest(root)
+        if latest is not None:
+            dist.checkpoint.load(state, latest)
+        return state, latest
+
 
 def train(layout: str, stop: int, root: str | None = None, save_at: int | None = None,
           resume: bool = False) -> dict:

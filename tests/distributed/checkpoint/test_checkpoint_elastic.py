@@ -52,10 +52,7 @@ def test_without_restarts_the_failure_ends_the_job(tmp_path):
 def _train_with_kill_in_save(root, stop, kill_in_save_of):
     restart = int(os.environ["MINIGRAD_RESTART_COUNT"])
     job = Run("data2")
-    state = job.state(0)
-    latest = dist.checkpoint.latest(root)
-    if latest is not None:
-        dist.checkpoint.load(state, latest)
+    state, latest = job.resume(root)
     resumed = (latest and os.path.basename(latest), state["step"])
     if restart == 0 and dist.get_rank() == 0:
         real = storage.write_pieces
