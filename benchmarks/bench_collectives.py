@@ -7,6 +7,13 @@ measures the cpu backend and gloo through ``@dist.launcher``. Each round times a
 implementation (the order rotates between rounds); the table gives the median and the 10th
 percentile of the rounds' time per call, and the algorithm bandwidth (array bytes / time) of the
 median. Writes ``benchmarks/results/collectives.json`` (medians in ``seconds_per_call``).
+
+A block lasts at least :data:`BLOCK_SECONDS` (its number of calls is calibrated once, after the
+warm-up, and agreed by all ranks): what is measured is the steady-state latency of repeated calls.
+Blocks of a fixed 50 calls of 4 KiB lasted a fraction of a millisecond, and after a gloo block
+(whose calls sleep in the kernel for milliseconds) the first calls of the next block ran on cold
+cores: that transient alone made both minigrad and mpi4py 25-55% slower per call (measured on a
+2-core AMD EPYC, 2026-11-27).
 """
 
 from __future__ import annotations
@@ -30,8 +37,24 @@ WORKER_FLAG = "--worker"
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "collectives.json")
 
 
-def _calls_per_block(nbytes: int) -> int:
-    return 50 if nbytes <= (64 << 10) else (10 if nbytes <= (1 << 20) else 3)
+BLOCK_SECONDS = 0.004  # shortest timed block; see the module docstring
+MIN_CALLS = 3
+
+
+def _calibrate(fn, x, barrier) -> int:
+    """Calls of ``fn(x)`` that take at least BLOCK_SECONDS on rank 0 (doubling from MIN_CALLS);
+    rank 0 tells the others when to stop, so every rank makes the same calls."""
+    calls = MIN_CALLS
+    while True:
+        barrier()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn(x)
+        done = [time.perf_counter() - t >= BLOCK_SECONDS or calls >= (1 << 16)]
+        dist.broadcast_object_list(done)
+        if done[0]:
+            return calls
+        calls *= 2
 
 
 def _free_port() -> int:
@@ -76,13 +99,15 @@ def measure(sizes: list[int], rounds: int, use_mpi: bool) -> dict:
     arrays = {n: np.zeros(n // 4, np.float32) for n in sizes}  # zeros: sums stay 0 forever
     for name in names:  # warm up: first-touch page faults, connections, buffers
         for n in sizes:
-            for _ in range(3):
+            for _ in range(MIN_CALLS):
                 impls[name](arrays[n])
+    calls_per_block = {name: {n: _calibrate(impls[name], arrays[n], barrier) for n in sizes}
+                       for name in names}
     for r in range(rounds):
         for k in range(len(names)):
             name = names[(r + k) % len(names)]
             for n in sizes:
-                calls = _calls_per_block(n)
+                calls = calls_per_block[name][n]
                 barrier()
                 t = time.perf_counter()
                 for _ in range(calls):

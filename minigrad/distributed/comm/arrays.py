@@ -94,6 +94,8 @@ def is_cupy(x: Any) -> bool:
 
 def check_array(where: str, x: Any) -> None:
     """Raise a clear TypeError unless ``x`` is a NumPy/CuPy array of a supported dtype."""
+    if type(x) is np.ndarray and x.dtype in _HOST_DTYPES:  # the common case, on every call's path
+        return
     if not isinstance(x, np.ndarray) and not is_cupy(x):
         raise TypeError(f"{where}: expected a NumPy or CuPy array, got {type(x).__name__}")
     name = dtype_name(x.dtype)

@@ -49,55 +49,60 @@ _BUS_FACTOR = {
 
 class CallRecord:
     """One collective or message of this rank (times: ``time.time()`` seconds; end None while
-    the call has not finished)."""
+    the call has not finished).
 
-    __slots__ = ("kind", "group", "seq", "shapes", "dtypes", "nbytes", "start", "end", "caller",
-                 "provider")
+    Recording is on every call's path, so the record keeps what it is given (shape, dtype object,
+    bytes of each array; the caller's file and line) and derives the readable fields (``shapes``,
+    ``dtypes`` named ``float32``, ``nbytes``, ``caller`` as ``file:line``) only when read."""
 
-    def __init__(self, kind: str, group, seq, arrays, provider: str):
-        self.kind, self.group, self.seq, self.provider = kind, tuple(group), seq, provider
-        shapes, dtypes, nbytes = [], [], 0
-        for a in arrays:
-            if a is not None:
-                shapes.append(a.shape)
-                dtype = a.dtype
-                name = _DTYPE_NAMES.get(dtype)
-                if name is None:  # NumPy computes dtype.name anew on each access (~1.4 us)
-                    name = _DTYPE_NAMES[dtype] = dtype.name
-                dtypes.append(name)
-                nbytes += a.nbytes
-        self.shapes, self.dtypes, self.nbytes = shapes, dtypes, int(nbytes)
-        self.caller = _caller()
+    __slots__ = ("kind", "group", "seq", "provider", "start", "end", "_arrays", "_where")
+    FIELDS = ("kind", "group", "seq", "shapes", "dtypes", "nbytes", "start", "end", "caller",
+              "provider")
+
+    def __init__(self, kind: str, group, seq, arrays, provider: str,
+                 where: tuple[str, int] | None = None):
+        self.kind, self.seq, self.provider, self._where = kind, seq, provider, where
+        self.group = group if type(group) is tuple else tuple(group)
+        self._arrays = [(a.shape, a.dtype, a.nbytes) for a in arrays if a is not None]
         self.start, self.end = _now(), None
 
+    @property
+    def shapes(self) -> list:
+        return [shape for shape, _, _ in self._arrays]
+
+    @property
+    def dtypes(self) -> list[str]:
+        return [dtype.name for _, dtype, _ in self._arrays]
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(n for _, _, n in self._arrays))
+
+    @property
+    def caller(self) -> str:
+        """``file:line`` of the first frame outside minigrad that led to the call."""
+        where = self._where
+        if where is None:
+            return "?"
+        text = _CALLERS.get(where)
+        if text is None:
+            try:
+                name = os.path.relpath(where[0])
+            except ValueError:  # another drive (Windows)
+                name = where[0]
+            text = _CALLERS[where] = f"{name}:{where[1]}"
+        return text
+
     def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in self.FIELDS}
 
     def describe(self) -> str:
         seq = "" if self.seq is None else f"seq {self.seq} "
         return f"{seq}{self.kind} (group {list(self.group)}), from {self.caller}"
 
 
-_DTYPE_NAMES: dict = {}
 _now = time.time
-
-
-def _caller() -> str:
-    """``file:line`` of the first frame outside minigrad (cached per code location)."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame = frame.f_back
-    if frame is None:
-        return "?"
-    key = (frame.f_code.co_filename, frame.f_lineno)
-    text = _CALLERS.get(key)
-    if text is None:
-        try:
-            name = os.path.relpath(key[0])
-        except ValueError:  # another drive (Windows)
-            name = key[0]
-        text = _CALLERS[key] = f"{name}:{key[1]}"
-    return text
+_getframe = sys._getframe
 
 
 _CALLERS: dict[tuple[str, int], str] = {}
@@ -170,7 +175,11 @@ def configure(job: str, rank: int, world_size: int) -> None:
 
 def begin(kind: str, group, seq, arrays, provider: str) -> CallRecord:
     """Record the start of a call (every call of :mod:`.arrays`)."""
-    record = CallRecord(kind, group, seq, arrays, provider)
+    frame = _getframe(1)  # the caller: the first frame outside minigrad
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    where = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+    record = CallRecord(kind, group, seq, arrays, provider, where)
     _ring.append(record)
     if comm_log.records is not None:
         comm_log.records.append(record)

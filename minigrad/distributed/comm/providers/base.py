@@ -241,6 +241,8 @@ class OrderedWorker:
 
     def flush(self) -> None:
         """Block until every callable submitted so far has finished."""
+        if self._pending == 0:  # nothing queued (read under the GIL: no lock needed to see 0)
+            return
         with self._cond:
             self._cond.wait_for(lambda: self._pending == 0)
 

@@ -129,12 +129,26 @@ class CpuBackend(Backend):
     # --- collectives
     def all_reduce(self, x: np.ndarray, op: ReduceOp, seq: int, check: str | None = None) -> None:
         ufunc = UFUNCS[op]
+        transport = self.transport
+        if transport.kind == "shm" and 0 < x.nbytes <= transport.chunk and (
+                len(self.ctx.ranks) <= 2 or x.nbytes <= RS_AG_MIN_BYTES):
+            # one round of shared memory: the transport's own all-reduce (see ShmTransport); the
+            # fingerprint is built only when the transport needs it (first call of a shape, a
+            # mismatch, a wait long enough to warn)
+            def header() -> dict:
+                sig = [list(x.shape), dtype_name(x.dtype), op.value]
+                return dict(fingerprint("all_reduce", seq, None, sig, check), backend=self.name)
+
+            try:
+                transport.all_reduce(x, ufunc, seq, (x.shape, x.dtype, op, check), header,
+                                     self._check_headers)
+            except BaseException:
+                transport.abort()
+                self.ctx.broken = True
+                raise
+            return
         n = len(self.ctx.ranks)
         big = n > 2 and x.nbytes > RS_AG_MIN_BYTES and x.size >= n
-        transport = self.transport
-        if not big and transport.kind == "shm" and 0 < x.nbytes <= transport.chunk:
-            self._all_reduce_shm(x, ufunc, op, seq, check)
-            return
         sig = [list(x.shape), dtype_name(x.dtype), op.value]
         fp = fingerprint("all_reduce", seq, None, sig, check)
         if big:
@@ -157,25 +171,6 @@ class CpuBackend(Backend):
             _reduce_in_order(views, ufunc, flat[off : off + views[0].size])
 
         self._run(fp, [x] * n, None, consume, ("all_reduce", x.shape, dtype, op, check))
-
-    def _all_reduce_shm(self, x, ufunc, op: ReduceOp, seq: int, check) -> None:
-        """One round of shared memory: the transport's own all-reduce (see ShmTransport). The
-        fingerprint is built only when the transport needs it (first call of a shape, a mismatch,
-        a message)."""
-        ctx = self.ctx
-
-        def header() -> dict:
-            sig = [list(x.shape), dtype_name(x.dtype), op.value]
-            return dict(fingerprint("all_reduce", seq, None, sig, check), backend=self.name)
-
-        what = lambda: f"{describe(header())} in group {ctx.ranks}"
-        try:
-            self.transport.all_reduce(x, ufunc, seq, (x.shape, x.dtype, op, check), header,
-                                      self._check_headers, what)
-        except BaseException:
-            self.transport.abort()
-            ctx.broken = True
-            raise
 
     def _all_reduce_rs_ag(self, x, ufunc, fp) -> None:
         n, me = len(self.ctx.ranks), self.ctx.rank

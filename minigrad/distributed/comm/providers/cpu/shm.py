@@ -20,7 +20,7 @@ import uuid
 
 import numpy as np
 
-from minigrad.distributed.comm.providers.base import CollectiveError, as_bytes
+from minigrad.distributed.comm.providers.base import CollectiveError, as_bytes, describe
 from minigrad.distributed.comm.providers.cpu.transport import SHM_DIR
 from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog
 from minigrad.distributed.runtime.settings import SHM_CHUNK_ENV
@@ -297,17 +297,18 @@ class ShmTransport:
             k += 1
         return headers
 
-    def all_reduce(self, x, ufunc, seq: int, key, header, on_headers, what) -> None:
+    def all_reduce(self, x, ufunc, seq: int, key, header, on_headers) -> None:
         """All-reduce ``x`` (C-contiguous, non-empty, at most one round of data) in place in one
         round: the wire format of :meth:`exchange` of ``[x] * n`` (so a peer in any other
         collective still sees the mismatch), with typed views of every member's data area kept
-        per ``key``, so a repeated call copies in, synchronises once and runs the ufunc.
-        ``header()`` gives the call's header (with ``seq``), asked for only when needed."""
-        key = ("all_reduce",) + key
+        per ``key`` (shape, dtype, op, check), so a repeated call copies in, synchronises once
+        and runs the ufunc. ``header()`` gives the call's header (with ``seq``), asked for only
+        when needed."""
         entry = self._reduce_views.get(key)
         if entry is None:
             n = len(self.ranks)
-            _, hb, full, _ = self._encode(header(), [x] * n, key, what)
+            _, hb, full, _ = self._encode(header(), [x] * n, ("all_reduce",) + key,
+                                          lambda: self._what(header()))
             views = [[np.frombuffer(area, x.dtype, x.size, META_BYTES).reshape(x.shape)
                       for area in self._areas[parity]] for parity in (0, 1)]
             if len(self._reduce_views) >= CACHE_SIZE:
@@ -322,7 +323,7 @@ class ShmTransport:
             area[HEAD.size : HEAD.size + len(hb)] = hb
             self._header_in[parity] = hb
         views[self.index][...] = x
-        self._sync(what)
+        self._sync(lambda: self._what(header()))
         head, end = (len(hb), seq), HEAD.size + len(hb)
         for ar in self._peer_areas[parity]:
             if HEAD.unpack_from(ar, 0) != head or ar[HEAD.size : end] != hb:
@@ -332,6 +333,10 @@ class ShmTransport:
         ufunc(views[0], views[1], out=x)
         for v in views[2:]:
             ufunc(x, v, out=x)
+
+    def _what(self, header: dict) -> str:
+        """The call a header describes, for errors and the watchdog."""
+        return f"{describe(header)} in group {self.ranks}"
 
     def _headers(self, areas: list, full: dict, hb: bytes, seq) -> list[dict]:
         """Every member's header of this round: ``full`` (this rank's) for each member when all
