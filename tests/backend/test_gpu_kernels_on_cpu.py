@@ -1,0 +1,219 @@
+"""Every function of ``minigrad/backend/kernels/gpu.py`` computes what its CPU twin computes, with
+its CUDA C running on the CPU (``tests/fakes/cuda_on_cpu.py``: g++ and an emulation of CUDA's
+threads, barriers and warp shuffles) on the fake CuPy's arrays.
+
+This is the check a CPU can make of the GPU kernels' arithmetic and of ``gpu.py``'s launch code
+(shapes, strides, grid and block sizes, argument types): without it the CUDA C is only compiled.
+Each function's results are compared with ``minigrad.backend.kernels.cpu``'s on the same inputs
+(float64 to 1e-12, float32 to a few units in the last place: the kernels' formulas are the CPU
+loops', their order of summation is not). Skipped where g++ is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minigrad.backend.kernels import cpu
+from fakes import cuda_on_cpu, fake_cupy
+
+pytestmark = pytest.mark.skipif(cuda_on_cpu.CXX is None, reason="needs g++")
+
+GPU_MODULE = Path(__file__).resolve().parents[2] / "minigrad" / "backend" / "kernels" / "gpu.py"
+DTYPES = ("float32", "float64")
+RTOL = {"float32": 2e-6, "float64": 1e-12}
+ATOL = {"float32": 1e-6, "float64": 1e-13}  # for values that cancel to near zero
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    """``gpu.py`` loaded on the fake CuPy whose kernels run their CUDA C on the CPU."""
+    with fake_cupy.installed(1) as fake:
+        cuda_on_cpu.install(fake)
+        spec = importlib.util.spec_from_file_location("gpu_kernels_on_cpu", GPU_MODULE)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.fake = fake
+        yield module
+
+
+def _dev(gpu, a):
+    return gpu.fake.asarray(a)
+
+
+def _host(gpu, x):
+    return x if x is None or isinstance(x, np.ndarray) else gpu.fake.asnumpy(x)
+
+
+def _close(got, want, dtype, scale=0.0):
+    """Equal to rounding: relative error RTOL, or absolute ATOL x ``scale`` where a result
+    cancels to near zero (``scale``: the size of the terms it is computed from)."""
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                               rtol=RTOL[dtype], atol=ATOL[dtype] * scale, equal_nan=True)
+
+
+def _rand(shape, dtype, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu_and_its_gradient(gpu, dtype):
+    x = _rand((5, 7), dtype)
+    x[0, :3] = [0.0, -0.0, np.nan]
+    y, mask = gpu.relu(_dev(gpu, x))
+    want_y, want_mask = cpu.relu(x)
+    np.testing.assert_array_equal(_host(gpu, y), want_y)
+    np.testing.assert_array_equal(_host(gpu, mask), want_mask)
+    dy = _rand(x.shape, dtype, 1)
+    dx = gpu.relu_grad(_dev(gpu, dy), mask)
+    np.testing.assert_array_equal(_host(gpu, dx), cpu.relu_grad(dy, want_mask))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_and_its_gradient(gpu, dtype):
+    x, dy = _rand((4, 33), dtype) * 3, _rand((4, 33), dtype, 1)
+    y, cdf = gpu.gelu(_dev(gpu, x))
+    want_y, want_cdf = cpu.gelu(x)
+    _close(_host(gpu, y), want_y, dtype, 1)
+    _close(_host(gpu, cdf), want_cdf, dtype, 1)
+    dx = gpu.gelu_grad(_dev(gpu, x), cdf, _dev(gpu, dy))
+    _close(_host(gpu, dx), cpu.gelu_grad(x, want_cdf, dy), dtype, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_row_softmaxes_and_their_gradients(gpu, dtype, name):
+    x, dy = _rand((6, 40), dtype) * 4, _rand((6, 40), dtype, 1)
+    y = getattr(gpu, name)(_dev(gpu, x))
+    want = getattr(cpu, name)(x)
+    _close(_host(gpu, y), want, dtype, 1)
+    dx = getattr(gpu, name + "_grad")(y, _dev(gpu, dy))
+    _close(_host(gpu, dx), getattr(cpu, name + "_grad")(want, dy), dtype, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias_groups", [0, 1, 3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_softmax_and_its_gradient(gpu, dtype, bias_groups, causal):
+    groups, length, src = 3, 5, 7
+    scores = _rand((groups, length, src), dtype)
+    bias = None if not bias_groups else _rand((bias_groups, length, src), dtype, 2)
+    want = scores.copy()
+    cpu.attention_softmax(want, 0.5, bias, causal)
+    got = _dev(gpu, scores)
+    gpu.attention_softmax(got, 0.5, None if bias is None else _dev(gpu, bias), causal)
+    _close(_host(gpu, got), want, dtype, 1)
+    dw = _rand(scores.shape, dtype, 3)
+    want_dw = dw.copy()
+    cpu.attention_softmax_grad(want, want_dw, 0.5)
+    got_dw = _dev(gpu, dw)
+    gpu.attention_softmax_grad(got, got_dw, 0.5)
+    _close(_host(gpu, got_dw), want_dw, dtype, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 33, 200])  # one partial warp; several warps with a partial one
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_and_its_gradient(gpu, dtype, n, affine):
+    rows = 4
+    x, dy = _rand((rows, n), dtype) * 2 + 1, _rand((rows, n), dtype, 1)
+    w = _rand(n, dtype, 2) if affine else None
+    b = _rand(n, dtype, 3) if affine else None
+    y, xhat, rstd = gpu.layer_norm(_dev(gpu, x), *(None if p is None else _dev(gpu, p)
+                                                    for p in (w, b)), 1e-5)
+    want = cpu.layer_norm(x, w, b, 1e-5)
+    for got, ref in zip((y, xhat, rstd), want):
+        _close(_host(gpu, got), ref, dtype, 10)
+    grads = gpu.layer_norm_grad(_dev(gpu, dy), xhat, rstd, None if w is None else _dev(gpu, w))
+    for got, ref in zip(grads, cpu.layer_norm_grad(dy, *want[1:], w)):
+        _close(_host(gpu, got), ref, dtype, 10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("geometry", [((2, 2), (2, 2), (0, 0)), ((3, 2), (1, 2), (1, 0))])
+def test_max_pool_and_its_gradient(gpu, dtype, geometry):
+    kernel, stride, padding = geometry
+    x = _rand((2, 3, 7, 6), dtype)
+    out_hw = tuple((s + 2 * p - k) // st + 1
+                   for s, k, st, p in zip(x.shape[2:], kernel, stride, padding))
+    out, argmax = gpu.max_pool2d(_dev(gpu, x), kernel, stride, padding, out_hw)
+    want_out, want_arg = cpu.max_pool2d(x, kernel, stride, padding, out_hw)
+    np.testing.assert_array_equal(_host(gpu, out), want_out)
+    np.testing.assert_array_equal(_host(gpu, argmax), want_arg)
+    dy = _rand(want_out.shape, dtype, 1)
+    dx = gpu.max_pool2d_grad(_dev(gpu, dy), argmax, x.shape)
+    _close(_host(gpu, dx), cpu.max_pool2d_grad(dy, want_arg, x.shape), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_im2col_and_col2im(gpu, dtype):
+    x = _rand((2, 3, 6, 5), dtype)
+    kernel, stride, padding, dilation = (3, 2), (2, 1), (1, 1), (1, 2)
+    out_hw = tuple((s + 2 * p - d * (k - 1) - 1) // st + 1
+                   for s, k, st, p, d in zip(x.shape[2:], kernel, stride, padding, dilation))
+    cols = gpu.im2col(_dev(gpu, x), kernel, stride, padding, dilation, out_hw)
+    want = cpu.im2col(x, kernel, stride, padding, dilation, out_hw)
+    np.testing.assert_array_equal(_host(gpu, cols), want)
+    back = gpu.col2im(cols, x.shape, kernel, stride, padding, dilation, out_hw)
+    _close(_host(gpu, back), cpu.col2im(want, x.shape, kernel, stride, padding, dilation, out_hw),
+           dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_product_layouts(gpu, dtype):
+    mat, bias = _rand((4, 3, 5), dtype), _rand(4, dtype, 1)
+    got = gpu.from_product_layout(_dev(gpu, mat), _dev(gpu, bias))
+    np.testing.assert_array_equal(_host(gpu, got), cpu.from_product_layout(mat, bias))
+    dy = _rand((3, 4, 5), dtype, 2)
+    got_mat, got_bias = gpu.to_product_layout(_dev(gpu, dy))
+    want_mat, want_bias = cpu.to_product_layout(dy)
+    np.testing.assert_array_equal(_host(gpu, got_mat), want_mat)
+    _close(_host(gpu, got_bias), want_bias, dtype, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("momentum, weight_decay, nesterov",
+                         [(0.0, 0.0, False), (0.0, 0.1, False), (0.9, 0.0, False),
+                          (0.9, 1e-2, True)])
+def test_sgd_step(gpu, dtype, momentum, weight_decay, nesterov):
+    p, g = _rand((3, 11), dtype), _rand((3, 11), dtype, 1)
+    buf = _rand((3, 11), dtype, 2) if momentum else None
+    want_p, want_buf = p.copy(), None if buf is None else buf.copy()
+    cpu.sgd_step(want_p, g, want_buf, 0.1, momentum, weight_decay, nesterov)
+    got_p, got_buf = _dev(gpu, p), None if buf is None else _dev(gpu, buf)
+    gpu.sgd_step(got_p, _dev(gpu, g), got_buf, 0.1, momentum, weight_decay, nesterov)
+    _close(_host(gpu, got_p), want_p, dtype)
+    if buf is not None:
+        _close(_host(gpu, got_buf), want_buf, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_decay, decoupled", [(0.0, False), (0.1, False), (0.1, True)])
+def test_adam_step(gpu, dtype, weight_decay, decoupled):
+    p, g = _rand((2, 9), dtype), _rand((2, 9), dtype, 1)
+    m, v = _rand((2, 9), dtype, 2), np.abs(_rand((2, 9), dtype, 3))
+    want = [a.copy() for a in (p, m, v)]
+    cpu.adam_step(*want[:1], g, *want[1:], 1e-3, 0.9, 0.999, 1e-8, weight_decay, decoupled, 3)
+    got = [_dev(gpu, a) for a in (p, m, v)]
+    gpu.adam_step(got[0], _dev(gpu, g), *got[1:], 1e-3, 0.9, 0.999, 1e-8, weight_decay,
+                  decoupled, 3)
+    for a, ref in zip(got, want):
+        _close(_host(gpu, a), ref, dtype)
+
+
+def test_a_wrong_launch_is_caught(gpu):
+    """The emulation refuses what a GPU would misread: a Python int for a ``long long`` parameter
+    and an array whose items are not the size its pointer parameter reads."""
+    forward, _ = gpu._layer_norm_kernels("float32")
+    x = _dev(gpu, np.ones((2, 4), np.float32))
+    args = [x, x, x, np.int32(0), np.int32(0), np.float32(1e-5), np.int64(4), x, x,
+            _dev(gpu, np.ones(2, np.float32))]
+    bad_scalar = args[:6] + [4] + args[7:]
+    with pytest.raises(TypeError, match="argument 6 must be a NumPy scalar of 8 bytes"):
+        forward((2,), (32,), bad_scalar)
+    bad_array = [_dev(gpu, np.ones((2, 4)))] + args[1:]
+    with pytest.raises(TypeError, match="argument 0 is a float64 array"):
+        forward((2,), (32,), bad_array)
