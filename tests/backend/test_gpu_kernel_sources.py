@@ -143,7 +143,7 @@ def _module_constants(tree: ast.Module) -> dict:
 
 def _bindings(nodes: list[ast.AST], constants: dict) -> list[dict]:
     """The values a kernel's free names take: a name ``v`` only used as ``TABLE[v]`` with
-    ``TABLE`` a module-level dict ranges over the table's keys (``_LAYER_NORM_TYPES[dtype_name]``
+    ``TABLE`` a module-level dict ranges over the table's keys (``_ROW_TYPES[dtype_name]``
     -> float32, float64). One binding without free names."""
     free = sorted({n.id for node in nodes for n in ast.walk(node)
                    if isinstance(n, ast.Name) and n.id not in constants})
@@ -459,15 +459,18 @@ RAW_CASES = [pytest.param(k, id=k.label) for k in GPU_KERNELS + read_kernels(GPU
 
 def test_every_kernel_of_the_gpu_module_is_read():
     """The ``ast`` reader finds as many kernel constructions as a plain text search (so a kernel
-    written in a way the reader misses fails here), and the layer-norm module once per dtype."""
+    written in a way the reader misses fails here), and the row-kernel module once per dtype."""
     text = GPU_MODULE.read_text()
     constructions = len(re.findall(r"\bcp\.(?:ElementwiseKernel|ReductionKernel|RawKernel|"
                                    r"RawModule)\(", text))
     assert constructions > 0
     assert len({k.where for k in GPU_KERNELS}) == constructions
-    layer_norm = [k for k in GPU_KERNELS if k.kind == "RawModule"]
-    assert sorted(k.binding["dtype_name"] for k in layer_norm) == ["float32", "float64"]
-    assert all(k.entries == ("layer_norm_forward", "layer_norm_backward") for k in layer_norm)
+    rows = [k for k in GPU_KERNELS if k.kind == "RawModule"]
+    assert sorted(k.binding["dtype_name"] for k in rows) == ["float32", "float64"]
+    names = ("softmax_forward", "softmax_backward", "attention_softmax",
+             "attention_softmax_backward", "layer_norm_forward", "layer_norm_backward",
+             "layer_norm_param_grads")
+    assert all(k.entries == names for k in rows)
 
 
 @needs_nvrtc
@@ -480,7 +483,7 @@ def test_cupy_kernel_compiles_for_sm90(kernel, dtype, scalar_inputs):
 @needs_nvrtc
 @pytest.mark.parametrize("kernel", RAW_CASES)
 def test_raw_kernel_compiles_for_sm90(kernel):
-    """A RawKernel/RawModule source (layer norm per dtype, gpu_check's spin) compiles for sm_90
+    """A RawKernel/RawModule source (the row kernels per dtype, gpu_check's spin) compiles for sm_90
     and defines every kernel name that is asked of it."""
     entries = _compile(kernel)
     missing = set(kernel.entries) - entries

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakes import cuda_on_cpu, fake_cupy
 
 from minigrad.backend.kernels import cpu
-from fakes import cuda_on_cpu, fake_cupy
 
 pytestmark = pytest.mark.skipif(cuda_on_cpu.CXX is None, reason="needs g++")
 
@@ -85,8 +85,9 @@ def test_gelu_and_its_gradient(gpu, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
-def test_row_softmaxes_and_their_gradients(gpu, dtype, name):
-    x, dy = _rand((6, 40), dtype) * 4, _rand((6, 40), dtype, 1)
+@pytest.mark.parametrize("n", [1, 40, 300])  # one warp; three warps, the last partly idle
+def test_row_softmaxes_and_their_gradients(gpu, dtype, name, n):
+    x, dy = _rand((6, n), dtype) * 4, _rand((6, n), dtype, 1)
     y = getattr(gpu, name)(_dev(gpu, x))
     want = getattr(cpu, name)(x)
     _close(_host(gpu, y), want, dtype, 1)
@@ -97,8 +98,9 @@ def test_row_softmaxes_and_their_gradients(gpu, dtype, name):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias_groups", [0, 1, 3])
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_softmax_and_its_gradient(gpu, dtype, bias_groups, causal):
-    groups, length, src = 3, 5, 7
+@pytest.mark.parametrize("length, src", [(5, 7), (9, 150)])
+def test_attention_softmax_and_its_gradient(gpu, dtype, bias_groups, causal, length, src):
+    groups = 3
     scores = _rand((groups, length, src), dtype)
     bias = None if not bias_groups else _rand((bias_groups, length, src), dtype, 2)
     want = scores.copy()
@@ -117,8 +119,8 @@ def test_attention_softmax_and_its_gradient(gpu, dtype, bias_groups, causal):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 33, 200])  # one partial warp; several warps with a partial one
 @pytest.mark.parametrize("affine", [True, False])
-def test_layer_norm_and_its_gradient(gpu, dtype, n, affine):
-    rows = 4
+@pytest.mark.parametrize("rows", [4, 19])  # fewer rows than the column sums' 8 row strides; more
+def test_layer_norm_and_its_gradient(gpu, dtype, n, affine, rows):
     x, dy = _rand((rows, n), dtype) * 2 + 1, _rand((rows, n), dtype, 1)
     w = _rand(n, dtype, 2) if affine else None
     b = _rand(n, dtype, 3) if affine else None
@@ -207,7 +209,7 @@ def test_adam_step(gpu, dtype, weight_decay, decoupled):
 def test_a_wrong_launch_is_caught(gpu):
     """The emulation refuses what a GPU would misread: a Python int for a ``long long`` parameter
     and an array whose items are not the size its pointer parameter reads."""
-    forward, _ = gpu._layer_norm_kernels("float32")
+    forward = gpu._row_kernels("float32")["layer_norm_forward"]
     x = _dev(gpu, np.ones((2, 4), np.float32))
     args = [x, x, x, np.int32(0), np.int32(0), np.float32(1e-5), np.int64(4), x, x,
             _dev(gpu, np.ones(2, np.float32))]

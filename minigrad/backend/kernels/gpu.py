@@ -1,11 +1,14 @@
 """The CuPy implementation of :mod:`minigrad.backend.kernels`, for arrays on an NVIDIA GPU.
 
-Each function is a few CuPy kernels where the unfused composition launches many: the element-wise
-part of an op is one ``ElementwiseKernel`` (CUDA C over ``T`` = float or double), row statistics
-are ``ReductionKernel`` s or CuPy reductions with ``keepdims``, and the gathers and scatters of
-pooling and convolution are index arithmetic in an ``ElementwiseKernel`` over their outputs (so no
-atomics, and results do not depend on scheduling). CuPy compiles each kernel for each dtype on first
-use and caches the binary on disk.
+Each function is one or two CuPy kernels where the unfused composition launches many (every launch
+costs the host microseconds, which is what small models' steps are made of): an element-wise op
+is one ``ElementwiseKernel`` (CUDA C over ``T`` = float or double), an op over the rows of a
+matrix (the softmax family, attention weights, layer norm) is one block of threads per row in one
+``RawModule`` (:data:`_ROW_SOURCE`), and the gathers and scatters of pooling and convolution are
+index arithmetic in an ``ElementwiseKernel`` over their outputs (so no atomics, and results do not
+depend on scheduling). CuPy compiles each kernel for each dtype on first use and caches the binary
+on disk. ``tests/backend/test_gpu_kernels_on_cpu.py`` runs this CUDA C on the CPU against the CPU
+kernels; ``tests/backend/test_gpu_kernel_sources.py`` compiles it with NVRTC.
 
 Arguments arrive in the canonical shapes ``minigrad.backend.kernels`` prepares (C-contiguous rows,
 NCHW images). This module imports CuPy, so it is only imported once a CuPy array shows up.
@@ -62,100 +65,109 @@ def gelu_grad(x, cdf, dy):
 
 
 # --------------------------------------------------------------------------------------------------
-# softmax family over the rows of (R, C) arrays
+# row kernels: the softmax family, attention weights and layer norm over the rows of (R, C) arrays
 
-_sum_exp = cp.ReductionKernel(
-    "T x, T m", "T s", "exp(x - m)", "a + b", "s = a", "0", "minigrad_sum_exp",
-)
-_row_dot = cp.ReductionKernel(
-    "T a, T b", "T s", "a * b", "a + b", "s = a", "0", "minigrad_row_dot",
-)
-_exp_over = cp.ElementwiseKernel(
-    "T x, T m, T s", "T y", "y = exp(x - m) / s", "minigrad_exp_over",
-)
-_softmax_backward = cp.ElementwiseKernel(
-    "T y, T dy, T s", "T dx", "dx = y * (dy - s)", "minigrad_softmax_backward",
-)
-_log_softmax_forward = cp.ElementwiseKernel(
-    "T x, T m, T s", "T y", "y = x - m - log(s)", "minigrad_log_softmax_forward",
-)
-_log_softmax_backward = cp.ElementwiseKernel(
-    "T y, T dy, T s", "T dx", "dx = dy - exp(y) * s", "minigrad_log_softmax_backward",
-)
-
-
-def softmax(x):
-    m = x.max(axis=1, keepdims=True)
-    return _exp_over(x, m, _sum_exp(x, m, axis=1, keepdims=True))
-
-
-def softmax_grad(y, dy):
-    return _softmax_backward(y, dy, _row_dot(dy, y, axis=1, keepdims=True))
-
-
-def log_softmax(x):
-    m = x.max(axis=1, keepdims=True)
-    return _log_softmax_forward(x, m, _sum_exp(x, m, axis=1, keepdims=True))
-
-
-def log_softmax_grad(y, dy):
-    return _log_softmax_backward(y, dy, dy.sum(axis=1, keepdims=True))
-
-
-# --------------------------------------------------------------------------------------------------
-# attention weights over (G, L, S), in place
-
-_attention_logits = cp.ElementwiseKernel(
-    "raw T bias, T scale, T neg_inf, int64 bias_groups, int64 length, int64 src, bool causal",
-    "T s",
-    """
-    const long long k = i, col = k % src, row = (k / src) % length, g = k / (src * length);
-    T v = s * scale;
-    if (bias_groups > 0) v += bias[(bias_groups > 1 ? g : 0) * length * src + row * src + col];
-    s = (causal && col > row) ? neg_inf : v;
-    """,
-    "minigrad_attention_logits",
-)
-_scaled_softmax_backward = cp.ElementwiseKernel(
-    "T w, T s, T scale", "T dw", "dw = scale * w * (dw - s)", "minigrad_scaled_softmax_backward",
-)
-
-
-def attention_softmax(scores, scale, bias, causal):
-    _, length, src = scores.shape
-    groups = 0 if bias is None else bias.shape[0]
-    if bias is None:
-        bias = cp.empty(1, scores.dtype)  # not read when groups == 0 (so not filled either)
-    t = scores.dtype.type
-    _attention_logits(bias, t(scale), t(-cp.inf), groups, length, src, causal, scores)
-    m = scores.max(axis=2, keepdims=True)
-    _exp_over(scores, m, _sum_exp(scores, m, axis=2, keepdims=True), scores)
-
-
-def attention_softmax_grad(w, dw, scale):
-    _scaled_softmax_backward(w, _row_dot(dw, w, axis=2, keepdims=True), w.dtype.type(scale), dw)
-
-
-# --------------------------------------------------------------------------------------------------
-# layer norm over the rows of (R, C) arrays
-
-# One block of threads per row: the row's sums are block reductions (warp shuffles, then one value
-# per warp through shared memory), so a layer norm is one kernel forward and one plus the two column
-# sums of its parameter gradients backward, where the CuPy composition launched six and seven.
-_LAYER_NORM_SOURCE = r"""
-__device__ real block_sum(real v, real* shared) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+# One block of threads per row: a row's max and sums are block reductions (warp shuffles, then one
+# value per warp through shared memory), so each op is one kernel where a CuPy composition launched
+# two to six (a max, a sum, the element-wise parts). Layer norm's parameter gradients are column
+# sums: one more kernel, blocks of 32 columns x 8 row strides combined in shared memory.
+_ROW_SOURCE = r"""
+template <bool MAX>
+__device__ real block_reduce(real v, real* shared) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const real u = __shfl_down_sync(0xffffffffu, v, o);
+        v = MAX ? (u > v ? u : v) : v + u;
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __syncthreads();  // shared[] may still be read from the previous call
     if (lane == 0) shared[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        v = lane < (blockDim.x >> 5) ? shared[lane] : real(0);
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+        v = lane < (blockDim.x >> 5) ? shared[lane] : (MAX ? -real(1) / real(0) : real(0));
+        for (int o = 16; o > 0; o >>= 1) {
+            const real u = __shfl_down_sync(0xffffffffu, v, o);
+            v = MAX ? (u > v ? u : v) : v + u;
+        }
         if (lane == 0) shared[32] = v;
     }
     __syncthreads();
     return shared[32];
+}
+
+__device__ real block_sum(real v, real* shared) { return block_reduce<false>(v, shared); }
+__device__ real block_max(real v, real* shared) { return block_reduce<true>(v, shared); }
+
+// y = exp(x - max) / sum, or (take_log) y = x - max - log(sum), per row of n
+extern "C" __global__ void softmax_forward(const real* x, long long n, int take_log, real* y) {
+    __shared__ real shared[33];
+    const long long base = blockIdx.x * n;
+    real m = -real(1) / real(0);
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) m = x[base + j] > m ? x[base + j] : m;
+    m = block_max(m, shared);
+    real s = 0;
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+        const real e = exp(x[base + j] - m);
+        if (!take_log) y[base + j] = e;
+        s += e;
+    }
+    s = block_sum(s, shared);
+    const real shift = m + log(s);
+    for (long long j = threadIdx.x; j < n; j += blockDim.x)
+        y[base + j] = take_log ? x[base + j] - shift : y[base + j] / s;
+}
+
+// dx = y * (dy - sum(dy * y)), or (take_log) dx = dy - exp(y) * sum(dy), per row of n
+extern "C" __global__ void softmax_backward(const real* y, const real* dy, long long n,
+                                            int take_log, real* dx) {
+    __shared__ real shared[33];
+    const long long base = blockIdx.x * n;
+    real s = 0;
+    for (long long j = threadIdx.x; j < n; j += blockDim.x)
+        s += take_log ? dy[base + j] : dy[base + j] * y[base + j];
+    s = block_sum(s, shared);
+    for (long long j = threadIdx.x; j < n; j += blockDim.x)
+        dx[base + j] = take_log ? dy[base + j] - exp(y[base + j]) * s
+                                : y[base + j] * (dy[base + j] - s);
+}
+
+// s <- softmax(scale * s + bias) in place over row (g, i) of (G, L, S); bias is (1 or G, L, S)
+// when bias_groups > 0; causal: keys j > i get weight 0
+extern "C" __global__ void attention_softmax(real* s, const real* bias, real scale,
+                                             long long bias_groups, long long length,
+                                             long long src, int causal) {
+    __shared__ real shared[33];
+    const long long row = blockIdx.x, i = row % length, g = row / length;
+    const long long base = row * src;
+    const long long hi = causal ? (i + 1 < src ? i + 1 : src) : src;
+    const real* b = bias + ((bias_groups > 1 ? g : 0) * length + i) * src;
+    real m = -real(1) / real(0);
+    for (long long j = threadIdx.x; j < hi; j += blockDim.x) {
+        const real v = s[base + j] * scale + (bias_groups > 0 ? b[j] : real(0));
+        s[base + j] = v;
+        m = v > m ? v : m;
+    }
+    m = block_max(m, shared);
+    real total = 0;
+    for (long long j = threadIdx.x; j < hi; j += blockDim.x) {
+        const real e = exp(s[base + j] - m);
+        s[base + j] = e;
+        total += e;
+    }
+    total = block_sum(total, shared);
+    for (long long j = threadIdx.x; j < src; j += blockDim.x)
+        s[base + j] = j < hi ? s[base + j] / total : real(0);
+}
+
+// dw <- scale * w * (dw - sum(dw * w)) in place, per row of n
+extern "C" __global__ void attention_softmax_backward(const real* w, real* dw, real scale,
+                                                      long long n) {
+    __shared__ real shared[33];
+    const long long base = blockIdx.x * n;
+    real s = 0;
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) s += dw[base + j] * w[base + j];
+    s = block_sum(s, shared);  // ends with a barrier: every read of dw is done
+    for (long long j = threadIdx.x; j < n; j += blockDim.x)
+        dw[base + j] = scale * w[base + j] * (dw[base + j] - s);
 }
 
 extern "C" __global__ void layer_norm_forward(
@@ -199,20 +211,103 @@ extern "C" __global__ void layer_norm_backward(
         dx[base + j] = r * (gw - m1 - xhat[base + j] * m2);
     }
 }
+
+// dw[c] = sum over the rows of dy * xhat, db[c] = sum of dy; a block of (32, 8) threads per 32
+// columns: thread (x, y) sums the rows y, y + 8, ... of column x, then row 0 adds the 8 sums
+extern "C" __global__ void layer_norm_param_grads(
+        const real* dy, const real* xhat, long long rows, long long n, real* dw, real* db) {
+    __shared__ real sw[8][32], sb[8][32];
+    const long long c = blockIdx.x * 32 + threadIdx.x;
+    real a = 0, b = 0;
+    for (long long r = threadIdx.y; c < n && r < rows; r += 8) {
+        a += dy[r * n + c] * xhat[r * n + c];
+        b += dy[r * n + c];
+    }
+    sw[threadIdx.y][threadIdx.x] = a;
+    sb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < n) {
+        for (int k = 1; k < 8; ++k) {
+            a += sw[k][threadIdx.x];
+            b += sb[k][threadIdx.x];
+        }
+        dw[c] = a;
+        db[c] = b;
+    }
+}
 """
-_LAYER_NORM_TYPES = {"float32": "float", "float64": "double"}
+_ROW_TYPES = {"float32": "float", "float64": "double"}
 
 
 @functools.cache
-def _layer_norm_kernels(dtype_name: str) -> tuple:
-    module = cp.RawModule(code=f"typedef {_LAYER_NORM_TYPES[dtype_name]} real;\n"
-                          + _LAYER_NORM_SOURCE)
-    return module.get_function("layer_norm_forward"), module.get_function("layer_norm_backward")
+def _row_kernels(dtype_name: str) -> dict:
+    module = cp.RawModule(code=f"typedef {_ROW_TYPES[dtype_name]} real;\n" + _ROW_SOURCE)
+    return {
+        "softmax_forward": module.get_function("softmax_forward"),
+        "softmax_backward": module.get_function("softmax_backward"),
+        "attention_softmax": module.get_function("attention_softmax"),
+        "attention_softmax_backward": module.get_function("attention_softmax_backward"),
+        "layer_norm_forward": module.get_function("layer_norm_forward"),
+        "layer_norm_backward": module.get_function("layer_norm_backward"),
+        "layer_norm_param_grads": module.get_function("layer_norm_param_grads"),
+    }
 
 
 def _row_threads(n: int) -> int:
     """Threads per row: a multiple of 32, about one per 4 elements, at most 1024."""
     return min(1024, 32 * max(1, -(-n // 128)))
+
+
+def _run_rows(name: str, rows: int, n: int, dtype, args) -> None:
+    """Launch row kernel ``name`` with one block of ``_row_threads(n)`` threads per row."""
+    if rows and n:
+        _row_kernels(dtype.name)[name]((rows,), (_row_threads(n),), args)
+
+
+def _softmax(x, take_log: int):
+    y = cp.empty_like(x)
+    _run_rows("softmax_forward", *x.shape, x.dtype,
+              (x, cp.int64(x.shape[1]), cp.int32(take_log), y))
+    return y
+
+
+def _softmax_grad(y, dy, take_log: int):
+    dx = cp.empty_like(dy)
+    _run_rows("softmax_backward", *y.shape, y.dtype,
+              (y, dy, cp.int64(y.shape[1]), cp.int32(take_log), dx))
+    return dx
+
+
+def softmax(x):
+    return _softmax(x, 0)
+
+
+def softmax_grad(y, dy):
+    return _softmax_grad(y, dy, 0)
+
+
+def log_softmax(x):
+    return _softmax(x, 1)
+
+
+def log_softmax_grad(y, dy):
+    return _softmax_grad(y, dy, 1)
+
+
+def attention_softmax(scores, scale, bias, causal):
+    groups, length, src = scores.shape
+    bias_groups = 0 if bias is None else bias.shape[0]
+    t = scores.dtype.type
+    _run_rows("attention_softmax", groups * length, src, scores.dtype,
+              (scores, scores if bias is None else bias,  # not read without a bias
+               t(scale), cp.int64(bias_groups), cp.int64(length), cp.int64(src),
+               cp.int32(causal)))
+
+
+def attention_softmax_grad(w, dw, scale):
+    groups, length, src = w.shape
+    _run_rows("attention_softmax_backward", groups * length, src, w.dtype,
+              (w, dw, w.dtype.type(scale), cp.int64(src)))
 
 
 def _affine_args(p, like):
@@ -222,25 +317,27 @@ def _affine_args(p, like):
 def layer_norm(x, weight, bias, eps):
     rows, n = x.shape
     y, xhat, rstd = cp.empty_like(x), cp.empty_like(x), cp.empty(rows, x.dtype)
-    if rows and n:
-        forward, _ = _layer_norm_kernels(x.dtype.name)
-        w, has_w = _affine_args(weight, x)
-        b, has_b = _affine_args(bias, x)
-        forward((rows,), (_row_threads(n),),
-                (x, w, b, cp.int32(has_w), cp.int32(has_b), x.dtype.type(eps), cp.int64(n),
-                 y, xhat, rstd))
+    w, has_w = _affine_args(weight, x)
+    b, has_b = _affine_args(bias, x)
+    _run_rows("layer_norm_forward", rows, n, x.dtype,
+              (x, w, b, cp.int32(has_w), cp.int32(has_b), x.dtype.type(eps), cp.int64(n),
+               y, xhat, rstd))
     return y, xhat, rstd
 
 
 def layer_norm_grad(dy, xhat, rstd, weight):
     rows, n = dy.shape
     dx = cp.empty_like(dy)
-    if rows and n:
-        _, backward = _layer_norm_kernels(dy.dtype.name)
-        w, has_w = _affine_args(weight, dy)
-        backward((rows,), (_row_threads(n),),
-                 (dy, xhat, rstd, w, cp.int32(has_w), cp.int64(n), dx))
-    return dx, _row_dot(dy, xhat, axis=0), dy.sum(axis=0)
+    w, has_w = _affine_args(weight, dy)
+    _run_rows("layer_norm_backward", rows, n, dy.dtype,
+              (dy, xhat, rstd, w, cp.int32(has_w), cp.int64(n), dx))
+    if not rows:  # the sums of no rows
+        return dx, cp.zeros(n, dy.dtype), cp.zeros(n, dy.dtype)
+    dw, db = cp.empty(n, dy.dtype), cp.empty(n, dy.dtype)
+    if n:
+        _row_kernels(dy.dtype.name)["layer_norm_param_grads"](
+            (-(-n // 32),), (32, 8), (dy, xhat, cp.int64(rows), cp.int64(n), dw, db))
+    return dx, dw, db
 
 
 # --------------------------------------------------------------------------------------------------
