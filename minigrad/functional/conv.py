@@ -370,11 +370,11 @@ class MaxPool2d(Function):
 
     def forward(self, x, kernel, stride, padding, out_hw):
         out, self.argmax = kernels.max_pool2d(x._data, kernel, stride, padding, out_hw)
-        self.xshape = x._data.shape
+        self.xshape, self.geometry = x._data.shape, (kernel, stride, padding)
         return out
 
     def backward(self, dy):
-        dx = kernels.max_pool2d_grad(dy._data, self.argmax, self.xshape)
+        dx = kernels.max_pool2d_grad(dy._data, self.argmax, self.xshape, *self.geometry)
         return dx, None, None, None, None
 
 

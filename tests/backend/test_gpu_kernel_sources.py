@@ -467,7 +467,8 @@ def test_every_kernel_of_the_gpu_module_is_read():
     assert len({k.where for k in GPU_KERNELS}) == constructions
     rows = [k for k in GPU_KERNELS if k.kind == "RawModule"]
     assert sorted(k.binding["dtype_name"] for k in rows) == ["float32", "float64"]
-    names = ("softmax_forward", "softmax_backward", "attention_softmax",
+    names = ("softmax_forward", "softmax_backward", "cross_entropy_forward_i32",
+             "cross_entropy_forward_i64", "attention_softmax",
              "attention_softmax_backward", "layer_norm_forward", "layer_norm_backward",
              "layer_norm_param_grads")
     assert all(k.entries == names for k in rows)

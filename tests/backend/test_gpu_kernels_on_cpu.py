@@ -135,7 +135,8 @@ def test_layer_norm_and_its_gradient(gpu, dtype, n, affine, rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("geometry", [((2, 2), (2, 2), (0, 0)), ((3, 2), (1, 2), (1, 0))])
+@pytest.mark.parametrize("geometry", [((2, 2), (2, 2), (0, 0)), ((3, 2), (1, 2), (1, 0)),
+                                      ((3, 3), (2, 1), (1, 1))])  # overlapping windows
 def test_max_pool_and_its_gradient(gpu, dtype, geometry):
     kernel, stride, padding = geometry
     x = _rand((2, 3, 7, 6), dtype)
@@ -146,8 +147,9 @@ def test_max_pool_and_its_gradient(gpu, dtype, geometry):
     np.testing.assert_array_equal(_host(gpu, out), want_out)
     np.testing.assert_array_equal(_host(gpu, argmax), want_arg)
     dy = _rand(want_out.shape, dtype, 1)
-    dx = gpu.max_pool2d_grad(_dev(gpu, dy), argmax, x.shape)
-    _close(_host(gpu, dx), cpu.max_pool2d_grad(dy, want_arg, x.shape), dtype)
+    dx = gpu.max_pool2d_grad(_dev(gpu, dy), argmax, x.shape, kernel, stride, padding)
+    np.testing.assert_array_equal(  # the same sums in the same order
+        _host(gpu, dx), cpu.max_pool2d_grad(dy, want_arg, x.shape, kernel, stride, padding))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -219,3 +221,28 @@ def test_a_wrong_launch_is_caught(gpu):
     bad_array = [_dev(gpu, np.ones((2, 4)))] + args[1:]
     with pytest.raises(TypeError, match="argument 0 is a float64 array"):
         forward((2,), (32,), bad_array)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("label_dtype", ["int32", "int64", "uint8"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_rows_and_their_gradient(gpu, dtype, label_dtype, reduction):
+    x = _rand((7, 45), dtype) * 3
+    label = np.random.default_rng(4).integers(0, 45, 7).astype(label_dtype)
+    nll, prob = gpu.cross_entropy_rows(_dev(gpu, x), _dev(gpu, label))
+    want_nll, want_prob = cpu.cross_entropy_rows(x, label)
+    _close(_host(gpu, nll), want_nll, dtype, 1)
+    _close(_host(gpu, prob), want_prob, dtype, 1)
+    dy = _rand(7, dtype, 5) if reduction == "none" else np.asarray(1.5, dtype)
+    divisor = 7 if reduction == "mean" else 1
+    got = gpu.cross_entropy_rows_grad(prob, _dev(gpu, label), _dev(gpu, dy), divisor)
+    want = cpu.cross_entropy_rows_grad(want_prob, label, dy, divisor)
+    _close(_host(gpu, got), want, dtype, 1)
+
+
+def test_cross_entropy_of_a_label_out_of_range_is_nan(gpu):
+    """The kernel reads no logit outside the row for a bad label (the caller raises for it)."""
+    x = _dev(gpu, _rand((2, 4), "float32"))
+    nll, _ = gpu.cross_entropy_rows(x, _dev(gpu, np.array([1, 4], np.int32)))
+    got = _host(gpu, nll)
+    assert np.isfinite(got[0]) and np.isnan(got[1])

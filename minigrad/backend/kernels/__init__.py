@@ -292,10 +292,11 @@ def max_pool2d(x, kernel: tuple, stride: tuple, padding: tuple, out_hw: tuple):
 
 
 @_half_in_float32
-def max_pool2d_grad(dy, argmax, x_shape: tuple):
-    """Scatter ``dy`` onto the input pixels that won their windows (adding where windows
-    overlap)."""
-    return backend_for(dy).max_pool2d_grad(_contiguous(dy), argmax, tuple(x_shape))
+def max_pool2d_grad(dy, argmax, x_shape: tuple, kernel: tuple, stride: tuple, padding: tuple):
+    """Scatter ``dy`` onto the input pixels that won their windows (adding where windows overlap,
+    in the order of the outputs); the geometry is :func:`max_pool2d`'s."""
+    return backend_for(dy).max_pool2d_grad(_contiguous(dy), argmax, tuple(x_shape), kernel,
+                                           stride, padding)
 
 
 @_half_in_float32
@@ -330,6 +331,25 @@ def to_product_layout(dy):
     n, o = dy.shape[:2]
     mat, dbias = backend_for(dy).to_product_layout(_contiguous(dy).reshape(n, o, -1))
     return mat.reshape(o, -1), dbias
+
+
+# --------------------------------------------------------------------------------------------------
+# cross entropy of rows of logits
+
+
+def cross_entropy_rows(x, label):
+    """Cross entropy of each row of the logits ``x`` (N, C) against its integer ``label`` (N,),
+    labels in [0, C) (the caller checks them). Returns ``(nll, prob)``: ``nll = log(sum(exp(x -
+    max))) - (x[label] - max)`` per row and ``prob`` the rows' softmax, which is what the gradient
+    needs. On a GPU both come from one kernel where the composition launches about ten."""
+    return backend_for(x).cross_entropy_rows(_contiguous(x), _contiguous(label))
+
+
+def cross_entropy_rows_grad(prob, label, dy, divisor):
+    """``(prob - one_hot(label)) * dy / divisor`` in place on ``prob`` (returned): the gradient of
+    :func:`cross_entropy_rows`'s ``nll`` (``prob`` is its output) for an upstream gradient ``dy``
+    of shape (N,) (per-row losses; ``divisor`` 1) or 0-d (their sum: 1, or mean: N)."""
+    return backend_for(prob).cross_entropy_rows_grad(prob, _contiguous(label), dy, divisor)
 
 
 # --------------------------------------------------------------------------------------------------

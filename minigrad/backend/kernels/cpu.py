@@ -115,7 +115,7 @@ def max_pool2d(x, kernel, stride, padding, out_hw):
     return out.reshape(shape), argmax.reshape(shape)
 
 
-def max_pool2d_grad(dy, argmax, x_shape):
+def max_pool2d_grad(dy, argmax, x_shape, kernel, stride, padding):
     n, c, h, w = x_shape
     dx = np.zeros(x_shape, dy.dtype)
     outputs = dy.shape[2] * dy.shape[3]
@@ -151,6 +151,31 @@ def to_product_layout(dy):
     mat, dbias = np.empty((o, n, p), dy.dtype), np.empty(o, dy.dtype)
     loops.batch_to_channels_first(dy, mat, dbias)
     return mat, dbias
+
+
+def _label_index(xp, label, n: int):
+    """``(rows, label)`` for indexing: labels out of [0, n) (which the caller reports; on a GPU
+    only later) are clipped, so that they index nothing outside the row here either."""
+    return xp.arange(label.shape[0]), label.clip(0, max(n - 1, 0))
+
+
+def cross_entropy_rows(x, label):
+    # array-module generic (the GPU's path for the dtypes its kernel does not take); the same
+    # operations, so the same bits, as the cross entropy composed of log-softmax and indexing
+    xp = get_array_module(x)
+    z = x - x.max(axis=1, keepdims=True)
+    e = xp.exp(z)
+    s = e.sum(axis=1, keepdims=True)
+    nll = xp.log(s[:, 0]) - z[_label_index(xp, label, x.shape[1])]  # == -logsoftmax[label]
+    e /= s
+    return nll, e
+
+
+def cross_entropy_rows_grad(prob, label, dy, divisor):
+    xp = get_array_module(prob)
+    prob[_label_index(xp, label, prob.shape[1])] -= 1
+    prob *= dy[:, None] if dy.ndim else dy / divisor
+    return prob
 
 
 def _flat_of_one_dtype(*arrays) -> bool:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 
 import cupy as cp
-import cupyx
 
 from minigrad.backend.kernels import cpu as _cpu
 
@@ -158,6 +157,40 @@ extern "C" __global__ void attention_softmax(real* s, const real* bias, real sca
         s[base + j] = j < hi ? s[base + j] / total : real(0);
 }
 
+// prob = softmax of row x, nll = log(sum(exp(x - max))) - (x[label] - max); NaN for a label out
+// of [0, n) (the caller raises for it)
+template <class L>
+__device__ void cross_entropy_row(const real* x, const L* label, long long n, real* prob,
+                                  real* nll) {
+    __shared__ real shared[33];
+    const long long base = blockIdx.x * n;
+    real m = -real(1) / real(0);
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) m = x[base + j] > m ? x[base + j] : m;
+    m = block_max(m, shared);
+    real s = 0;
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+        const real e = exp(x[base + j] - m);
+        prob[base + j] = e;
+        s += e;
+    }
+    s = block_sum(s, shared);
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) prob[base + j] /= s;
+    if (threadIdx.x == 0) {
+        const long long k = label[blockIdx.x];
+        nll[blockIdx.x] = log(s) - (0 <= k && k < n ? x[base + k] - m : real(0) / real(0));
+    }
+}
+
+extern "C" __global__ void cross_entropy_forward_i32(const real* x, const int* label,
+                                                     long long n, real* prob, real* nll) {
+    cross_entropy_row(x, label, n, prob, nll);
+}
+
+extern "C" __global__ void cross_entropy_forward_i64(const real* x, const long long* label,
+                                                     long long n, real* prob, real* nll) {
+    cross_entropy_row(x, label, n, prob, nll);
+}
+
 // dw <- scale * w * (dw - sum(dw * w)) in place, per row of n
 extern "C" __global__ void attention_softmax_backward(const real* w, real* dw, real scale,
                                                       long long n) {
@@ -245,6 +278,8 @@ def _row_kernels(dtype_name: str) -> dict:
     return {
         "softmax_forward": module.get_function("softmax_forward"),
         "softmax_backward": module.get_function("softmax_backward"),
+        "cross_entropy_forward_i32": module.get_function("cross_entropy_forward_i32"),
+        "cross_entropy_forward_i64": module.get_function("cross_entropy_forward_i64"),
         "attention_softmax": module.get_function("attention_softmax"),
         "attention_softmax_backward": module.get_function("attention_softmax_backward"),
         "layer_norm_forward": module.get_function("layer_norm_forward"),
@@ -292,6 +327,40 @@ def log_softmax(x):
 
 def log_softmax_grad(y, dy):
     return _softmax_grad(y, dy, 1)
+
+
+_cross_entropy_backward = cp.ElementwiseKernel(
+    "raw L label, raw T dy, int64 dy_step, T divisor, int64 n", "T g",
+    """
+    const long long r = i / n;
+    g = (g - (i % n == label[r] ? T(1) : T(0))) * (dy[r * dy_step] / divisor);
+    """,
+    "minigrad_cross_entropy_backward")
+
+
+def _fused_float(x) -> bool:
+    return x.dtype.kind == "f" and x.dtype.itemsize >= 4
+
+
+def cross_entropy_rows(x, label):
+    if not _fused_float(x):
+        return _cpu.cross_entropy_rows(x, label)
+    rows, n = x.shape
+    prob, nll = cp.empty_like(x), cp.empty(rows, x.dtype)
+    if label.dtype != cp.int32:
+        label = label.astype(cp.int64, copy=False)
+    name = "cross_entropy_forward_i32" if label.dtype == cp.int32 else "cross_entropy_forward_i64"
+    _run_rows(name, rows, n, x.dtype, (x, label, cp.int64(n), prob, nll))
+    return nll, prob
+
+
+def cross_entropy_rows_grad(prob, label, dy, divisor):
+    if not _fused_float(prob):
+        return _cpu.cross_entropy_rows_grad(prob, label, dy, divisor)
+    if prob.size:
+        _cross_entropy_backward(label, cp.ascontiguousarray(dy, prob.dtype), 1 if dy.ndim else 0,
+                                prob.dtype.type(divisor), prob.shape[1], prob)
+    return prob
 
 
 def attention_softmax(scores, scale, bias, causal):
@@ -376,13 +445,39 @@ def max_pool2d(x, kernel, stride, padding, out_hw):
     return out, argmax
 
 
-def max_pool2d_grad(dy, argmax, x_shape):
-    planes, hw = x_shape[0] * x_shape[1], x_shape[2] * x_shape[3]
-    dx = cp.zeros(planes * hw, dy.dtype)
-    index = argmax.reshape(planes, argmax.size // planes if planes else 0)
-    index = index + cp.arange(planes, dtype=cp.int64)[:, None] * hw
-    cupyx.scatter_add(dx, index.reshape(-1), dy.reshape(-1))
-    return dx.reshape(x_shape)
+# the backward gathers: each input pixel adds the gradients of the outputs whose window holds it
+# and chose it, in the order of the outputs (the CPU's scatter order), so no atomics
+_max_pool_backward = cp.ElementwiseKernel(
+    "raw T dy, raw int32 argmax, int64 h, int64 w, int64 oh, int64 ow, int64 kh, int64 kw, "
+    "int64 sh, int64 sw, int64 ph, int64 pw",
+    "T dx",
+    """
+    const long long k = i, xx = k % w, y = (k / w) % h, plane = k / (w * h);
+    const long long r_lo = y + ph - kh + 1, c_lo = xx + pw - kw + 1;
+    const long long r0 = r_lo > 0 ? (r_lo + sh - 1) / sh : 0;
+    const long long c0 = c_lo > 0 ? (c_lo + sw - 1) / sw : 0;
+    const long long r1 = (y + ph) / sh < oh - 1 ? (y + ph) / sh : oh - 1;
+    const long long c1 = (xx + pw) / sw < ow - 1 ? (xx + pw) / sw : ow - 1;
+    const int me = (int)(y * w + xx);
+    T acc = 0;
+    for (long long r = r0; r <= r1; ++r) {
+        for (long long c = c0; c <= c1; ++c) {
+            const long long o = (plane * oh + r) * ow + c;
+            if (argmax[o] == me) acc += dy[o];
+        }
+    }
+    dx = acc;
+    """,
+    "minigrad_max_pool2d_backward",
+)
+
+
+def max_pool2d_grad(dy, argmax, x_shape, kernel, stride, padding):
+    dx = cp.empty(x_shape, dy.dtype)
+    if dx.size:
+        _max_pool_backward(dy, argmax, *x_shape[2:], *dy.shape[2:], *kernel, *stride, *padding,
+                           dx)
+    return dx
 
 
 # --------------------------------------------------------------------------------------------------
