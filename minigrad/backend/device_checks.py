@@ -5,7 +5,7 @@ Checking that every index of an array is in range needs its minimum and maximum 
 NumPy array that is free, and the check raises at once. For a GPU array, reading two numbers back
 waits for every kernel queued before them: done in every embedding or loss call it would stall the
 GPU once per op of every training step. So on a GPU the minimum and maximum are computed on the
-device (two small reductions, no waiting) and kept; all kept checks are read back together, in one
+device (one small reduction, no waiting) and kept; all kept checks are read back together, in one
 copy per device, at the next point where the program waits for the GPU anyway: reading a tensor's
 values (``Tensor.numpy``, ``.item()``, printing) or :func:`minigrad.backend.synchronize`. A failed
 check raises its error there, with a note that it was found late. Meanwhile the op has run with the
@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from minigrad import seams
+from minigrad.backend import kernels
 from minigrad.backend.xp import get_array_module
 
 #: Unread GPU checks that trigger a read at the next check.
@@ -54,8 +55,8 @@ def check_range(array, low: int, high: int, error: Callable[[int, int], Exceptio
         if lo < low or hi >= high:
             raise error(lo, hi)
         return
-    with array.device:  # the reductions run on the array's GPU
-        stats = array.min().astype(np.int64), array.max().astype(np.int64)
+    with array.device:  # the reduction runs on the array's GPU
+        stats = kernels.min_max(array)
     with _lock:
         _pending.append((stats, low, high, error))
         full = len(_pending) >= MAX_PENDING

@@ -246,3 +246,13 @@ def test_cross_entropy_of_a_label_out_of_range_is_nan(gpu):
     nll, _ = gpu.cross_entropy_rows(x, _dev(gpu, np.array([1, 4], np.int32)))
     got = _host(gpu, nll)
     assert np.isfinite(got[0]) and np.isnan(got[1])
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8"])
+@pytest.mark.parametrize("size", [1, 37, 5000])  # one thread; some warps; many values a thread
+def test_min_max(gpu, dtype, size):
+    a = np.random.default_rng(6).integers(0, 200, size).astype(dtype)
+    if dtype != "uint8":
+        a[size // 2] = -7
+    lo, hi = gpu.min_max(_dev(gpu, a))
+    assert (int(_host(gpu, lo)), int(_host(gpu, hi))) == (int(a.min()), int(a.max()))

@@ -44,6 +44,8 @@ __all__ = [
     "attention_softmax",
     "attention_softmax_grad",
     "col2im",
+    "cross_entropy_rows",
+    "cross_entropy_rows_grad",
     "from_product_layout",
     "gelu",
     "gelu_grad",
@@ -54,6 +56,7 @@ __all__ = [
     "log_softmax_grad",
     "max_pool2d",
     "max_pool2d_grad",
+    "min_max",
     "register_kernels",
     "relu",
     "relu_grad",
@@ -331,6 +334,17 @@ def to_product_layout(dy):
     n, o = dy.shape[:2]
     mat, dbias = backend_for(dy).to_product_layout(_contiguous(dy).reshape(n, o, -1))
     return mat.reshape(o, -1), dbias
+
+
+# --------------------------------------------------------------------------------------------------
+# the range of an index array
+
+
+def min_max(a):
+    """The smallest and largest value of the non-empty integer array ``a``, as two 0-d int64
+    arrays where ``a`` lives: computed without reading them back (on a GPU in one kernel), for
+    :mod:`minigrad.backend.device_checks`."""
+    return backend_for(a).min_max(a)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -153,6 +153,11 @@ def to_product_layout(dy):
     return mat, dbias
 
 
+def min_max(a):
+    # array-module generic
+    return a.min().astype(np.int64), a.max().astype(np.int64)
+
+
 def _label_index(xp, label, n: int):
     """``(rows, label)`` for indexing: labels out of [0, n) (which the caller reports; on a GPU
     only later) are clipped, so that they index nothing outside the row here either."""

@@ -410,6 +410,69 @@ def layer_norm_grad(dy, xhat, rstd, weight):
 
 
 # --------------------------------------------------------------------------------------------------
+# the range of an index array (device_checks): min and max in one single-block kernel, where CuPy
+# took a reduction and a cast for each
+
+_MIN_MAX_SOURCE = r"""
+template <class I>
+__device__ void min_max(const I* a, long long n, long long* out) {
+    __shared__ long long shared_lo[32], shared_hi[32];
+    long long lo = 0x7fffffffffffffffLL, hi = -lo - 1;
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+        const long long v = a[j];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const long long l = __shfl_down_sync(0xffffffffu, lo, o);
+        const long long h = __shfl_down_sync(0xffffffffu, hi, o);
+        lo = l < lo ? l : lo;
+        hi = h > hi ? h : hi;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        shared_lo[warp] = lo;
+        shared_hi[warp] = hi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
+            lo = shared_lo[w] < lo ? shared_lo[w] : lo;
+            hi = shared_hi[w] > hi ? shared_hi[w] : hi;
+        }
+        out[0] = lo;
+        out[1] = hi;
+    }
+}
+
+extern "C" __global__ void min_max_i32(const int* a, long long n, long long* out) {
+    min_max(a, n, out);
+}
+
+extern "C" __global__ void min_max_i64(const long long* a, long long n, long long* out) {
+    min_max(a, n, out);
+}
+"""
+
+
+@functools.cache
+def _min_max_kernels() -> dict:
+    module = cp.RawModule(code=_MIN_MAX_SOURCE)
+    return {"min_max_i32": module.get_function("min_max_i32"),
+            "min_max_i64": module.get_function("min_max_i64")}
+
+
+def min_max(a):
+    if a.dtype != cp.int32:
+        a = a.astype(cp.int64, copy=False)
+    a = cp.ascontiguousarray(a)
+    out = cp.empty(2, cp.int64)
+    name = "min_max_i32" if a.dtype == cp.int32 else "min_max_i64"
+    _min_max_kernels()[name]((1,), (256,), (a, cp.int64(a.size), out))
+    return out[0], out[1]
+
+
+# --------------------------------------------------------------------------------------------------
 # max pooling
 
 _max_pool_forward = cp.ElementwiseKernel(
