@@ -71,6 +71,25 @@ class Adam(Optimizer):
                           group["betas"], group["eps"], group["weight_decay"], self._decoupled,
                           state["step"])
 
+    def _update_group(self, updates, group):
+        if type(self)._update is not Adam._update:  # a subclass's own rule: parameter by parameter
+            super()._update_group(updates, group)
+            return
+        for device, on_device in self._by_device(updates):
+            with device.context():  # new moments are made on the parameters' GPU
+                states = []
+                for _, g, state in on_device:
+                    start_moments(state, g, get_array_module(g))
+                    state["step"] += 1
+                    states.append(state)
+                kernels.adam_steps([p.data for p, _, _ in on_device],
+                                   [g for _, g, _ in on_device],
+                                   [s["exp_avg"] for s in states],
+                                   [s["exp_avg_sq"] for s in states],
+                                   group["lr"], group["betas"], group["eps"],
+                                   group["weight_decay"], self._decoupled,
+                                   [s["step"] for s in states])
+
 
 class AdamW(Adam):
     r"""Adam with decoupled weight decay (Loshchilov & Hutter)::

@@ -110,6 +110,7 @@ class Optimizer:
         self._check_not_replaced()
         states = self._state
         for group in self.param_groups:
+            updates = []
             for p in group["params"]:
                 grad = p.grad
                 if grad is None:
@@ -127,9 +128,27 @@ class Optimizer:
                     state = states[id(p)] = {}
                 if not getattr(data.flags, "writeable", True):  # e.g. a loaded read-only array
                     p.set_value(data)  # set_value keeps a writable copy
-                with p.device.context():  # a GPU parameter is updated on its own GPU
-                    self._update_param(p, grad, state, group)
+                updates.append((p, grad, state))
+            if updates:
+                self._update_group(updates, group)
         return self
+
+    def _update_group(self, updates: list, group: dict) -> None:
+        """Update the parameters of ``group`` that have a gradient (``updates``: ``(param,
+        gradient array, state)`` in the group's order): :meth:`_update_param` on each, on its own
+        device. Rules whose update is one kernel over many parameters (SGD, Adam) override this
+        with a call per device."""
+        for p, grad, state in updates:
+            with p.device.context():  # a GPU parameter is updated on its own GPU
+                self._update_param(p, grad, state, group)
+
+    @staticmethod
+    def _by_device(updates: list) -> list:
+        """``updates`` split by the parameters' device (in order): ``[(device, updates)]``."""
+        split: dict = {}
+        for u in updates:
+            split.setdefault(u[0].device, []).append(u)
+        return list(split.items())
 
     def _update_param(self, param: Parameter, grad, state: dict, group: dict) -> None:
         """Update one parameter: ``_update`` on its array. Rules that need more than the array

@@ -32,11 +32,29 @@ class SGD(Optimizer):
         if group["momentum"] < 0:
             raise ValueError(f"SGD: momentum must be >= 0, got {group['momentum']}")
 
+    @staticmethod
+    def _buffer(state: dict, g, momentum: float):
+        """The momentum buffer (None without momentum); a new one is zeros, so that the first step
+        makes it exactly g (+ weight decay)."""
+        if not momentum:
+            return None
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            buf = state["momentum_buffer"] = get_array_module(g).zeros_like(g)
+        return buf
+
     def _update(self, p, g, state, group):
-        wd, momentum = group["weight_decay"], group["momentum"]
-        buf = None
-        if momentum:
-            buf = state.get("momentum_buffer")
-            if buf is None:  # zeros: the first step makes it exactly g (+ weight decay)
-                buf = state["momentum_buffer"] = get_array_module(g).zeros_like(g)
-        kernels.sgd_step(p, g, buf, group["lr"], momentum, wd, group["nesterov"])
+        momentum = group["momentum"]
+        kernels.sgd_step(p, g, self._buffer(state, g, momentum), group["lr"], momentum,
+                         group["weight_decay"], group["nesterov"])
+
+    def _update_group(self, updates, group):
+        if type(self)._update is not SGD._update:  # a subclass's own rule: parameter by parameter
+            super()._update_group(updates, group)
+            return
+        momentum = group["momentum"]
+        for device, on_device in self._by_device(updates):
+            with device.context():
+                kernels.sgd_steps([p.data for p, _, _ in on_device], [g for _, g, _ in on_device],
+                                  [self._buffer(state, g, momentum) for _, g, state in on_device],
+                                  group["lr"], momentum, group["weight_decay"], group["nesterov"])

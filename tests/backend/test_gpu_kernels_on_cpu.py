@@ -12,6 +12,7 @@ loops', their order of summation is not). Skipped where g++ is missing.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -256,3 +257,129 @@ def test_min_max(gpu, dtype, size):
         a[size // 2] = -7
     lo, hi = gpu.min_max(_dev(gpu, a))
     assert (int(_host(gpu, lo)), int(_host(gpu, hi))) == (int(a.min()), int(a.max()))
+
+
+def _parameter_lists(dtype, count, seed=7):
+    """``count`` parameters of assorted sizes (one over a block of 256 threads, one empty), the
+    last of another dtype and the one before it not contiguous: both take their own kernel."""
+    rng = np.random.default_rng(seed)
+    sizes = [int(rng.integers(1, 40)) for _ in range(count)]
+    sizes[1], sizes[2] = 300, 0
+    arrays = [rng.standard_normal((4, n)).astype(dtype) for n in sizes]
+    other = "float64" if dtype == "float32" else "float32"
+    arrays[-1] = arrays[-1].astype(other)
+    return arrays
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("momentum, weight_decay, nesterov",
+                         [(0.0, 0.0, False), (0.9, 1e-2, False), (0.9, 0.0, True)])
+def test_sgd_steps_of_many_parameters(gpu, dtype, momentum, weight_decay, nesterov):
+    count = gpu.LIST_SLOTS + 5  # two launches
+    ps = _parameter_lists(dtype, count)
+    gs = [np.random.default_rng(k).standard_normal(p.shape).astype(p.dtype)
+          for k, p in enumerate(ps)]
+    bufs = [np.ones_like(p) * 0.5 for p in ps] if momentum else [None] * count
+    want_p, want_b = [p.copy() for p in ps], [None if b is None else b.copy() for b in bufs]
+    cpu.sgd_steps(want_p, gs, want_b, 0.1, momentum, weight_decay, nesterov)
+    got_p = [_dev(gpu, p) for p in ps]
+    got_p[-2] = _dev(gpu, np.asfortranarray(ps[-2]))  # not C-contiguous
+    got_b = [None if b is None else _dev(gpu, b) for b in bufs]
+    gpu.sgd_steps(got_p, [_dev(gpu, g) for g in gs], got_b, 0.1, momentum, weight_decay,
+                  nesterov)
+    for k in range(count):
+        _close(_host(gpu, got_p[k]), want_p[k], str(ps[k].dtype))
+        if momentum:
+            _close(_host(gpu, got_b[k]), want_b[k], str(ps[k].dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_decay, decoupled", [(0.0, False), (0.1, False), (0.1, True)])
+def test_adam_steps_of_many_parameters(gpu, dtype, weight_decay, decoupled):
+    count = gpu.LIST_SLOTS + 3
+    ps = _parameter_lists(dtype, count)
+    gs = [np.random.default_rng(k).standard_normal(p.shape).astype(p.dtype)
+          for k, p in enumerate(ps)]
+    ms = [np.full_like(p, 0.1) for p in ps]
+    vs = [np.full_like(p, 0.2) for p in ps]
+    steps = [1 + k % 4 for k in range(count)]  # parameters may have taken different steps
+    want = [[a.copy() for a in arrays] for arrays in (ps, ms, vs)]
+    cpu.adam_steps(want[0], gs, want[1], want[2], 1e-3, 0.9, 0.999, 1e-8, weight_decay,
+                   decoupled, steps)
+    got = [[_dev(gpu, a) for a in arrays] for arrays in (ps, ms, vs)]
+    gpu.adam_steps(got[0], [_dev(gpu, g) for g in gs], got[1], got[2], 1e-3, 0.9, 0.999, 1e-8,
+                   weight_decay, decoupled, steps)
+    for got_arrays, want_arrays in zip(got, want):
+        for k in range(count):
+            _close(_host(gpu, got_arrays[k]), want_arrays[k], str(ps[k].dtype))
+
+
+def _training_step(model: str, device: str) -> tuple:
+    """Two SGD-with-momentum steps of a small model in float64 on ``device``: the loss and the
+    parameters after them, and the kernel launches of the second step (on a GPU)."""
+    import minigrad as mg
+    import minigrad.functional as F
+
+    rng = np.random.default_rng(0)
+
+    def param(*shape):
+        return mg.Parameter(rng.standard_normal(shape) * 0.3, device=device)
+
+    if model == "mlp":
+        p = {"w1": param(16, 12), "b1": param(16), "w2": param(5, 16), "b2": param(5)}
+        x = mg.tensor(rng.standard_normal((8, 12)), device=device)
+        y = mg.tensor(rng.integers(0, 5, 8).astype(np.int32), device=device)
+
+        def loss_of():
+            h = F.relu(F.linear(x, p["w1"], p["b1"]))
+            return F.cross_entropy(F.linear(h, p["w2"], p["b2"]), y)
+    else:
+        d, heads = 8, 2
+        p = {"w_qkv": param(3 * d, d), "b_qkv": param(3 * d), "w_o": param(d, d),
+             "b_o": param(d), "g": param(d), "b": param(d), "w1": param(16, d), "b1": param(16)}
+        x = mg.tensor(rng.standard_normal((2, 5, d)), device=device)
+        y = mg.tensor(rng.standard_normal((2, 5, 16)), device=device)
+
+        def loss_of():
+            h = F.layer_norm(x, d, True, p["g"], p["b"])
+            h = x + F.multi_head_attention(h, h, h, heads, p["w_qkv"], p["b_qkv"], p["w_o"],
+                                           p["b_o"], is_causal=True)
+            return F.square_loss(F.gelu(F.linear(h, p["w1"], p["b1"])), y)
+
+    gm = mg.autodiff.GradManager().attach(list(p.values()))
+    opt = mg.optimizer.SGD(list(p.values()), lr=0.1, momentum=0.9)
+    fake = None if device == "cpu0" else sys.modules["cupy"]
+    for step in range(2):
+        if fake is not None and step == 1:
+            fake.clear()
+        with gm:
+            loss = loss_of()
+            gm.backward(loss)
+        opt.step().clear_grad()
+    launches = [] if fake is None else [e for e in fake.events if e.startswith("launch ")]
+    return float(loss.numpy()), {k: v.numpy() for k, v in p.items()}, launches
+
+
+@pytest.mark.parametrize("model, launches", [("mlp", 17), ("transformer", 38)])
+def test_a_training_step_with_the_gpu_kernels(gpu, model, launches):
+    """A whole training step with every minigrad kernel running gpu.py's CUDA C: the same loss
+    and parameters as on the CPU, and the kernel launches a GPU step makes (each costs the host
+    microseconds), counted without the calls that launch nothing on a GPU (views, allocations,
+    ascontiguousarray of an array that already is)."""
+    from minigrad.backend import kernels
+
+    want_loss, want, _ = _training_step(model, "cpu0")
+    kernels.register_kernels(gpu.fake.ndarray, gpu)
+    try:
+        loss, got, events = _training_step(model, "gpu0")
+    finally:
+        kernels.register_kernels(gpu.fake.ndarray, fake_cupy._HostKernels(
+            gpu.fake, kernels.backend_for(np.empty(0))))
+    assert abs(loss - want_loss) <= 1e-12 * abs(want_loss)
+    for name in want:
+        _close(got[name], want[name], "float64", 1)
+    no_launch = ("swapaxes", "broadcast_to", "empty", "empty_like", "reshape",
+                 "ascontiguousarray")
+    names = [e.split(" on ")[0].removeprefix("launch ") for e in events]
+    real = sorted(n for n in names if n not in no_launch)
+    assert len(real) == launches, ", ".join(real)

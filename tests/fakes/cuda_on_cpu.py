@@ -22,9 +22,10 @@ What each class reproduces of CuPy's semantics:
   of CUDA's execution (:data:`EMULATION_HEADER`): blocks run one after the other, the threads of a
   block are OS threads, ``__syncthreads()`` is a barrier of the block, ``__shfl_down_sync`` an
   exchange through a barrier of the warp, ``__shared__`` memory is shared by the running block.
-  Arguments are checked as a GPU would need them: an array must have the element size its pointer
-  parameter declares and a scalar must be a NumPy scalar of the parameter's size (a Python
-  number's conversion by CuPy need not match the parameter: ``1`` is not a ``long long``).
+  Arguments are checked as a GPU would need them, against the sizes the compiler gives: an array
+  must have the item size its pointer parameter reads, and a by-value parameter takes a NumPy
+  scalar of its size (a Python number's conversion by CuPy need not match the parameter: ``1``
+  is not a ``long long``) or, for a struct, a NumPy structured scalar of the struct's size.
 
 Libraries are cached by the hash of their source under ``$TMPDIR/minigrad-cuda-on-cpu``.
 """
@@ -65,6 +66,7 @@ EMULATION_HEADER = MATH_HEADER + r"""
 #include <functional>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
@@ -406,32 +408,26 @@ class ReductionKernel(_TemplateKernel):
 # RawModule / RawKernel
 
 _GLOBAL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)')
-_SIZES = {"float": 4, "double": 8, "int": 4, "unsigned": 4, "unsigned int": 4, "long long": 8,
-          "unsigned long long": 8, "long": 8, "bool": 1, "char": 1, "signed char": 1,
-          "unsigned char": 1, "short": 2, "unsigned short": 2, "size_t": 8, "ptrdiff_t": 8}
 
 
 class _Signature:
-    """A ``__global__`` function's parameters: C type text and element size of each."""
+    """A ``__global__`` function's parameters (their C types, as written); the compiled library
+    tells each one's size (of the pointed-to item for a pointer)."""
 
-    def __init__(self, name: str, params: str, typedefs: dict):
+    def __init__(self, name: str, params: str):
         self.name = name
-        self.types, self.pointer, self.size = [], [], []
-        for decl in (p.strip() for p in params.split(",") if p.strip()):
-            ctype = re.sub(r"\s*\b\w+\s*$", "", decl).strip()  # drop the parameter's name
-            base = re.sub(r"\b(const|volatile|__restrict__)\b|\*", " ", ctype)
-            base = " ".join(base.split())
-            base = typedefs.get(base, base)
-            if base not in _SIZES:
-                raise NotImplementedError(f"{name}: parameter type {ctype!r} is not modelled")
-            self.types.append(ctype)
-            self.pointer.append("*" in ctype)
-            self.size.append(_SIZES[base])
+        self.types = [re.sub(r"\s*\b\w+\s*$", "", p.strip()).strip()  # drop the name
+                      for p in params.split(",") if p.strip()]
+        self.pointer = ["*" in t for t in self.types]
 
     def launcher(self) -> str:
         args = ", ".join(f"*({t}*)_args[{k}]" for k, t in enumerate(self.types))
+        sizes = "".join(
+            f"    out[{k}] = sizeof(std::remove_cv_t<std::remove_pointer_t<{t}>>);\n"
+            for k, t in enumerate(self.types))
         return (f'extern "C" void _launch_{self.name}(const unsigned* _dims, void** _args) {{\n'
-                f"    emu::launch(_dims, [&] {{ {self.name}({args}); }});\n}}\n")
+                f"    emu::launch(_dims, [&] {{ {self.name}({args}); }});\n}}\n"
+                f'extern "C" void _sizes_{self.name}(unsigned long long* out) {{\n{sizes}}}\n')
 
 
 class RawModule:
@@ -439,9 +435,7 @@ class RawModule:
 
     def __init__(self, fake, code: str, options=(), name_expressions=None, **_):
         self.fake, self.code = fake, code
-        typedefs = {alias: " ".join(target.split())
-                    for target, alias in re.findall(r"typedef\s+([\w ]+?)\s+(\w+)\s*;", code)}
-        self.signatures = {m.group(1): _Signature(m.group(1), m.group(2), typedefs)
+        self.signatures = {m.group(1): _Signature(m.group(1), m.group(2))
                            for m in _GLOBAL.finditer(code)}
         self._lib = None
 
@@ -470,26 +464,32 @@ class RawFunction:
         self.module.fake._launch(f"kernel {sig.name}",
                                  lambda *a: self._run(_dims(grid), _dims(block), a), args, {})
 
+    def _sizes(self) -> list[int]:
+        lib, n = self.module.library(), len(self.signature.types)
+        out = (ctypes.c_ulonglong * max(1, n))()
+        getattr(lib, f"_sizes_{self.signature.name}")(out)
+        return list(out[:n])
+
     def _run(self, grid, block, args) -> None:
-        sig, values = self.signature, []
+        sig, sizes, values = self.signature, self._sizes(), []
         for k, a in enumerate(args):
             if sig.pointer[k]:
                 if not isinstance(a, np.ndarray):
                     raise TypeError(f"{sig.name}: argument {k} must be an array, got "
                                     f"{type(a).__name__}")
-                if a.dtype.itemsize != sig.size[k]:
+                if a.dtype.itemsize != sizes[k]:
                     raise TypeError(f"{sig.name}: argument {k} is a {a.dtype} array, the "
-                                    f"parameter {sig.types[k]!r} reads {sig.size[k]}-byte items")
+                                    f"parameter {sig.types[k]!r} reads {sizes[k]}-byte items")
                 values.append(ctypes.c_void_p(a.ctypes.data))
             else:
-                if not isinstance(a, np.generic):
+                if not isinstance(a, np.generic):  # a NumPy scalar, or a structured one (a struct)
                     raise TypeError(f"{sig.name}: argument {k} must be a NumPy scalar of "
-                                    f"{sig.size[k]} bytes ({sig.types[k]}), got "
-                                    f"{type(a).__name__}")
-                if a.dtype.itemsize != sig.size[k]:
+                                    f"{sizes[k]} bytes ({sig.types[k]}), got {type(a).__name__}")
+                if a.dtype.itemsize != sizes[k]:
                     raise TypeError(f"{sig.name}: argument {k} is {a.dtype}, the parameter "
-                                    f"{sig.types[k]!r} has {sig.size[k]} bytes")
-                values.append(ctypes.create_string_buffer(a.tobytes(), len(a.tobytes())))
+                                    f"{sig.types[k]!r} has {sizes[k]} bytes")
+                raw = a.tobytes()
+                values.append(ctypes.create_string_buffer(raw, len(raw)))
         pointers = (ctypes.c_void_p * max(1, len(values)))(
             *(ctypes.addressof(v) for v in values))
         dims = (ctypes.c_uint * 6)(*grid, *block)

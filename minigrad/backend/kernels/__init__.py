@@ -41,6 +41,7 @@ from minigrad.backend.xp import get_array_module
 
 __all__ = [
     "adam_step",
+    "adam_steps",
     "attention_softmax",
     "attention_softmax_grad",
     "col2im",
@@ -61,6 +62,7 @@ __all__ = [
     "relu",
     "relu_grad",
     "sgd_step",
+    "sgd_steps",
     "softmax",
     "softmax_grad",
     "to_product_layout",
@@ -395,3 +397,26 @@ def adam_step(p, g, m, v, lr: float, betas: tuple, eps: float, weight_decay: flo
     b1, b2 = betas
     backend_for(p).adam_step(p, g, m, v, float(lr), float(b1), float(b2), float(eps),
                              float(weight_decay), bool(decoupled), int(step))
+
+
+def sgd_steps(params: list, grads: list, bufs: list, lr: float, momentum: float,
+              weight_decay: float, nesterov: bool) -> None:
+    """:func:`sgd_step` of every parameter of a list, with the same results: ``bufs`` holds each
+    parameter's momentum buffer (all None without momentum). On a GPU the parameters of one float
+    dtype are updated by one kernel launch per :data:`~minigrad.backend.kernels.gpu.LIST_SLOTS`
+    parameters, where one launch each made a small model's optimizer step a dozen launches."""
+    if params:
+        backend_for(params[0]).sgd_steps(params, grads, bufs, float(lr), float(momentum),
+                                         float(weight_decay), bool(nesterov))
+
+
+def adam_steps(params: list, grads: list, ms: list, vs: list, lr: float, betas: tuple,
+               eps: float, weight_decay: float, decoupled: bool, steps: list) -> None:
+    """:func:`adam_step` of every parameter of a list (``steps``: each one's step count), with
+    the same results; on a GPU in one launch per
+    :data:`~minigrad.backend.kernels.gpu.LIST_SLOTS` parameters of one float dtype."""
+    if params:
+        b1, b2 = betas
+        backend_for(params[0]).adam_steps(params, grads, ms, vs, float(lr), float(b1), float(b2),
+                                          float(eps), float(weight_decay), bool(decoupled),
+                                          [int(t) for t in steps])

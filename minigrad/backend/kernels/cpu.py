@@ -227,3 +227,13 @@ def adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, step):
     if weight_decay and decoupled:
         delta = delta + weight_decay * p
     p -= lr * delta
+
+
+def sgd_steps(params, grads, bufs, lr, momentum, weight_decay, nesterov):
+    for p, g, buf in zip(params, grads, bufs):
+        sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov)
+
+
+def adam_steps(params, grads, ms, vs, lr, b1, b2, eps, weight_decay, decoupled, steps):
+    for p, g, m, v, step in zip(params, grads, ms, vs, steps):
+        adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, step)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 
 import cupy as cp
+import numpy as np
 
 from minigrad.backend.kernels import cpu as _cpu
 
@@ -626,12 +627,13 @@ _sgd_step = cp.ElementwiseKernel(
 _sgd_step_plain = cp.ElementwiseKernel(
     "T g, T lr, T wd", "T p", "p = p - lr * (wd != T(0) ? g + wd * p : g)",
     "minigrad_sgd_step_plain")
-_adam_step = cp.ElementwiseKernel(
-    "T g, T lr, T b1, T b2, T eps, T wd, T bc1, T bc2, bool decoupled", "T p, T m, T v",
+_adam_step = cp.ElementwiseKernel(  # c1 = 1 - b1, c2 = 1 - b2 rounded once, as on the CPU
+    "T g, T lr, T b1, T c1, T b2, T c2, T eps, T wd, T bc1, T bc2, bool decoupled",
+    "T p, T m, T v",
     """
     const T d = (wd != T(0) && !decoupled) ? g + wd * p : g;
-    m = b1 * m + (T(1) - b1) * d;
-    v = b2 * v + (T(1) - b2) * (d * d);
+    m = b1 * m + c1 * d;
+    v = b2 * v + c2 * (d * d);
     T delta = (m / bc1) / (sqrt(v / bc2) + eps);
     if (wd != T(0) && decoupled) delta = delta + wd * p;
     p = p - lr * delta;
@@ -656,4 +658,141 @@ def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):
 def adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, step):
     if not _fusable(p, g, m, v):
         return _cpu.adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, step)
-    _adam_step(g, lr, b1, b2, eps, weight_decay, 1 - b1**step, 1 - b2**step, decoupled, p, m, v)
+    _adam_step(g, lr, b1, 1 - b1, b2, 1 - b2, eps, weight_decay, 1 - b1**step, 1 - b2**step,
+               decoupled, p, m, v)
+
+
+# many parameters per launch: their pointers and sizes travel by value in one struct argument
+# (CuPy passes a NumPy structured scalar as a C struct), blockIdx.y picks the parameter
+
+LIST_SLOTS = 16  # parameters per launch: the struct is 768 (float) or 896 (double) bytes
+
+_LIST_SOURCE = r"""
+struct TensorList {  // parameter k: p, its gradient g, its state a and b, n elements, 2 scalars
+    unsigned long long p[16], g[16], a[16], b[16];
+    long long n[16];
+    real c1[16], c2[16];
+};
+
+extern "C" __global__ void sgd_steps(TensorList t, int count, real lr, real momentum, real wd,
+                                     int nesterov, int has_buf) {
+    const int k = blockIdx.y;
+    if (k >= count) return;
+    real* p = (real*)t.p[k];
+    const real* g = (const real*)t.g[k];
+    real* buf = (real*)t.a[k];
+    const long long n = t.n[k];
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const real d = wd != real(0) ? g[i] + wd * p[i] : g[i];
+        if (has_buf) {
+            const real b = momentum * buf[i] + d;
+            buf[i] = b;
+            p[i] = p[i] - lr * (nesterov ? d + momentum * b : b);
+        } else {
+            p[i] = p[i] - lr * d;
+        }
+    }
+}
+
+// t.c1, t.c2: the bias corrections 1 - b1^t and 1 - b2^t of each parameter's step t;
+// c1 = 1 - b1, c2 = 1 - b2 rounded once, as on the CPU
+extern "C" __global__ void adam_steps(TensorList t, int count, real lr, real b1, real c1,
+                                      real b2, real c2, real eps, real wd, int decoupled) {
+    const int k = blockIdx.y;
+    if (k >= count) return;
+    real* p = (real*)t.p[k];
+    const real* g = (const real*)t.g[k];
+    real* m = (real*)t.a[k];
+    real* v = (real*)t.b[k];
+    const long long n = t.n[k];
+    const real bc1 = t.c1[k], bc2 = t.c2[k];
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const real d = (wd != real(0) && !decoupled) ? g[i] + wd * p[i] : g[i];
+        const real mi = b1 * m[i] + c1 * d;
+        const real vi = b2 * v[i] + c2 * (d * d);
+        m[i] = mi;
+        v[i] = vi;
+        real delta = (mi / bc1) / (sqrt(vi / bc2) + eps);
+        if (wd != real(0) && decoupled) delta = delta + wd * p[i];
+        p[i] = p[i] - lr * delta;
+    }
+}
+"""
+
+
+@functools.cache
+def _list_kernels(dtype_name: str) -> dict:
+    module = cp.RawModule(code=f"typedef {_ROW_TYPES[dtype_name]} real;\n" + _LIST_SOURCE)
+    return {"sgd_steps": module.get_function("sgd_steps"),
+            "adam_steps": module.get_function("adam_steps")}
+
+
+@functools.cache
+def _list_dtype(dtype_name: str) -> np.dtype:
+    """The NumPy layout of ``TensorList`` (every field 8-byte aligned, so no padding)."""
+    slots = (LIST_SLOTS,)
+    return np.dtype([("p", "u8", slots), ("g", "u8", slots), ("a", "u8", slots),
+                     ("b", "u8", slots), ("n", "i8", slots), ("c1", dtype_name, slots),
+                     ("c2", dtype_name, slots)], align=True)
+
+
+def _listable(*arrays) -> bool:
+    return _fusable(*arrays) and all(a.flags.c_contiguous for a in arrays)
+
+
+def _launch_lists(name: str, columns: dict, scalars: dict, args: tuple) -> None:
+    """Launch list kernel ``name`` over parameters of one dtype, LIST_SLOTS at a time:
+    ``columns`` maps fields of ``TensorList`` (``p``, ``g``, ``a``, ``b``) to lists of arrays,
+    ``scalars`` the fields ``c1``, ``c2`` to lists of numbers; ``args`` follow the count."""
+    params = columns["p"]
+    dtype = params[0].dtype
+    for lo in range(0, len(params), LIST_SLOTS):
+        hi = min(len(params), lo + LIST_SLOTS)
+        record = np.zeros((), _list_dtype(dtype.name))
+        for field, arrays in columns.items():
+            record[field][: hi - lo] = [a.data.ptr for a in arrays[lo:hi]]
+        for field, values in scalars.items():
+            record[field][: hi - lo] = values[lo:hi]
+        record["n"][: hi - lo] = [a.size for a in params[lo:hi]]
+        blocks = min(1024, max(1, -(-max(a.size for a in params[lo:hi]) // 256)))
+        _list_kernels(dtype.name)[name]((blocks, hi - lo), (256,),
+                                        (record[()], np.int32(hi - lo), *args))
+
+
+def sgd_steps(params, grads, bufs, lr, momentum, weight_decay, nesterov):
+    listed, dtype = [], params[0].dtype
+    for k, (p, g, buf) in enumerate(zip(params, grads, bufs)):
+        if p.dtype == dtype and _listable(p, g, *(() if buf is None else (buf,))):
+            listed.append(k)
+        else:  # another dtype or layout: its own kernel
+            sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov)
+    if not listed:
+        return
+    columns = {"p": [params[k] for k in listed], "g": [grads[k] for k in listed]}
+    has_buf = bufs[listed[0]] is not None
+    if has_buf:
+        columns["a"] = [bufs[k] for k in listed]
+    t = dtype.type
+    _launch_lists("sgd_steps", columns, {},
+                  (t(lr), t(momentum), t(weight_decay), np.int32(nesterov), np.int32(has_buf)))
+
+
+def adam_steps(params, grads, ms, vs, lr, b1, b2, eps, weight_decay, decoupled, steps):
+    listed, dtype = [], params[0].dtype
+    for k, (p, g, m, v) in enumerate(zip(params, grads, ms, vs)):
+        if p.dtype == dtype and _listable(p, g, m, v):
+            listed.append(k)
+        else:
+            adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, steps[k])
+    if not listed:
+        return
+    columns = {"p": [params[k] for k in listed], "g": [grads[k] for k in listed],
+               "a": [ms[k] for k in listed], "b": [vs[k] for k in listed]}
+    corrections = {"c1": [1 - b1**steps[k] for k in listed],
+                   "c2": [1 - b2**steps[k] for k in listed]}
+    t = dtype.type
+    _launch_lists("adam_steps", columns, corrections,
+                  (t(lr), t(b1), t(1 - b1), t(b2), t(1 - b2), t(eps), t(weight_decay),
+                   np.int32(decoupled)))
