@@ -25,7 +25,8 @@ What each class reproduces of CuPy's semantics:
   Arguments are checked as a GPU would need them, against the sizes the compiler gives: an array
   must have the item size its pointer parameter reads, and a by-value parameter takes a NumPy
   scalar of its size (a Python number's conversion by CuPy need not match the parameter: ``1``
-  is not a ``long long``) or, for a struct, a NumPy structured scalar of the struct's size.
+  is not a ``long long``) or, for a struct, a host NumPy array of one item of the struct's size
+  (CuPy passes such an array's bytes by value).
 
 Libraries are cached by the hash of their source under ``$TMPDIR/minigrad-cuda-on-cpu``.
 """
@@ -461,6 +462,8 @@ class RawFunction:
         sig = self.signature
         if len(args) != len(sig.types):
             raise TypeError(f"{sig.name}: takes {len(sig.types)} arguments, got {len(args)}")
+        # a host NumPy array of one item is passed by value (CuPy's way to pass a struct)
+        args = [_ByValue(a) if isinstance(a, np.ndarray) else a for a in args]
         self.module.fake._launch(f"kernel {sig.name}",
                                  lambda *a: self._run(_dims(grid), _dims(block), a), args, {})
 
@@ -482,7 +485,7 @@ class RawFunction:
                                     f"parameter {sig.types[k]!r} reads {sizes[k]}-byte items")
                 values.append(ctypes.c_void_p(a.ctypes.data))
             else:
-                if not isinstance(a, np.generic):  # a NumPy scalar, or a structured one (a struct)
+                if not isinstance(a, (_ByValue, np.number, np.bool_)):
                     raise TypeError(f"{sig.name}: argument {k} must be a NumPy scalar of "
                                     f"{sizes[k]} bytes ({sig.types[k]}), got {type(a).__name__}")
                 if a.dtype.itemsize != sizes[k]:
@@ -494,6 +497,19 @@ class RawFunction:
             *(ctypes.addressof(v) for v in values))
         dims = (ctypes.c_uint * 6)(*grid, *block)
         getattr(self.module.library(), f"_launch_{sig.name}")(dims, pointers)
+
+
+class _ByValue:
+    """A one-item host array given as a kernel argument: CuPy passes its bytes by value."""
+
+    def __init__(self, array: np.ndarray):
+        if array.size != 1:
+            raise TypeError(f"a host NumPy array of shape {array.shape} as a kernel argument: "
+                            f"only arrays of one item are passed (by value)")
+        self.dtype, self._bytes = array.dtype, array.tobytes()
+
+    def tobytes(self) -> bytes:
+        return self._bytes
 
 
 def RawKernel(fake, code: str, name: str, **kwargs):  # noqa: N802 (CuPy's name)

@@ -663,7 +663,8 @@ def adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, step):
 
 
 # many parameters per launch: their pointers and sizes travel by value in one struct argument
-# (CuPy passes a NumPy structured scalar as a C struct), blockIdx.y picks the parameter
+# (CuPy passes the bytes of a one-item host NumPy array by value: a structured array here),
+# blockIdx.y picks the parameter
 
 LIST_SLOTS = 16  # parameters per launch: the struct is 768 (float) or 896 (double) bytes
 
@@ -758,7 +759,7 @@ def _launch_lists(name: str, columns: dict, scalars: dict, args: tuple) -> None:
         record["n"][: hi - lo] = [a.size for a in params[lo:hi]]
         blocks = min(1024, max(1, -(-max(a.size for a in params[lo:hi]) // 256)))
         _list_kernels(dtype.name)[name]((blocks, hi - lo), (256,),
-                                        (record[()], np.int32(hi - lo), *args))
+                                        (record, np.int32(hi - lo), *args))
 
 
 def sgd_steps(params, grads, bufs, lr, momentum, weight_decay, nesterov):
