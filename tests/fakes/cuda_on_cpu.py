@@ -229,6 +229,11 @@ class _TemplateKernel:
     def _launch(self, fn, args):
         return self.fake._launch(f"kernel {self.name}", fn, args, {})
 
+    @staticmethod
+    def _ctype(p: _Param) -> str:
+        """The C type of a parameter (a placeholder is typedef'd to its dtype)."""
+        return p.type if p.placeholder else C_TYPES[p.type]
+
 
 class ElementwiseKernel(_TemplateKernel):
     """``cupy.ElementwiseKernel`` run on the CPU (see the module docstring)."""
@@ -321,10 +326,6 @@ class ElementwiseKernel(_TemplateKernel):
                 f"    for (ptrdiff_t i = 0; i < _n; ++i) {{\n        {bound}\n"
                 f"        {self.operation}\n    ;}}\n    {self.after_loop}\n}}\n")
 
-    @staticmethod
-    def _ctype(p: _Param) -> str:
-        return p.type if p.placeholder else C_TYPES[p.type]
-
 
 class ReductionKernel(_TemplateKernel):
     """``cupy.ReductionKernel`` run on the CPU (see the module docstring)."""
@@ -377,14 +378,14 @@ class ReductionKernel(_TemplateKernel):
     def _source(self, types: dict, scalars: tuple) -> str:
         lines, binds = [], []
         for k, (p, scalar) in enumerate(zip(self.inputs, scalars)):
-            c = ElementwiseKernel._ctype(p)
+            c = self._ctype(p)
             if scalar:
                 lines.append(f"const {c} {p.name} = *(const {c}*)_args[{k}];")
             else:
                 lines.append(f"const {c}* _p_{p.name} = (const {c}*)_args[{k}];")
                 binds.append(f"const {c} {p.name} = _p_{p.name}[_j * _n_red + _k];")
         out = self.outputs[0]
-        c_out = ElementwiseKernel._ctype(out)
+        c_out = self._ctype(out)
         reduce_type = self.reduce_type or c_out
         body = "\n    ".join(lines)
         bound = "\n            ".join(binds)

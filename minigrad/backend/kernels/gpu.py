@@ -97,20 +97,28 @@ __device__ real block_reduce(real v, real* shared) {
 __device__ real block_sum(real v, real* shared) { return block_reduce<false>(v, shared); }
 __device__ real block_max(real v, real* shared) { return block_reduce<true>(v, shared); }
 
+// the sum of exp(x - m) over a row of n, m its max (written to *max); the exponentials go to e
+// unless it is null
+__device__ real exp_sum(const real* x, long long n, real* e, real* shared, real* max) {
+    real m = -real(1) / real(0);
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) m = x[j] > m ? x[j] : m;
+    m = block_max(m, shared);
+    real s = 0;
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+        const real v = exp(x[j] - m);
+        if (e) e[j] = v;
+        s += v;
+    }
+    *max = m;
+    return block_sum(s, shared);
+}
+
 // y = exp(x - max) / sum, or (take_log) y = x - max - log(sum), per row of n
 extern "C" __global__ void softmax_forward(const real* x, long long n, int take_log, real* y) {
     __shared__ real shared[33];
     const long long base = blockIdx.x * n;
-    real m = -real(1) / real(0);
-    for (long long j = threadIdx.x; j < n; j += blockDim.x) m = x[base + j] > m ? x[base + j] : m;
-    m = block_max(m, shared);
-    real s = 0;
-    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
-        const real e = exp(x[base + j] - m);
-        if (!take_log) y[base + j] = e;
-        s += e;
-    }
-    s = block_sum(s, shared);
+    real m;
+    const real s = exp_sum(x + base, n, take_log ? nullptr : y + base, shared, &m);
     const real shift = m + log(s);
     for (long long j = threadIdx.x; j < n; j += blockDim.x)
         y[base + j] = take_log ? x[base + j] - shift : y[base + j] / s;
@@ -165,16 +173,8 @@ __device__ void cross_entropy_row(const real* x, const L* label, long long n, re
                                   real* nll) {
     __shared__ real shared[33];
     const long long base = blockIdx.x * n;
-    real m = -real(1) / real(0);
-    for (long long j = threadIdx.x; j < n; j += blockDim.x) m = x[base + j] > m ? x[base + j] : m;
-    m = block_max(m, shared);
-    real s = 0;
-    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
-        const real e = exp(x[base + j] - m);
-        prob[base + j] = e;
-        s += e;
-    }
-    s = block_sum(s, shared);
+    real m;
+    const real s = exp_sum(x + base, n, prob + base, shared, &m);
     for (long long j = threadIdx.x; j < n; j += blockDim.x) prob[base + j] /= s;
     if (threadIdx.x == 0) {
         const long long k = label[blockIdx.x];
