@@ -13,7 +13,7 @@ from minigrad.autodiff.tensor import Tensor
 from minigrad.backend import kernels
 from minigrad.backend.device_checks import check_range
 from minigrad.backend.xp import to_numpy
-from minigrad.functional._util import autocast_high, float_sum, recording_backward
+from minigrad.functional._util import autocast_high, recording_backward
 from minigrad.functional.elementwise import _f, exp, log, log1p, relu
 from minigrad.functional.elementwise import abs as _abs
 from minigrad.functional.reduction import sum as _sum
@@ -148,20 +148,18 @@ def l1_loss(pred, label, reduction: str = "mean") -> Tensor:
 
 
 class SquareLoss(Function):
-    """``sum((pred - label)**2) * scale`` as one node (``scale``: ``1/n`` for the mean, 1 for the
-    sum). It ends many training steps, and as a composition it is four nodes each way; this is
-    the composition's arithmetic, array op for array op (the same values, bit for bit): forward
-    the difference, its square, the sum, the scaling; backward ``u = dy * scale * diff`` and
-    ``u + u`` (the square's two equal gradients), negated for the label when it wants one.
-    Backward uses Tensor ops when it is being recorded."""
+    """``sum((pred - label)**2) * scale`` as one node (``scale``: ``1/n`` for the mean, None for
+    the sum). It ends many training steps, and as a composition it is four nodes each way; on the
+    CPU this is the composition's arithmetic, array op for array op (the same values, bit for
+    bit): forward the difference, its square, the sum, the scaling; backward ``u = dy * scale *
+    diff`` and ``u + u`` (the square's two equal gradients), negated for the label when it wants
+    one. On a GPU one kernel each way (``kernels.squared_error_sum``). Backward uses Tensor ops
+    when it is being recorded."""
 
     def forward(self, pred, label, scale):
-        xp = pred.xp
-        diff = pred._data - label._data
-        axes = tuple(range(diff.ndim))
-        total = float_sum(xp, diff * diff, axes, False)
-        self.pred, self.label, self.diff, self.scale = pred, label, diff, scale
-        return total if scale is None else total * scale
+        total, self.diff = kernels.squared_error_sum(pred._data, label._data, scale)
+        self.pred, self.label, self.scale = pred, label, scale
+        return total
 
     def backward(self, dy):
         need_label = self.needs_input_grad(1)
@@ -171,10 +169,8 @@ class SquareLoss(Function):
             u = broadcast_to(g, diff.shape) * diff
             dp = u + u
             return dp, (-dp if need_label else None), None
-        xp, diff = self.pred.xp, self.diff
-        g = dy._data if self.scale is None else dy._data * self.scale
-        u = xp.broadcast_to(g.reshape((1,) * diff.ndim), diff.shape) * diff
-        dp = u + u
+        dp = kernels.squared_error_grad(self.pred._data, self.label._data, self.diff, dy._data,
+                                        self.scale)
         return dp, (-dp if need_label else None), None
 
 

@@ -15,8 +15,8 @@ What each class reproduces of CuPy's semantics:
   indexed by its C-order flat index (CuPy's ``CArray``). Outputs are read as well as written, as
   on a GPU (a body may read its output's old value).
 * :class:`ReductionKernel`: the inputs broadcast, ``axis`` (an int, a tuple or None) reduced,
-  ``keepdims``; ``map_expr`` per element, ``REDUCE(a, b)``, ``POST_MAP(a)`` with the outputs in
-  scope, ``identity`` as the start. The order of the sum is sequential, not a GPU's tree, so
+  ``keepdims``; ``map_expr`` per element (the inputs in scope), ``REDUCE(a, b)``, ``POST_MAP(a)``
+  (only the outputs in scope), ``identity`` as the start. The order of the sum is sequential, not a GPU's tree, so
   float results agree with a GPU's to rounding, not to the bit.
 * :class:`RawModule` / :class:`RawKernel`: the source compiles as C++20 against a small model
   of CUDA's execution (:data:`EMULATION_HEADER`): blocks run one after the other, the threads of a
@@ -379,8 +379,9 @@ class ReductionKernel(_TemplateKernel):
         lines, binds = [], []
         for k, (p, scalar) in enumerate(zip(self.inputs, scalars)):
             c = self._ctype(p)
-            if scalar:
-                lines.append(f"const {c} {p.name} = *(const {c}*)_args[{k}];")
+            if scalar:  # in scope in the map expression only, as in CuPy's generated code
+                lines.append(f"const {c} _v_{p.name} = *(const {c}*)_args[{k}];")
+                binds.append(f"const {c} {p.name} = _v_{p.name};")
             else:
                 lines.append(f"const {c}* _p_{p.name} = (const {c}*)_args[{k}];")
                 binds.append(f"const {c} {p.name} = _p_{p.name}[_j * _n_red + _k];")

@@ -65,6 +65,8 @@ __all__ = [
     "sgd_steps",
     "softmax",
     "softmax_grad",
+    "squared_error_grad",
+    "squared_error_sum",
     "to_product_layout",
     "unregister_kernels",
 ]
@@ -366,6 +368,24 @@ def cross_entropy_rows_grad(prob, label, dy, divisor):
     :func:`cross_entropy_rows`'s ``nll`` (``prob`` is its output) for an upstream gradient ``dy``
     of shape (N,) (per-row losses; ``divisor`` 1) or 0-d (their sum: 1, or mean: N)."""
     return backend_for(prob).cross_entropy_rows_grad(prob, _contiguous(label), dy, divisor)
+
+
+# --------------------------------------------------------------------------------------------------
+# squared error
+
+
+def squared_error_sum(pred, label, scale):
+    """``(total, diff)``: ``sum((pred - label)**2)`` over every element (times ``scale`` unless
+    it is None) and what :func:`squared_error_grad` needs of the forward: the difference, or None
+    where the backward recomputes it (on a GPU, where the sum is one kernel instead of four)."""
+    return backend_for(pred).squared_error_sum(pred, label, scale)
+
+
+def squared_error_grad(pred, label, diff, dy, scale):
+    """``u + u`` with ``u = (dy * scale) * (pred - label)`` (``diff`` from
+    :func:`squared_error_sum` if not None; ``scale`` None is 1; ``dy`` a 0-d array): the gradient
+    of the total for ``pred`` (the label's is its negation)."""
+    return backend_for(pred).squared_error_grad(pred, label, diff, dy, scale)
 
 
 # --------------------------------------------------------------------------------------------------

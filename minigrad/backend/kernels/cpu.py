@@ -183,6 +183,27 @@ def cross_entropy_rows_grad(prob, label, dy, divisor):
     return prob
 
 
+def squared_error_sum(pred, label, scale):
+    # array-module generic; float16 and bfloat16 squares are summed in float32 (float_sum's rule)
+    xp = get_array_module(pred)
+    diff = pred - label
+    sq, axes = diff * diff, tuple(range(diff.ndim))
+    if sq.dtype.itemsize < 4:
+        total = xp.sum(sq, axis=axes, dtype=np.float32).astype(sq.dtype)
+    else:
+        total = sq.sum(axis=axes)
+    return (total if scale is None else total * scale), diff
+
+
+def squared_error_grad(pred, label, diff, dy, scale):
+    xp = get_array_module(pred)
+    if diff is None:
+        diff = pred - label
+    g = dy if scale is None else dy * scale
+    u = xp.broadcast_to(g.reshape((1,) * diff.ndim), diff.shape) * diff
+    return u + u
+
+
 def _flat_of_one_dtype(*arrays) -> bool:
     """Whether the numba loops take these arrays: NumPy, C-contiguous, one float32/float64 dtype."""
     dtype = arrays[0].dtype

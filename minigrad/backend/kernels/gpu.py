@@ -204,6 +204,19 @@ extern "C" __global__ void attention_softmax_backward(const real* w, real* dw, r
         dw[base + j] = scale * w[base + j] * (dw[base + j] - s);
 }
 
+// out = scale * sum((p - l)^2) over n elements, in one block
+extern "C" __global__ void squared_error_sum(const real* p, const real* l, long long n,
+                                             real scale, real* out) {
+    __shared__ real shared[33];
+    real s = 0;
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+        const real d = p[j] - l[j];
+        s += d * d;
+    }
+    s = block_sum(s, shared);
+    if (threadIdx.x == 0) out[0] = s * scale;
+}
+
 extern "C" __global__ void layer_norm_forward(
         const real* x, const real* w, const real* b, int has_w, int has_b, real eps,
         long long n, real* y, real* xhat, real* rstd) {
@@ -283,6 +296,7 @@ def _row_kernels(dtype_name: str) -> dict:
         "cross_entropy_forward_i64": module.get_function("cross_entropy_forward_i64"),
         "attention_softmax": module.get_function("attention_softmax"),
         "attention_softmax_backward": module.get_function("attention_softmax_backward"),
+        "squared_error_sum": module.get_function("squared_error_sum"),
         "layer_norm_forward": module.get_function("layer_norm_forward"),
         "layer_norm_backward": module.get_function("layer_norm_backward"),
         "layer_norm_param_grads": module.get_function("layer_norm_param_grads"),
@@ -471,6 +485,34 @@ def min_max(a):
     name = "min_max_i32" if a.dtype == cp.int32 else "min_max_i64"
     _min_max_kernels()[name]((1,), (256,), (a, cp.int64(a.size), out))
     return out[0], out[1]
+
+
+# --------------------------------------------------------------------------------------------------
+# squared error: the sum of squares in one block (``_ROW_SOURCE``), its gradient in one pass
+# (recomputing the difference instead of keeping it)
+
+_squared_error_backward = cp.ElementwiseKernel(
+    "T p, T l, raw T dy, T scale", "T dp", "const T u = (dy[0] * scale) * (p - l); dp = u + u",
+    "minigrad_squared_error_backward")
+
+
+def squared_error_sum(pred, label, scale):
+    if not _fused_float(pred):
+        return _cpu.squared_error_sum(pred, label, scale)
+    total = cp.empty((), pred.dtype)
+    one = 1.0 if scale is None else scale
+    _row_kernels(pred.dtype.name)["squared_error_sum"](
+        (1,), (1024,), (cp.ascontiguousarray(pred), cp.ascontiguousarray(label),
+                        cp.int64(pred.size), pred.dtype.type(one), total))
+    return total, None
+
+
+def squared_error_grad(pred, label, diff, dy, scale):
+    if not _fused_float(pred):
+        return _cpu.squared_error_grad(pred, label, diff, dy, scale)
+    one = 1.0 if scale is None else scale
+    return _squared_error_backward(pred, label, cp.ascontiguousarray(dy, pred.dtype),
+                                   pred.dtype.type(one))
 
 
 # --------------------------------------------------------------------------------------------------
