@@ -16,8 +16,8 @@ What each class reproduces of CuPy's semantics:
   on a GPU (a body may read its output's old value).
 * :class:`ReductionKernel`: the inputs broadcast, ``axis`` (an int, a tuple or None) reduced,
   ``keepdims``; ``map_expr`` per element (the inputs in scope), ``REDUCE(a, b)``, ``POST_MAP(a)``
-  (only the outputs in scope), ``identity`` as the start. The order of the sum is sequential, not a GPU's tree, so
-  float results agree with a GPU's to rounding, not to the bit.
+  (only the outputs in scope), ``identity`` as the start. The order of the sum is sequential,
+  not a GPU's tree, so float results agree with a GPU's to rounding, not to the bit.
 * :class:`RawModule` / :class:`RawKernel`: the source compiles as C++20 against a small model
   of CUDA's execution (:data:`EMULATION_HEADER`): blocks run one after the other, the threads of a
   block are OS threads, ``__syncthreads()`` is a barrier of the block, ``__shfl_down_sync`` an
