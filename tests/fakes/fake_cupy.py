@@ -35,7 +35,8 @@ The fake models what minigrad's GPU code depends on, with CuPy's rules and error
   :func:`installed`, one GPU each; the unique id as CuPy 14 (``bytes``) or 13 (a tuple) has it.
 
 Not modelled: CUDA C kernels (``ElementwiseKernel``, ``ReductionKernel`` and ``RawKernel`` can be
-built but raise ``NotImplementedError`` when called; ``fuse`` returns the function unchanged), the
+built but raise ``NotImplementedError`` when called, unless ``cuda_on_cpu.install(fake)`` gives the
+fake kernel classes that run the CUDA C on the CPU; ``fuse`` returns the function unchanged), the
 ordering of peer copies between devices and of NCCL's buffers (passed as pointers), byte counts of
 the pools.
 minigrad's fused kernels (``minigrad.backend.kernels``, CUDA C on a GPU) run their CPU versions on
