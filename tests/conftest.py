@@ -5,7 +5,9 @@ GPUs are counted without initialising CUDA in this process (``probe_gpus`` reads
 system), so tests that fork GPU ranks later still can. ``MINIGRAD_TEST_FAKE_GPU=gpu1`` runs the
 ``device`` tests on the fake CuPy (``tests/fakes/fake_cupy.py``, two devices) as well: on
 ``gpu1`` while device 0 is current, which finds every kernel launched outside its tensor's device,
-every NumPy call on a device array and every implicit host copy, without a GPU.
+every NumPy call on a device array and every implicit host copy, without a GPU; with
+``MINIGRAD_TEST_CUDA_ON_CPU=1`` as well, minigrad's kernels there are ``gpu.py``'s CUDA C run on
+the CPU (``tests/fakes/cuda_on_cpu.py``) instead of their CPU versions.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 
 import numpy as np
 import pytest
-from fakes import fake_cupy
+from fakes import cuda_on_cpu, fake_cupy
 
 import minigrad as mg
 from minigrad.backend.device import probe_gpus
@@ -28,8 +30,10 @@ _FAKE_GPU = os.environ.get("MINIGRAD_TEST_FAKE_GPU")
 DEVICES = ["cpu0"] + ([pytest.param("gpu0", marks=pytest.mark.gpu)] if _HAS_CUDA else [])
 if _FAKE_GPU and not _HAS_CUDA:
     _FAKE_INSTALL = fake_cupy.installed(2)  # kept: collecting it would uninstall the fake
-    _FAKE_INSTALL.__enter__()  # for the whole session
+    _FAKE = _FAKE_INSTALL.__enter__()  # for the whole session
     DEVICES.append(_FAKE_GPU)
+    if os.environ.get("MINIGRAD_TEST_CUDA_ON_CPU") == "1":
+        cuda_on_cpu.use_gpu_kernels(_FAKE)
 # Tests place tensors on the GPU explicitly (the ``device`` fixture); everything else stays on the
 # CPU on GPU machines too (there the default would be gpu0).
 mg.set_default_device("cpu0")

@@ -113,7 +113,8 @@ def test_l1_and_square_loss(reduction, device, rng):
 @pytest.mark.parametrize("shape", [(3, 4), (2, 3, 5), ()])
 def test_square_loss_node_is_bitwise_the_composition(reduction, dtype, shape, device, rng):
     """square_loss is one node; its loss and both gradients equal, bit for bit, those of the
-    composition ``((pred - label) * (pred - label)).mean()`` (or ``.sum()``) it replaces."""
+    composition ``((pred - label) * (pred - label)).mean()`` (or ``.sum()``) it replaces. On a
+    GPU the loss is one kernel whose sum runs in its own order: equal there to rounding."""
     a, b = rng.standard_normal(shape) * 3, rng.standard_normal(shape)
     results = []
     for fused in (True, False):
@@ -127,9 +128,12 @@ def test_square_loss_node_is_bitwise_the_composition(reduction, dtype, shape, de
                 loss = _red(d * d, reduction)
             gm.backward(loss * 1.7)
         results.append([loss.numpy(), pa.grad.numpy(), pb.grad.numpy()])
-    for got, want in zip(*results):
+    for k, (got, want) in enumerate(zip(*results)):
         assert got.dtype == want.dtype and got.shape == want.shape
-        np.testing.assert_array_equal(got, want)
+        if k == 0 and not device.startswith("cpu"):
+            np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-14)
+        else:
+            np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
