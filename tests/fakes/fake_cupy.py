@@ -27,6 +27,10 @@ The fake models what minigrad's GPU code depends on, with CuPy's rules and error
   for it or the test calls ``fake.release()`` (``event.done``, ``stream.done`` stay False);
 * pinned host memory (``cuda.alloc_pinned_memory``, ``cupyx.empty_pinned``) and ``ndarray.set``;
 * ``random.default_rng``: a generator bound to the device current when it was made;
+* the copies CuPy's batched ``matmul`` makes of operands that are not C-contiguous (as ``copy``
+  launches);
+* the copies CuPy's batched ``matmul`` makes of operands that are not C-contiguous (as ``copy``
+  launches);
 * only the names CuPy has (``cupy_names``: the module's functions, ``ndarray``'s methods, the
   ufuncs' methods, ``Generator``'s draws; NumPy functions called on device arrays dispatch only to
   those) and only its dtypes (``ValueError('Unsupported dtype object')`` for objects, strings,
@@ -867,6 +871,10 @@ class FakeCupy(_Namespace):
         args = self._operand(tuple(args))
         kwargs = {k: self._operand(v) for k, v in kwargs.items()}
         stream = self._current_stream()
+        if name == "matmul" and max(np.ndim(a) for a in args[:2]) > 2:
+            for a in args[:2]:  # CuPy's batched product copies an operand that is not C-ordered
+                if isinstance(a, np.ndarray) and not a.flags.c_contiguous:
+                    self.events.append(f"launch copy on {stream.name}")
         self.events.append(f"launch {name} on {stream.name}")
         result = fn(*args, **kwargs)
         if out is not None:
