@@ -16,7 +16,6 @@ of an array that already is contiguous. PyTorch's count on a GPU comes from
 from __future__ import annotations
 
 import collections
-import importlib.util
 import os
 import sys
 
@@ -30,10 +29,8 @@ import bench_gpu as models  # noqa: E402
 from fakes import cuda_on_cpu, fake_cupy  # noqa: E402
 
 import minigrad as mg  # noqa: E402
-from minigrad.backend import kernels  # noqa: E402
 
 F = mg.functional
-NO_LAUNCH = ("reshape", "swapaxes", "broadcast_to", "empty", "empty_like", "ascontiguousarray")
 
 
 def _model(name: str):
@@ -74,25 +71,12 @@ def count(name: str, fake) -> collections.Counter:
 
 
 def main(names: list[str]) -> None:
-    with fake_cupy.installed(1) as fake:
-        cuda_on_cpu.install(fake)
-        spec = importlib.util.spec_from_file_location(
-            "gpu_kernels_on_cpu", os.path.join(ROOT, "minigrad", "backend", "kernels", "gpu.py"))
-        gpu = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gpu)
-        ascontiguousarray = fake.ascontiguousarray
-
-        def copy_if_needed(a, dtype=None):  # CuPy returns an array that already is as it is
-            if not (a.flags.c_contiguous and (dtype is None or a.dtype == dtype)):
-                fake.events.append("launch copy on gpu0")
-            return ascontiguousarray(a, dtype)
-
-        kernels.register_kernels(fake.ndarray, gpu)
-        fake.ascontiguousarray = copy_if_needed
+    with fake_cupy.installed(1) as fake, cuda_on_cpu.gpu_kernels_counted(
+            fake, cuda_on_cpu.load_gpu_module(fake)):
         for name in names:
             counts = count(name, fake)
-            launches = {k: n for k, n in counts.items() if k not in NO_LAUNCH}
-            other = sum(n for k, n in counts.items() if k in NO_LAUNCH)
+            launches = {k: n for k, n in counts.items() if k not in cuda_on_cpu.NO_LAUNCH}
+            other = sum(n for k, n in counts.items() if k in cuda_on_cpu.NO_LAUNCH)
             print(f"{name}: {sum(launches.values())} kernel launches per step "
                   f"({other} calls that launch nothing)")
             for k, n in sorted(launches.items(), key=lambda kv: (-kv[1], kv[0])):

@@ -11,9 +11,7 @@ loops', their order of summation is not). Skipped where g++ is missing.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +21,6 @@ from minigrad.backend.kernels import cpu
 
 pytestmark = pytest.mark.skipif(cuda_on_cpu.CXX is None, reason="needs g++")
 
-GPU_MODULE = Path(__file__).resolve().parents[2] / "minigrad" / "backend" / "kernels" / "gpu.py"
 DTYPES = ("float32", "float64")
 RTOL = {"float32": 2e-6, "float64": 1e-12}
 ATOL = {"float32": 1e-6, "float64": 1e-13}  # for values that cancel to near zero
@@ -33,10 +30,7 @@ ATOL = {"float32": 1e-6, "float64": 1e-13}  # for values that cancel to near zer
 def gpu():
     """``gpu.py`` loaded on the fake CuPy whose kernels run their CUDA C on the CPU."""
     with fake_cupy.installed(1) as fake:
-        cuda_on_cpu.install(fake)
-        spec = importlib.util.spec_from_file_location("gpu_kernels_on_cpu", GPU_MODULE)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = cuda_on_cpu.load_gpu_module(fake)
         module.fake = fake
         yield module
 
@@ -366,32 +360,14 @@ def test_a_training_step_with_the_gpu_kernels(gpu, model, launches):
     and parameters as on the CPU, and the kernel launches a GPU step makes (each costs the host
     microseconds), counted without the calls that launch nothing on a GPU (views, allocations,
     ascontiguousarray of an array that already is)."""
-    from minigrad.backend import kernels
-
-    fake = gpu.fake
     want_loss, want, _ = _training_step(model, "cpu0")
-    ascontiguousarray = fake.ascontiguousarray
-
-    def copy_if_needed(a, dtype=None):  # CuPy returns an array that already is as it is
-        if not (a.flags.c_contiguous and (dtype is None or a.dtype == dtype)):
-            fake.events.append("launch copy on gpu0")
-        return ascontiguousarray(a, dtype)
-
-    kernels.register_kernels(fake.ndarray, gpu)
-    fake.ascontiguousarray = copy_if_needed
-    try:
+    with cuda_on_cpu.gpu_kernels_counted(gpu.fake, gpu):
         loss, got, events = _training_step(model, "gpu0")
-    finally:
-        fake.ascontiguousarray = ascontiguousarray
-        kernels.register_kernels(fake.ndarray, fake_cupy._HostKernels(
-            fake, kernels.backend_for(np.empty(0))))
     assert abs(loss - want_loss) <= 1e-12 * abs(want_loss)
     for name in want:
         _close(got[name], want[name], "float64", 1)
-    no_launch = ("swapaxes", "broadcast_to", "empty", "empty_like", "reshape",
-                 "ascontiguousarray")  # its copies are the "copy" events
     names = [e.split(" on ")[0].removeprefix("launch ") for e in events]
-    real = sorted(n for n in names if n not in no_launch)
+    real = sorted(n for n in names if n not in cuda_on_cpu.NO_LAUNCH)
     assert len(real) == launches, ", ".join(real)
 
 

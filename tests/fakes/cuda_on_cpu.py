@@ -33,6 +33,7 @@ Libraries are cached by the hash of their source under ``$TMPDIR/minigrad-cuda-o
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -533,10 +534,46 @@ def install(fake) -> None:
     fake.RawKernel = lambda *a, **k: RawKernel(fake, *a, **k)
 
 
-def use_gpu_kernels(fake):
-    """Install these kernel classes on ``fake`` and make ``minigrad/backend/kernels/gpu.py``
-    (loaded as a module of its own, on the fake CuPy) minigrad's kernels for the fake's arrays:
-    every op then runs the CUDA C. Returns that module."""
+#: fake CuPy calls that launch no kernel on a GPU: views, allocations and (for counting under
+#: :func:`gpu_kernels_counted`) ``ascontiguousarray``, whose real copies are ``copy`` events
+NO_LAUNCH = ("reshape", "swapaxes", "broadcast_to", "empty", "empty_like", "ascontiguousarray")
+
+
+@contextlib.contextmanager
+def gpu_kernels_counted(fake, module):
+    """Within the block ``module`` (``gpu.py`` loaded on ``fake``) is minigrad's kernels for the
+    fake's arrays and every ``ascontiguousarray`` that copies is logged as a ``copy`` launch (CuPy
+    returns an array that already is C-contiguous as it is); then the fake's CPU kernels are back.
+    """
+    from minigrad.backend import kernels
+
+    ascontiguousarray = fake.ascontiguousarray
+
+    def copy_if_needed(a, dtype=None):
+        if not (a.flags.c_contiguous and (dtype is None or a.dtype == dtype)):
+            fake.events.append(f"launch copy on {fake._current_stream().name}")
+        return ascontiguousarray(a, dtype)
+
+    kernels.register_kernels(fake.ndarray, module)
+    fake.ascontiguousarray = copy_if_needed
+    try:
+        yield
+    finally:
+        fake.ascontiguousarray = ascontiguousarray
+        kernels.register_kernels(fake.ndarray, fake_cpu_kernels(fake))
+
+
+def fake_cpu_kernels(fake):
+    """The fake's own kernels (their CPU versions), as ``fake_cupy.installed`` registers them."""
+    from fakes import fake_cupy
+    from minigrad.backend import kernels
+
+    return fake_cupy._HostKernels(fake, kernels.backend_for(np.empty(0)))
+
+
+def load_gpu_module(fake):
+    """``minigrad/backend/kernels/gpu.py`` as a module of its own, on ``fake`` (with these kernel
+    classes installed)."""
     import importlib.util
 
     from minigrad.backend import kernels
@@ -546,5 +583,15 @@ def use_gpu_kernels(fake):
     spec = importlib.util.spec_from_file_location("gpu_kernels_on_cpu", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def use_gpu_kernels(fake):
+    """Install these kernel classes on ``fake`` and make ``minigrad/backend/kernels/gpu.py``
+    (loaded as a module of its own, on the fake CuPy) minigrad's kernels for the fake's arrays:
+    every op then runs the CUDA C. Returns that module."""
+    from minigrad.backend import kernels
+
+    module = load_gpu_module(fake)
     kernels.register_kernels(fake.ndarray, module)
     return module
