@@ -23,6 +23,14 @@ import numpy as np
 
 from minigrad.backend.kernels import cpu as _cpu
 
+
+def _fusable(*arrays) -> bool:
+    """Whether the fused kernels take these arrays: float32 or float64, all of one dtype (the
+    others take the composed path of ``kernels.cpu``, in the arrays' module)."""
+    dtype = arrays[0].dtype
+    return dtype.kind == "f" and dtype.itemsize >= 4 and all(a.dtype == dtype for a in arrays)
+
+
 # --------------------------------------------------------------------------------------------------
 # ReLU: the output and its mask in one kernel (float32/float64; other dtypes composed)
 
@@ -34,13 +42,13 @@ _relu_backward = cp.ElementwiseKernel(
 
 
 def relu(x):
-    if x.dtype.kind != "f" or x.dtype.itemsize < 4:
+    if not _fusable(x):
         return _cpu.relu(x)
     return _relu_forward(x)
 
 
 def relu_grad(dy, mask):
-    if dy.dtype.kind != "f" or dy.dtype.itemsize < 4:
+    if not _fusable(dy):
         return _cpu.relu_grad(dy, mask)
     return _relu_backward(dy, mask)
 
@@ -353,12 +361,8 @@ _cross_entropy_backward = cp.ElementwiseKernel(
     "minigrad_cross_entropy_backward")
 
 
-def _fused_float(x) -> bool:
-    return x.dtype.kind == "f" and x.dtype.itemsize >= 4
-
-
 def cross_entropy_rows(x, label):
-    if not _fused_float(x):
+    if not _fusable(x):
         return _cpu.cross_entropy_rows(x, label)
     rows, n = x.shape
     prob, nll = cp.empty_like(x), cp.empty(rows, x.dtype)
@@ -370,7 +374,7 @@ def cross_entropy_rows(x, label):
 
 
 def cross_entropy_rows_grad(prob, label, dy, divisor):
-    if not _fused_float(prob):
+    if not _fusable(prob):
         return _cpu.cross_entropy_rows_grad(prob, label, dy, divisor)
     if prob.size:
         _cross_entropy_backward(label, cp.ascontiguousarray(dy, prob.dtype), 1 if dy.ndim else 0,
@@ -497,7 +501,7 @@ _squared_error_backward = cp.ElementwiseKernel(
 
 
 def squared_error_sum(pred, label, scale):
-    if not _fused_float(pred):
+    if not _fusable(pred):
         return _cpu.squared_error_sum(pred, label, scale)
     total = cp.empty((), pred.dtype)
     one = 1.0 if scale is None else scale
@@ -508,7 +512,7 @@ def squared_error_sum(pred, label, scale):
 
 
 def squared_error_grad(pred, label, diff, dy, scale):
-    if not _fused_float(pred):
+    if not _fusable(pred):
         return _cpu.squared_error_grad(pred, label, diff, dy, scale)
     one = 1.0 if scale is None else scale
     return _squared_error_backward(pred, label, cp.ascontiguousarray(dy, pred.dtype),
@@ -681,11 +685,6 @@ _adam_step = cp.ElementwiseKernel(  # c1 = 1 - b1, c2 = 1 - b2 rounded once, as 
     p = p - lr * delta;
     """,
     "minigrad_adam_step")
-
-
-def _fusable(*arrays) -> bool:
-    dtype = arrays[0].dtype
-    return dtype.kind == "f" and dtype.itemsize >= 4 and all(a.dtype == dtype for a in arrays)
 
 
 def sgd_step(p, g, buf, lr, momentum, weight_decay, nesterov):

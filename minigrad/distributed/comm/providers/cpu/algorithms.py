@@ -130,15 +130,16 @@ class CpuBackend(Backend):
     def all_reduce(self, x: np.ndarray, op: ReduceOp, seq: int, check: str | None = None) -> None:
         ufunc = UFUNCS[op]
         transport = self.transport
+
+        def header() -> dict:
+            sig = [list(x.shape), dtype_name(x.dtype), op.value]
+            return dict(fingerprint("all_reduce", seq, None, sig, check), backend=self.name)
+
         if transport.kind == "shm" and 0 < x.nbytes <= transport.chunk and (
                 len(self.ctx.ranks) <= 2 or x.nbytes <= RS_AG_MIN_BYTES):
             # one round of shared memory: the transport's own all-reduce (see ShmTransport); the
             # fingerprint is built only when the transport needs it (first call of a shape, a
             # mismatch, a wait long enough to warn)
-            def header() -> dict:
-                sig = [list(x.shape), dtype_name(x.dtype), op.value]
-                return dict(fingerprint("all_reduce", seq, None, sig, check), backend=self.name)
-
             try:
                 transport.all_reduce(x, ufunc, seq, (x.shape, x.dtype, op, check), header,
                                      self._check_headers)
@@ -149,8 +150,7 @@ class CpuBackend(Backend):
             return
         n = len(self.ctx.ranks)
         big = n > 2 and x.nbytes > RS_AG_MIN_BYTES and x.size >= n
-        sig = [list(x.shape), dtype_name(x.dtype), op.value]
-        fp = fingerprint("all_reduce", seq, None, sig, check)
+        fp = header()
         if big:
             self._all_reduce_rs_ag(x, ufunc, fp)
             return
