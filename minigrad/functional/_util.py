@@ -9,7 +9,7 @@ import numpy as np
 from minigrad.autodiff.autocast import thread_policy
 from minigrad.autodiff.recording import is_recording
 from minigrad.autodiff.tensor import Tensor, as_dtype
-from minigrad.backend.dtypes import SEEN, is_bfloat16, is_floating
+from minigrad.backend.dtypes import SEEN, float_sum, is_bfloat16, is_floating
 from minigrad.config import default_compute_mode
 
 FLOAT32 = np.dtype(np.float32)
@@ -85,16 +85,6 @@ def accumulate_dtype(dtype) -> np.dtype:
     if is_floating(dtype) or (dtype.kind in "iu" and dtype.itemsize >= 4):
         return dtype
     return np.dtype(np.int32)
-
-
-def float_sum(xp, d, axis=None, keepdims: bool = False):
-    """``d.sum(axis)`` of a float array, with float16 and bfloat16 accumulated in float32 and the
-    result rounded to their dtype (what GPUs do). ml_dtypes' bfloat16 sum adds in bfloat16: 50,000
-    values in [0, 1) sum to 256, so gradient sums over a batch (bias gradients, broadcasts'
-    adjoints) would stall."""
-    if d.dtype.itemsize < 4 and is_floating(d.dtype):
-        return xp.sum(d, axis=axis, keepdims=keepdims, dtype=np.float32).astype(d.dtype)
-    return d.sum(axis=axis, keepdims=keepdims)
 
 
 def compute_mode_inputs(op: str, compute_mode: str, *tensors: Tensor):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minigrad.backend.dtypes import float_sum
 from minigrad.backend.kernels import loops
 from minigrad.backend.xp import get_array_module
 
@@ -184,14 +185,9 @@ def cross_entropy_rows_grad(prob, label, dy, divisor):
 
 
 def squared_error_sum(pred, label, scale):
-    # array-module generic; float16 and bfloat16 squares are summed in float32 (float_sum's rule)
-    xp = get_array_module(pred)
+    # array-module generic (float16 and bfloat16 squares summed in float32)
     diff = pred - label
-    sq, axes = diff * diff, tuple(range(diff.ndim))
-    if sq.dtype.itemsize < 4:
-        total = xp.sum(sq, axis=axes, dtype=np.float32).astype(sq.dtype)
-    else:
-        total = sq.sum(axis=axes)
+    total = float_sum(get_array_module(pred), diff * diff, tuple(range(diff.ndim)), False)
     return (total if scale is None else total * scale), diff
 
 
