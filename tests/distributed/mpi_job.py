@@ -2,7 +2,7 @@
 backend MPI launches pick (``mpi`` by default), each rank checking its own results against the same
 NumPy / single-process references the launcher-based tests use. Exits non-zero on any failure.
 
-    mpiexec -n 2 python tests/distributed/mpi_job.py cases comm mismatch check data_parallel
+    mpiexec -n 2 python tests/distributed/mpi_job.py cases comm mismatch small check data_parallel
 """
 
 import os
@@ -36,6 +36,79 @@ def check_mismatch(r: int, n: int) -> None:
     np.testing.assert_array_equal(y, np.full(2, n * (n + 1) / 2))
 
 
+def _contribution(rank: int, shape, dtype) -> np.ndarray:
+    """Member ``rank``'s input: values whose sums and products round (floats) or wrap (ints)."""
+    rng = np.random.default_rng(100 + rank)
+    if dtype == np.bool_:
+        values = rng.random(shape) < 0.5
+    elif np.dtype(dtype).kind == "f":
+        values = rng.standard_normal(shape) * 3
+    else:
+        values = rng.integers(-100 if np.dtype(dtype).kind == "i" else 0, 100, shape)
+    return np.asarray(values, dtype)
+
+
+def _in_member_order(ufunc, n: int, shape, dtype) -> np.ndarray:
+    """The reduction of every member's contribution in member order (float16 in float32)."""
+    wide = np.float32 if dtype == np.float16 else dtype
+    out = _contribution(0, shape, dtype).astype(wide)
+    for j in range(1, n):
+        out = np.asarray(ufunc(out, _contribution(j, shape, dtype).astype(wide)), wide)
+    return out.astype(dtype)
+
+
+def check_small_reductions(r: int, n: int) -> None:
+    """Reductions small enough to ride in the mpi backend's header round: every dtype and op
+    equals NumPy's reduction in member order bit for bit and is bitwise the same on every rank;
+    ``reduce`` leaves non-roots' buffers alone; at the size limit and one element past it (MPI's
+    own reduction) the results agree; a mismatch with another collective and an unsupported
+    dtype raise on every rank and leave the communicator usable."""
+    ufuncs = {"sum": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum}
+    dtypes = [np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.int64, np.bool_]
+    for dtype in dtypes:
+        for op, ufunc in ufuncs.items():
+            for shape in [(), (5,), (3, 4)]:
+                x = _contribution(r, shape, dtype)
+                dist.all_reduce(x, op=op)
+                want = _in_member_order(ufunc, n, shape, dtype)
+                assert x.dtype == want.dtype and x.tobytes() == want.tobytes(), (dtype, op, x, want)
+                seen = [None] * n
+                dist.all_gather_object(seen, x.tobytes())
+                assert len(set(seen)) == 1, (dtype, op, "ranks differ")
+    for root in range(n):
+        x = _contribution(r, (6,), np.float64)
+        dist.reduce(x, dst=root)
+        mine = _contribution(r, (6,), np.float64)
+        want = _in_member_order(np.add, n, (6,), np.float64) if r == root else mine
+        assert x.tobytes() == want.tobytes(), (root, x, want)
+    inline_limit = 4096 // 4  # float32 elements that ride in the header round
+    for size in (inline_limit, inline_limit + 1):
+        x = _contribution(r, (size,), np.float32)
+        dist.all_reduce(x)
+        np.testing.assert_allclose(x, _in_member_order(np.add, n, (size,), np.float32),
+                                   rtol=1e-6, atol=1e-5)
+    x = np.ones(3, np.float32)
+    try:
+        if r == 0:
+            dist.all_reduce(x)
+        else:
+            dist.broadcast(x, src=0)
+    except dist.CollectiveMismatchError as exc:
+        msg = str(exc)
+        assert "rank 0 called all_reduce#" in msg and "rank 1 called broadcast#" in msg, msg
+    else:
+        raise AssertionError(f"rank {r}: all_reduce against broadcast did not raise")
+    try:
+        dist.all_reduce(np.ones(3, np.complex64))
+    except TypeError as exc:
+        assert "complex64" in str(exc), exc
+    else:
+        raise AssertionError(f"rank {r}: a complex64 all_reduce did not raise")
+    y = np.full(2, r + 1.0)
+    dist.all_reduce(y)
+    np.testing.assert_array_equal(y, np.full(2, n * (n + 1) / 2))
+
+
 def main(suites: list[str]) -> None:
     dist.init_process_group()
     r, n = dist.get_rank(), dist.get_world_size()
@@ -48,6 +121,8 @@ def main(suites: list[str]) -> None:
         test_comm.check_rank(test_comm._all_collectives(), r, n)
     if "mismatch" in suites:
         check_mismatch(r, n)
+    if "small" in suites:
+        check_small_reductions(r, n)
     if "check" in suites:
         test_faults.check_strings(test_faults.check_strings_body(), r, n)
     if "data_parallel" in suites:

@@ -58,6 +58,12 @@ def test_collectives_under_mpiexec_3_ranks():
     _passed(run_mpi(3, [str(HERE / "mpi_job.py"), "cases", "mismatch"]), 3, "mpi")
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_small_reductions_ride_in_the_header_round(n):
+    # bitwise equal to NumPy's reduction in member order on every rank, for every dtype and op
+    _passed(run_mpi(n, [str(HERE / "mpi_job.py"), "small"]), n, "mpi")
+
+
 def test_check_strings_under_mpiexec_3_ranks():
     # every collective folds its check string into the fingerprint MPI's header round compares
     _passed(run_mpi(3, [str(HERE / "mpi_job.py"), "check"]), 3, "mpi")

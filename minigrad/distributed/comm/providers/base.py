@@ -64,6 +64,8 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     MAX = "max"
 
+    __hash__ = object.__hash__  # members are singletons: the identity hash, without Enum's call
+
     @classmethod
     def parse(cls, op: Any, where: str) -> ReduceOp:
         """``op`` as a ReduceOp; a string is matched case-insensitively (``"max"``, ``"AVG"``)."""

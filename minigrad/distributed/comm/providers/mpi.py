@@ -5,20 +5,30 @@ Use it where MPI is how jobs start (``mpiexec -n 4 python train.py``, Slurm's ``
 process group's ranks are ``MPI_COMM_WORLD``'s, the WORLD group talks on a duplicate of it and each
 sub-group on a communicator made with ``MPI_Comm_create_group`` by its members only.
 
-Every call first agrees on its fingerprint: each member contributes a fixed-size JSON header
-(:data:`HEADER_SLOT` bytes; longer ones follow in a second round) to one small ``Iallgather``, which
-also tells receivers the shapes they are about to get; mismatched calls raise on every rank with
-the same message as the other backends. Data then moves with the matching nonblocking MPI
-collective, whose request is polled by the same :class:`~.waiting.Waiter` and watchdog as the cpu
-backend's waits, so MPI calls get the same warning and timeout (a blocking MPI call could never time
-out). MPI cannot tell which ranks have not arrived: a rank that waits for more than
-:data:`PUBLISH_AFTER` seconds records its position in the store, and the watchdog names the members
-that have not recorded reaching this call.
+Every call first agrees on its fingerprint in one small ``Iallgather`` of fixed-size slots, one
+per member: a binary head (the length of the header's JSON and the call's sequence number), then
+the JSON of the rest of the fingerprint (cached per call signature, so a repeated call encodes
+nothing; a header longer than :data:`HEADER_SLOT` follows in a second, sized round). When every
+slot holds this rank's bytes the call is agreed without decoding anything; otherwise the headers are
+decoded, and mismatched calls raise on every rank with the same message as the other backends. The
+round also tells receivers the shapes they are about to get. Data then moves with the matching
+nonblocking MPI collective, whose request is polled by the same :class:`~.waiting.Waiter` and
+watchdog as the cpu backend's waits, so MPI calls get the same warning and timeout (a blocking MPI
+call could never time out). MPI cannot tell which ranks have not arrived: a rank that waits for more
+than :data:`PUBLISH_AFTER` seconds records its position in the store, and the watchdog names the
+members that have not recorded reaching this call.
 
-Reductions use MPI's own (``float16``, which MPI lacks, is reduced in float32). With more than two
-ranks MPI does not promise the same summation order on every rank, so float results may differ in
-the last bit between ranks (the cpu backend's are bitwise identical). CuPy arrays are passed to MPI
-directly when the library is CUDA-aware (:func:`cuda_aware`), otherwise staged through host memory.
+Small reductions (at most :data:`INLINE_BYTES`, groups of at most :data:`INLINE_MAX_MEMBERS`)
+travel inside the header round, after the header in each slot: every member reduces the gathered
+contributions itself, in member order, so such a call is one MPI round trip instead of two (the
+fingerprint check costs no round of its own, as on the cpu backend's shared memory) and its result
+is bitwise the same on every rank.
+
+Larger reductions use MPI's own (``float16``, which MPI lacks, is reduced in float32). With more
+than two ranks MPI does not promise the same summation order on every rank, so their float results
+may differ in the last bit between ranks (the cpu backend's are bitwise identical). CuPy arrays are
+passed to MPI directly when the library is CUDA-aware (:func:`cuda_aware`), otherwise staged through
+host memory.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import struct
 
 import numpy as np
 
@@ -33,6 +44,7 @@ from minigrad.distributed.comm.flat_buffer import FlatBuffer
 from minigrad.distributed.comm.providers import base
 from minigrad.distributed.comm.providers.base import (
     BOOL_AS_BYTES_OPS,
+    UFUNCS,
     Backend,
     CollectiveError,
     ReduceOp,
@@ -44,7 +56,11 @@ from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog
 from minigrad.distributed.runtime.store import StoreTimeout
 from minigrad.distributed.runtime.wire import encode_header
 
-HEADER_SLOT = 512  # bytes per member in the header round: fits the headers of most calls
+HEADER_SLOT = 512  # bytes per member for the header (HEAD, then the JSON): fits most headers
+HEAD = struct.Struct("<qq")  # the header JSON's length (negative: follows in a second round), seq
+INLINE_BYTES = 4096  # reductions up to this size ride in the header round (groups of up to ...)
+INLINE_MAX_MEMBERS = 8  # ... 8 members: each member's slot grows by INLINE_BYTES for every call
+CACHE_SIZE = 256  # encoded headers kept per group (keys: the calls' signatures)
 PUBLISH_AFTER = 1.0  # seconds of waiting before a rank records its position in the store
 QUICK_POLLS = 16  # polls before the watchdog is set up: small calls usually complete within them
 MPI_SPIN_POLLS = 500  # then ~100 us of polling before each poll also yields the core
@@ -100,6 +116,30 @@ def broadcast_from_rank0(data: bytes | None) -> bytes:
     return buf.tobytes()
 
 
+def _reducible(dtype) -> str:
+    """The dtype's name, if the mpi backend reduces it (float16 in float32), else TypeError."""
+    name = dtype_name(dtype)
+    if name not in _MPI_TYPES and name != "float16":
+        raise TypeError(f"mpi backend: dtype {name} is not supported")
+    return name
+
+
+def _reduce_rows(rows: list[np.ndarray], ufunc, out: np.ndarray, widen: bool) -> None:
+    """``out`` = rows[0] op rows[1] op ... in member order (``widen``: float16 accumulated in
+    float32, as the MPI path reduces it; bool sum/product are or/and, as NumPy's ufuncs give)."""
+    if widen:
+        acc = rows[0].astype(np.float32)
+        for row in rows[1:]:
+            ufunc(acc, row.astype(np.float32), out=acc)
+        out[...] = acc
+    elif len(rows) == 1:
+        out[...] = rows[0]
+    else:
+        ufunc(rows[0], rows[1], out=out)
+        for row in rows[2:]:
+            ufunc(out, row, out=out)
+
+
 class MpiBackend(Backend):
     """MPI collectives for one group; WORLD also carries point-to-point messages."""
 
@@ -127,6 +167,17 @@ class MpiBackend(Backend):
                 f"thread); this MPI library provides level {MPI.Query_thread()}"
             )
         self.accepts_gpu_arrays = cuda_aware()
+        # the header round's buffers: one slot per member, the same size for every call (all
+        # members post the same count whatever call they are in); used by one call at a time
+        self._inline_room = INLINE_BYTES if len(ctx.ranks) <= INLINE_MAX_MEMBERS else 0
+        self._slot = HEADER_SLOT + self._inline_room
+        self._send = np.zeros(self._slot, np.uint8)
+        self._received = np.zeros((len(ctx.ranks), self._slot), np.uint8)
+        self._send_bytes = memoryview(self._send)
+        self._received_bytes = memoryview(self._received.reshape(-1))
+        self._body_sent: bytes | None = None  # the header JSON now in self._send
+        self._json: dict = {}  # key -> JSON of a header without its seq
+        self._inline: dict = {}  # key -> views for a reduction in the header round
 
     def close(self) -> None:
         super().close()
@@ -173,44 +224,68 @@ class MpiBackend(Backend):
             ctx.broken = True  # the request may still be pending: the communicator is unusable
             raise
 
-    def _agree(self, fp: dict) -> list[dict]:
-        """Every member's header (fingerprint + metadata), checked: one small Iallgather.
+    def _agree(self, fp: dict, key=None) -> list[dict]:
+        """Every member's header (fingerprint + metadata), checked: the header round with no data.
+        ``key`` (optional) caches the header's JSON: the caller's promise that calls with equal
+        keys have equal headers but for ``seq``."""
+        headers = self._header_round(lambda: fp, self._encoded(key, fp), fp["seq"])
+        return [fp] * len(self.ctx.ranks) if headers is None else headers
 
-        A header is JSON padded with zero bytes to :data:`HEADER_SLOT`; a longer one is sent as
-        ``#<length>`` and follows in a second, sized round that every member then joins.
-        """
-        ctx, n = self.ctx, len(self.ctx.ranks)
-        what = self._what(fp)
-        raw = encode_header(fp)
-        fits = len(raw) <= HEADER_SLOT
-        mine = (raw if fits else b"#%d" % len(raw)).ljust(HEADER_SLOT, b"\0")
-        slots = np.empty(n * HEADER_SLOT, np.uint8)
-        self._wait(self.comm.Iallgather(np.frombuffer(mine, np.uint8), slots), what, fp["seq"])
-        got = slots.tobytes()
-        if fits and got == mine * n:  # the usual case: every member sent this very header
-            return [fp] * n
-        blobs = [got[j * HEADER_SLOT : (j + 1) * HEADER_SLOT].rstrip(b"\0") for j in range(n)]
-        if any(b.startswith(b"#") for b in blobs):
-            blobs = self._long_headers(raw, blobs, what, fp["seq"])
-        headers = [json.loads(b) for b in blobs]
-        base.check_fingerprints(headers, ctx.ranks)
+    def _encoded(self, key, fp: dict) -> bytes:
+        """The JSON of ``fp`` but its ``seq`` (which travels in binary), cached under ``key``."""
+        body = self._json.get(key) if key is not None else None
+        if body is None:
+            body = encode_header({k: v for k, v in fp.items() if k != "seq"})
+            if key is not None:
+                if len(self._json) >= CACHE_SIZE:
+                    self._json.clear()
+                self._json[key] = body
+        return body
+
+    def _header_round(self, header, body: bytes, seq: int) -> list[dict] | None:
+        """One Iallgather of every member's slot (:data:`HEAD`, then ``body``, then whatever the
+        caller put in the data part of ``self._send``) into ``self._received``; None when every
+        member sent this rank's header bytes, else every member's decoded header, checked (a
+        mismatch raises on every member). ``header()`` gives this rank's header, asked for only
+        when a message needs it. A ``body`` longer than the slot is sent as its negated length
+        and follows in a second, sized round that every member then joins."""
+        n, me, size, send = len(self.ctx.ranks), self.ctx.rank, self._slot, self._send
+        fits = HEAD.size + len(body) <= HEADER_SLOT
+        end = HEAD.size + len(body) if fits else HEAD.size
+        HEAD.pack_into(send, 0, len(body) if fits else -len(body), seq)
+        if fits and self._body_sent is not body:
+            send[HEAD.size : end] = np.frombuffer(body, np.uint8)
+            self._body_sent = body
+        what = lambda: f"{base.describe(header())} in group {self.ctx.ranks} (backend mpi)"
+        self._wait(self.comm.Iallgather(send, self._received), what, seq)
+        mine, got = self._send_bytes[:end], self._received_bytes
+        for j in range(n):
+            if j != me and (not fits or got[j * size : j * size + end] != mine):
+                break
+        else:
+            return None  # the usual case: every member sent this very header
+        heads = [HEAD.unpack_from(got, j * size) for j in range(n)]
+        if any(length < 0 for length, _ in heads):
+            blobs = self._long_headers(body, [abs(length) for length, _ in heads], what, seq)
+        else:
+            blobs = [bytes(got[j * size + HEAD.size : j * size + HEAD.size + length])
+                     for j, (length, _) in enumerate(heads)]
+        headers = [dict(json.loads(b), seq=their_seq) for b, (_, their_seq) in zip(blobs, heads)]
+        base.check_fingerprints(headers, self.ctx.ranks)
         return headers
 
-    def _long_headers(self, raw: bytes, blobs: list[bytes], what, seq: int) -> list[bytes]:
-        lengths = [int(b[1:]) if b.startswith(b"#") else len(b) for b in blobs]
+    def _long_headers(self, body: bytes, lengths: list[int], what, seq: int) -> list[bytes]:
         flat = np.empty(sum(lengths), np.uint8)
         displs = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         request = self.comm.Iallgatherv(
-            np.frombuffer(raw, np.uint8), [flat, lengths, displs, self.MPI.BYTE]
+            np.frombuffer(body, np.uint8), [flat, lengths, displs, self.MPI.BYTE]
         )
         self._wait(request, what, seq)
         return [flat[d : d + m].tobytes() for d, m in zip(displs, lengths)]
 
     def _typed(self, x, op: ReduceOp):
         """``(buffer spec, MPI op)`` for a reduction on ``x`` (float16 is handled by the caller)."""
-        name = dtype_name(x.dtype)
-        if name not in _MPI_TYPES:
-            raise TypeError(f"mpi backend: dtype {name} is not supported")
+        name = _reducible(x.dtype)
         if name == "bool":
             op = BOOL_AS_BYTES_OPS.get(op, op)
             x = x.view(np.uint8)
@@ -219,10 +294,25 @@ class MpiBackend(Backend):
 
     def _reduction(self, kind: str, x, op: ReduceOp, seq: int, root: int | None,
                    check: str | None) -> None:
-        sig = [list(x.shape), dtype_name(x.dtype), op.value]
         rank_root = None if root is None else self.ctx.ranks[root]
-        fp = base.fingerprint(kind, seq, rank_root, sig, check)
-        self._agree(fp)
+        key = (kind, x.shape, x.dtype, op, rank_root, check)
+
+        def header() -> dict:
+            sig = [list(x.shape), dtype_name(x.dtype), op.value]
+            return base.fingerprint(kind, seq, rank_root, sig, check)
+
+        inline = self._inline.get(key)
+        if inline is None and isinstance(x, np.ndarray) and 0 < x.nbytes <= self._inline_room:
+            inline = self._inline_views(key, x, header())
+        if inline is not None:  # one round: the data rides in the header round
+            body, data, rows, widen = inline
+            data[...] = x
+            self._header_round(header, body, seq)
+            if root is None or self.ctx.rank == root:
+                _reduce_rows(rows, UFUNCS[op], x, widen)
+            return
+        fp = header()
+        self._agree(fp, key)
         target = x.astype(np.float32) if x.dtype == np.float16 else x
         buf, mpi_op = self._typed(target, op)
         MPI = self.MPI
@@ -236,6 +326,23 @@ class MpiBackend(Backend):
         self._wait(request, what, seq)
         if target is not x and (root is None or self.ctx.rank == root):
             x[...] = target
+
+    def _inline_views(self, key, x: np.ndarray, fp: dict) -> tuple | None:
+        """``(header JSON, typed view of this rank's data part, typed views of every member's,
+        whether float16 is widened)`` for a reduction small enough for the header round, kept
+        per ``key``; None for a dtype the backend cannot reduce (the general path then agrees on
+        the call and raises)."""
+        try:
+            _reducible(x.dtype)
+        except TypeError:
+            return None
+        lo, hi = HEADER_SLOT, HEADER_SLOT + x.nbytes
+        data = self._send[lo:hi].view(x.dtype).reshape(x.shape)
+        rows = [r.view(x.dtype).reshape(x.shape) for r in self._received[:, lo:hi]]
+        if len(self._inline) >= CACHE_SIZE:
+            self._inline.clear()
+        entry = self._inline[key] = (self._encoded(key, fp), data, rows, x.dtype == np.float16)
+        return entry
 
     # --- collectives
     def all_reduce(self, x, op: ReduceOp, seq: int, check: str | None = None) -> None:
@@ -300,7 +407,7 @@ class MpiBackend(Backend):
 
     def barrier(self, seq: int, check: str | None = None) -> None:
         # an all-gather: all leave after all came
-        self._agree(base.fingerprint("barrier", seq, None, None, check))
+        self._agree(base.fingerprint("barrier", seq, None, None, check), ("barrier", check))
 
     # --- point to point
     def send(self, x, dst: int, header: dict) -> None:
