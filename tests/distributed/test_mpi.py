@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,40 @@ def test_watchdog_names_the_missing_rank_through_mpi(tmp_path):
     assert len(warning) == 1, proc.stderr
     assert warning[0].startswith("[rank 0] WARNING") and "all_reduce#1" in warning[0]
     assert "rank(s) [1] have not arrived" in warning[0] and "(backend mpi)" in warning[0]
+
+
+FAILING_RANK = """
+import sys, time, numpy as np
+import minigrad.distributed as dist
+dist.init_process_group()
+r = dist.get_rank()
+if r == 1:
+    raise RuntimeError("rank 1 stops here")
+if r == 2:
+    time.sleep(1.0)  # busy when rank 1 fails: it hears of it in its next collective
+x = np.ones(3)
+dist.all_reduce(x)
+print("rank", r, "was not stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["mpi", "cpu"])
+def test_a_failing_rank_stops_every_rank_at_once_under_mpiexec(tmp_path, backend):
+    # nothing watches the ranks under mpiexec: without the failure post the others would wait in
+    # all_reduce for the 300 s timeout while rank 1 sat in MPI_Finalize
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_RANK)
+    start = time.monotonic()
+    proc = run_mpi(3, [str(script)], timeout=120, MINIGRAD_DIST_BACKEND=backend,
+                   MINIGRAD_FLIGHT_RECORDER_DIR=str(tmp_path / "fr"))
+    took = time.monotonic() - start
+    assert proc.returncode != 0 and "was not stopped" not in proc.stdout, proc.stdout
+    assert took < 60, took
+    assert "RuntimeError: rank 1 stops here" in proc.stderr  # rank 1's own traceback
+    # ranks 0 and 2 each raise naming their call and rank 1's failure (on shared memory the
+    # second of them may hear it as the first one's abort of their all_reduce, with the cause)
+    told = [ln for ln in proc.stderr.splitlines() if ln.startswith("minigrad.distributed")]
+    assert len(told) == 2, proc.stderr[-3000:]
+    for line in told:
+        assert "CollectiveError: all_reduce#1" in line and "in group [0, 1, 2]" in line, line
+        assert "rank 1 failed: RuntimeError: rank 1 stops here" in line, line

@@ -36,9 +36,10 @@ from minigrad.distributed.comm.providers import (
     create_backend,
 )
 from minigrad.distributed.comm.providers.base import OrderedWorker
-from minigrad.distributed.comm.providers.mpi import broadcast_from_rank0
+from minigrad.distributed.comm.providers.mpi import broadcast_from_rank0, mpi_module
 from minigrad.distributed.comm.providers.nccl import is_available as nccl_usable
 from minigrad.distributed.runtime import env as _env
+from minigrad.distributed.runtime import failures
 from minigrad.distributed.runtime import log as _log
 from minigrad.distributed.runtime import store as _store
 from minigrad.distributed.runtime.settings import (
@@ -359,6 +360,11 @@ def _mpi_rendezvous(rank: int, secret: bytes):
     return addr, info["port"], info["secret"].encode(), info["job"], server
 
 
+def _abort_mpi_job() -> None:
+    """End every rank of this MPI job (a rank failed; see ``runtime.failures``)."""
+    mpi_module().COMM_WORLD.Abort(1)
+
+
 def _own_store(rank: int, master_ip: str, port: int, secret: bytes):
     """Rank 0 starts the store unless a launcher or a user-started ``dist.Server`` runs one;
     returns ``(this process's server or None, port)``."""
@@ -459,6 +465,8 @@ def init_process_group(
     recorder.configure(st.job, rank, world_size)
     try:
         _join(client, info, setting, timeout)
+        if mpi_job and world_size > 1:  # no parent process watches the ranks: tell the peers
+            failures.arm(client, st.job, rank, world_size, _abort_mpi_job, recorder.dump)
         st.initialized = True
         st.world = GroupContext(0, list(range(world_size)), setting, timeout, warn_after)
         st.contexts = [st.world]
@@ -534,6 +542,7 @@ def group_for_ranks(ranks) -> Group:
 def _teardown() -> list[BaseException]:
     """Close everything init_process_group opened; reset the state; return the errors met."""
     st = _state
+    failures.disarm()
     errors: list[BaseException] = []
     for ctx in reversed(st.contexts):
         errors += ctx.close()

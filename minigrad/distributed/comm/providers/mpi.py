@@ -184,9 +184,11 @@ class MpiBackend(Backend):
         self.comm.Free()
 
     # --- waiting
-    def _what(self, fp: dict):
-        """The description of a call for the watchdog's messages (built only when needed)."""
-        return lambda: f"{base.describe(fp)} in group {self.ctx.ranks} (backend mpi)"
+    def _what(self, header):
+        """The description of a call for the watchdog's messages, built only when needed from
+        its header (``header``: the header, or a function that gives it)."""
+        return lambda: (f"{base.describe(header() if callable(header) else header)} in group "
+                        f"{self.ctx.ranks} (backend mpi)")
 
     def _wait(self, request, what, seq: int) -> None:
         """Poll ``request`` until it completes, under the group's watchdog."""
@@ -256,7 +258,7 @@ class MpiBackend(Backend):
         if fits and self._body_sent is not body:
             send[HEAD.size : end] = np.frombuffer(body, np.uint8)
             self._body_sent = body
-        what = lambda: f"{base.describe(header())} in group {self.ctx.ranks} (backend mpi)"
+        what = self._what(header)
         self._wait(self.comm.Iallgather(send, self._received), what, seq)
         mine, got = self._send_bytes[:end], self._received_bytes
         for j in range(n):
@@ -301,9 +303,9 @@ class MpiBackend(Backend):
             sig = [list(x.shape), dtype_name(x.dtype), op.value]
             return base.fingerprint(kind, seq, rank_root, sig, check)
 
-        inline = self._inline.get(key)
-        if inline is None and isinstance(x, np.ndarray) and 0 < x.nbytes <= self._inline_room:
-            inline = self._inline_views(key, x, header())
+        inline = None
+        if isinstance(x, np.ndarray) and 0 < x.nbytes <= self._inline_room:
+            inline = self._inline.get(key) or self._inline_views(key, x, header())
         if inline is not None:  # one round: the data rides in the header round
             body, data, rows, widen = inline
             data[...] = x

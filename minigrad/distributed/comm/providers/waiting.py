@@ -12,7 +12,8 @@ all-reduce polled without yielding took 16 ms, yielding every 16 polls 5.4 ms, l
 :class:`Watchdog` bounds every wait of the runtime: after the group's ``warn_after`` seconds it logs
 once, on this rank, what it waits on (op, sequence number, group) and which ranks have not
 arrived; at the group's ``timeout`` it raises :class:`CollectiveTimeoutError` with the same facts.
-Every waiting rank runs its own watchdog, so every one of them reports and raises.
+Every waiting rank runs its own watchdog, so every one of them reports and raises. In a job that
+mpiexec started, it also raises as soon as another rank posts that it failed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import time
 from typing import Callable
 
 from minigrad.distributed.comm import recorder
-from minigrad.distributed.comm.providers.base import CollectiveTimeoutError
+from minigrad.distributed.comm.providers.base import CollectiveError, CollectiveTimeoutError
+from minigrad.distributed.runtime import failures
 from minigrad.distributed.runtime.log import get_logger
 
 SPIN_POLLS = 3000  # about 100 us of busy polling: the usual wait when each rank has a core
@@ -70,7 +72,12 @@ class Watchdog:
         return time.monotonic() - self.start
 
     def poll(self) -> None:
-        """Call regularly while waiting: logs the warning once, raises at the timeout."""
+        """Call regularly while waiting: logs the warning once, raises at the timeout, and raises
+        at once when another rank of an MPI-started job posted its failure (see
+        :mod:`~minigrad.distributed.runtime.failures`)."""
+        failure = failures.posted()
+        if failure is not None:
+            raise CollectiveError(f"{self.what()}: {failure}; rank {self.rank} stops waiting")
         elapsed = self.elapsed()
         if elapsed >= self.timeout:
             raise CollectiveTimeoutError(

@@ -23,6 +23,7 @@ import numpy as np
 from minigrad.distributed.comm.providers.base import CollectiveError, as_bytes, describe
 from minigrad.distributed.comm.providers.cpu.transport import SHM_DIR
 from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog
+from minigrad.distributed.runtime import failures
 from minigrad.distributed.runtime.settings import SHM_CHUNK_ENV
 from minigrad.distributed.runtime.wire import encode_header
 
@@ -210,7 +211,9 @@ class ShmTransport:
                 if all(c[STEP] >= target for _, c in peers):
                     return  # it aborted after arriving: this round's data is complete
                 bad = [self.ranks[j] for j, c in peers if c[ABORT]]
-                raise CollectiveError(f"{what()}: rank(s) {bad} aborted this collective")
+                failure = failures.posted()  # in an MPI job: why they aborted
+                cause = "" if failure is None else f" ({failure})"
+                raise CollectiveError(f"{what()}: rank(s) {bad} aborted this collective{cause}")
             waiter.pause()
 
     def _encode(self, header: dict, sends: list, key, what) -> tuple:
