@@ -12,6 +12,7 @@ import pytest
 
 import minigrad.distributed as dist
 from minigrad.distributed import comm
+from minigrad.distributed.comm.providers import waiting
 from minigrad.testing.distributed import run_workers
 from minigrad.testing.wait import wait_until
 
@@ -103,3 +104,31 @@ def test_timeout_is_set_per_group(tmp_path):
     assert skipped == "skipped" and 0.8 <= elapsed < 30  # the group's 0.8 s, not the world's 60
     assert "all_reduce#1" in msg and "group [0, 1]" in msg and "timed out after 0.8 s" in msg
     assert "waiting for rank(s) [1]" in msg
+
+
+def test_waits_yield_at_once_when_ranks_outnumber_cpus(monkeypatch):
+    # a rank that spins holds the core its peer needs: on 2 cores a 4-rank 4 KiB all-reduce took
+    # 486 us spinning first, 25 us yielding at once
+    monkeypatch.setattr(waiting, "usable_cpus", lambda: 2)
+    watchdog = waiting.Watchdog("barrier#1", 300, 30, 0, lambda: [])
+    try:
+        waiting.set_ranks_on_host(3)
+        assert waiting.polls(200) == waiting.OVERSUBSCRIBED_POLLS == 1
+        assert waiting.Waiter(watchdog).spin_polls == 1
+        waiting.set_ranks_on_host(2)
+        assert waiting.polls(200) == 200
+        assert waiting.Waiter(watchdog).spin_polls == waiting.SPIN_POLLS
+    finally:
+        waiting.set_ranks_on_host(1)
+
+
+def _oversubscribed_here():
+    return waiting.polls(200) == 1
+
+
+def test_init_process_group_counts_the_ranks_on_this_host():
+    n = waiting.usable_cpus() + 1  # one rank more than this machine's CPUs
+    if n > 8:
+        pytest.skip(f"{n - 1} CPUs: the job would need more than 8 ranks")
+    assert run_workers(_oversubscribed_here, n) == [True] * n
+    assert run_workers(_oversubscribed_here, 1) == [False]

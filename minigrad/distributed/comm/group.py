@@ -34,6 +34,7 @@ from minigrad.distributed.comm.providers import (
     Backend,
     choose_backend,
     create_backend,
+    waiting,
 )
 from minigrad.distributed.comm.providers.base import OrderedWorker
 from minigrad.distributed.comm.providers.mpi import broadcast_from_rank0, mpi_module
@@ -465,6 +466,7 @@ def init_process_group(
     recorder.configure(st.job, rank, world_size)
     try:
         _join(client, info, setting, timeout)
+        waiting.set_ranks_on_host(st.hosts.count(st.hosts[rank]))
         if mpi_job and world_size > 1:  # no parent process watches the ranks: tell the peers
             failures.arm(client, st.job, rank, world_size, _abort_mpi_job, recorder.dump)
         st.initialized = True
@@ -543,6 +545,7 @@ def _teardown() -> list[BaseException]:
     """Close everything init_process_group opened; reset the state; return the errors met."""
     st = _state
     failures.disarm()
+    waiting.set_ranks_on_host(1)
     errors: list[BaseException] = []
     for ctx in reversed(st.contexts):
         errors += ctx.close()

@@ -52,7 +52,7 @@ from minigrad.distributed.comm.providers.base import (
     as_bytes,
     dtype_name,
 )
-from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog
+from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog, polls
 from minigrad.distributed.runtime.store import StoreTimeout
 from minigrad.distributed.runtime.wire import encode_header
 
@@ -167,6 +167,7 @@ class MpiBackend(Backend):
                 f"thread); this MPI library provides level {MPI.Query_thread()}"
             )
         self.accepts_gpu_arrays = cuda_aware()
+        self._quick_polls = polls(QUICK_POLLS)
         # the header round's buffers: one slot per member, the same size for every call (all
         # members post the same count whatever call they are in); used by one call at a time
         self._inline_room = INLINE_BYTES if len(ctx.ranks) <= INLINE_MAX_MEMBERS else 0
@@ -192,7 +193,7 @@ class MpiBackend(Backend):
 
     def _wait(self, request, what, seq: int) -> None:
         """Poll ``request`` until it completes, under the group's watchdog."""
-        for _ in range(QUICK_POLLS):
+        for _ in range(self._quick_polls):
             if request.Test():
                 return
         ctx = self.ctx

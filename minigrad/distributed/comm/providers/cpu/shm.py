@@ -22,7 +22,7 @@ import numpy as np
 
 from minigrad.distributed.comm.providers.base import CollectiveError, as_bytes, describe
 from minigrad.distributed.comm.providers.cpu.transport import SHM_DIR
-from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog
+from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog, polls
 from minigrad.distributed.runtime import failures
 from minigrad.distributed.runtime.settings import SHM_CHUNK_ENV
 from minigrad.distributed.runtime.wire import encode_header
@@ -152,6 +152,7 @@ class ShmTransport:
         self.pids = [int(s.ctrl[OWNER_PID]) for s in self.segs]
         self.peers = [(j, s.ctrl) for j, s in enumerate(self.segs) if j != self.index]
         self.step = 0
+        self._quick_polls = polls(QUICK_POLLS)
         self._areas = [[self._area(s, parity) for s in self.segs] for parity in (0, 1)]
         # the peers' areas only: this rank's own header is always its own
         self._peer_areas = [[a for j, a in enumerate(areas) if j != self.index]
@@ -182,7 +183,7 @@ class ShmTransport:
         self.step += 1
         target, peers = self.step, self.peers
         self.me.ctrl[STEP] = target
-        for _ in range(QUICK_POLLS):  # a peer with its own core arrives within microseconds
+        for _ in range(self._quick_polls):  # a peer with its own core arrives within microseconds
             for _, c in peers:
                 if c[STEP] < target:
                     break
