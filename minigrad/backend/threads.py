@@ -77,11 +77,13 @@ def set_num_threads(n: int) -> None:
 
 
 def get_num_threads() -> int:
-    """The number of threads BLAS uses in this process (what :func:`set_num_threads` set, or the
-    library's default: every available core unless ``OMP_NUM_THREADS`` and the like said
-    otherwise)."""
+    """The number of threads BLAS uses in this process: what :func:`set_num_threads` set, else
+    the library's default (every available core unless ``OMP_NUM_THREADS`` and the like said
+    otherwise). Once set, the set count is the answer: minigrad computes with NumPy's BLAS, which
+    has it, while a BLAS loaded later keeps its own default (numba imports SciPy on the first
+    kernel call, and SciPy brings an OpenBLAS of its own that minigrad never calls)."""
+    if _requested is not None:
+        return _requested
     pools = threadpoolctl.threadpool_info()
     blas = [p["num_threads"] for p in pools if p["user_api"] == "blas"]
-    if blas:
-        return max(blas)
-    return _requested if _requested is not None else available_cores()
+    return max(blas) if blas else available_cores()

@@ -44,6 +44,23 @@ def test_set_num_threads_rejects_non_positive_ints(bad):
         mg.set_num_threads(bad)
 
 
+def test_the_count_survives_the_blas_that_scipy_loads_later():
+    # numba (the CPU kernels) imports SciPy on the first kernel call, after the count was set, and
+    # SciPy brings an OpenBLAS of its own at its default count: the answer stays the count set,
+    # which NumPy's BLAS (the one minigrad computes with) has
+    if available_cores() < 2:
+        pytest.skip("one core: every pool has one thread anyway")
+    code = ("import numpy as np, minigrad as mg, minigrad.functional as F\n"
+            "from threadpoolctl import threadpool_info\n"
+            "mg.set_num_threads(1)\n"
+            "F.gelu(F.relu(mg.tensor(np.ones((4, 4), np.float32))))\n"
+            "pools = [p for p in threadpool_info() if p['user_api'] == 'blas']\n"
+            "print(mg.get_num_threads(), len(pools),"
+            " *[p['num_threads'] for p in pools if 'numpy' in p['filepath']])")
+    words = _fresh_python(code)
+    assert words[0] == "1" and set(words[2:]) <= {"1"}, words
+
+
 def test_a_single_process_gets_every_core():
     words = _fresh_python("import minigrad as mg; print(mg.get_num_threads())")
     assert words == [str(available_cores())]
