@@ -109,7 +109,7 @@ def test_timeout_is_set_per_group(tmp_path):
 def test_waits_yield_at_once_when_ranks_outnumber_cpus(monkeypatch):
     # a rank that spins holds the core its peer needs: on 2 cores a 4-rank 4 KiB all-reduce took
     # 486 us spinning first, 25 us yielding at once
-    monkeypatch.setattr(waiting, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(waiting, "available_cores", lambda: 2)
     watchdog = waiting.Watchdog("barrier#1", 300, 30, 0, lambda: [])
     try:
         waiting.set_ranks_on_host(3)
@@ -127,7 +127,7 @@ def _oversubscribed_here():
 
 
 def test_init_process_group_counts_the_ranks_on_this_host():
-    n = waiting.usable_cpus() + 1  # one rank more than this machine's CPUs
+    n = waiting.available_cores() + 1  # one rank more than this machine's CPUs
     if n > 8:
         pytest.skip(f"{n - 1} CPUs: the job would need more than 8 ranks")
     assert run_workers(_oversubscribed_here, n) == [True] * n

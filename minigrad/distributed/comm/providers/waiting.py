@@ -20,11 +20,11 @@ mpiexec started, it also raises as soon as another rank posts that it failed.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from typing import Callable
 
+from minigrad.backend.threads import available_cores
 from minigrad.distributed.comm import recorder
 from minigrad.distributed.comm.providers.base import CollectiveError, CollectiveTimeoutError
 from minigrad.distributed.runtime import failures
@@ -40,22 +40,13 @@ CHECK_INTERVAL = 0.2  # seconds between slow checks (dead peers, watchdog)
 CHECK_EVERY = 64  # polls between clock reads once sleeping
 
 
-@functools.cache
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the system has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity masks (macOS)
-        return os.cpu_count() or 1
-
-
 _oversubscribed = False  # more ranks of this job on this host than CPUs (set_ranks_on_host)
 
 
 def set_ranks_on_host(count: int) -> None:
     """Tell the waits how many ranks of the job run on this host (``init_process_group``)."""
     global _oversubscribed
-    _oversubscribed = count > usable_cpus()
+    _oversubscribed = count > available_cores()
 
 
 def polls(usual: int) -> int:
