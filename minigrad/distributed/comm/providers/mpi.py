@@ -18,11 +18,11 @@ call could never time out). MPI cannot tell which ranks have not arrived: a rank
 than :data:`PUBLISH_AFTER` seconds records its position in the store, and the watchdog names the
 members that have not recorded reaching this call.
 
-Small reductions (at most :data:`INLINE_BYTES`, groups of at most :data:`INLINE_MAX_MEMBERS`)
-travel inside the header round, after the header in each slot: every member reduces the gathered
-contributions itself, in member order, so such a call is one MPI round trip instead of two (the
-fingerprint check costs no round of its own, as on the cpu backend's shared memory) and its result
-is bitwise the same on every rank.
+Small reductions (at most :data:`INLINE_BYTES`, groups of at most :data:`INLINE_MAX_MEMBERS`,
+host arrays: not where a CUDA-aware MPI takes GPU arrays) travel inside the header round, after
+the header in each slot: every member reduces the gathered contributions itself, in member order,
+so such a call is one MPI round trip instead of two (the fingerprint check costs no round of its
+own, as on the cpu backend's shared memory) and its result is bitwise the same on every rank.
 
 Larger reductions use MPI's own (``float16``, which MPI lacks, is reduced in float32). With more
 than two ranks MPI does not promise the same summation order on every rank, so their float results
@@ -170,7 +170,10 @@ class MpiBackend(Backend):
         self._quick_polls = polls(QUICK_POLLS)
         # the header round's buffers: one slot per member, the same size for every call (all
         # members post the same count whatever call they are in); used by one call at a time
-        self._inline_room = INLINE_BYTES if len(ctx.ranks) <= INLINE_MAX_MEMBERS else 0
+        # small reductions ride in it, unless GPU arrays may come (the choice must not depend on
+        # where a member's array lives: members take one path or the other by the call alone)
+        small = len(ctx.ranks) <= INLINE_MAX_MEMBERS and not self.accepts_gpu_arrays
+        self._inline_room = INLINE_BYTES if small else 0
         self._slot = HEADER_SLOT + self._inline_room
         self._send = np.zeros(self._slot, np.uint8)
         self._received = np.zeros((len(ctx.ranks), self._slot), np.uint8)
@@ -305,7 +308,7 @@ class MpiBackend(Backend):
             return base.fingerprint(kind, seq, rank_root, sig, check)
 
         inline = None
-        if isinstance(x, np.ndarray) and 0 < x.nbytes <= self._inline_room:
+        if 0 < x.nbytes <= self._inline_room:  # then x is a NumPy array (no GPU arrays come)
             inline = self._inline.get(key) or self._inline_views(key, x, header())
         if inline is not None:  # one round: the data rides in the header round
             body, data, rows, widen = inline
