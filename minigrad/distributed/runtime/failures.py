@@ -67,6 +67,7 @@ def posted() -> str | None:
 
 
 def _report_and_abort(exc_type, exc, tb) -> None:
+    """The armed ``sys.excepthook``: steps 1 and 3 of the module docstring."""
     armed = _armed
     armed["previous"](exc_type, exc, tb)
     client, key = armed["client"], armed["key"]

@@ -168,12 +168,12 @@ class MpiBackend(Backend):
             )
         self.accepts_gpu_arrays = cuda_aware()
         self._quick_polls = polls(QUICK_POLLS)
-        # the header round's buffers: one slot per member, the same size for every call (all
-        # members post the same count whatever call they are in); used by one call at a time
-        # small reductions ride in it, unless GPU arrays may come (the choice must not depend on
-        # where a member's array lives: members take one path or the other by the call alone)
+        # small reductions ride in the header round, unless GPU arrays may come (the choice must
+        # not depend on where a member's array lives: members take a path by the call alone)
         small = len(ctx.ranks) <= INLINE_MAX_MEMBERS and not self.accepts_gpu_arrays
         self._inline_room = INLINE_BYTES if small else 0
+        # the header round's buffers: one slot per member, the same size for every call (all
+        # members post the same count whatever call they are in); used by one call at a time
         self._slot = HEADER_SLOT + self._inline_room
         self._send = np.zeros(self._slot, np.uint8)
         self._received = np.zeros((len(ctx.ranks), self._slot), np.uint8)
