@@ -13,7 +13,8 @@ variable                           default     meaning
 ``MINIGRAD_DIST_BACKEND``          auto        backend when the code does not name one
                                                (``cpu``, ``mpi``, ``nccl`` or ``auto``)
 ``MINIGRAD_DIST_TRANSPORT``        auto        cpu backend transport: ``shm``, ``tcp`` or ``auto``
-``MINIGRAD_DIST_SHM_CHUNK``        1 MiB       bytes per shared-memory round (and p2p ring size)
+``MINIGRAD_DIST_SHM_CHUNK``        L2 / 2      bytes per shared-memory round (and p2p ring size);
+                                               default half the per-core L2, 128 KiB to 1 MiB
 ``MINIGRAD_DIST_SECRET``           (empty)     store secret (launchers draw a random one); set
                                                the same on every machine of a job
 ``MINIGRAD_NPROC``                 2           ranks per machine on CPU-only hosts

@@ -42,15 +42,49 @@ HEAD = struct.Struct("<qq")  # a header's JSON length and its sequence number (-
 QUICK_POLLS = 200  # polls of a round's peers before the watched, backing-off wait begins
 ABORT_EVERY = 16  # polls between looks at the peers' abort flags
 CACHE_SIZE = 256  # encoded headers kept per group (keys: the collectives' shapes and options)
-# 1 MiB rounds: the per-round synchronisation (~10 us) is small next to copying 1 MiB (~100 us),
-# and N ranks x 2 areas stays a few MB of /dev/shm.
-DEFAULT_CHUNK = 1 << 20
+# Rounds of half the per-core L2 cache, 128 KiB to 1 MiB: a round writes this rank's chunk, reads
+# each peer's and writes the result, and that stays in cache when the chunk fits in half of L2
+# (measured on an AMD EPYC with 1 MiB of L2, 2 ranks: 16 MiB all-reduce 3.0 ms in 1 MiB rounds,
+# 1.6 ms in 512 KiB ones, 1.7 ms in 256 KiB ones). The per-round synchronisation (~10 us) stays
+# small next to copying the chunk, and N ranks x 2 areas a few MB of /dev/shm.
+MIN_DEFAULT_CHUNK, MAX_DEFAULT_CHUNK = 128 << 10, 1 << 20
 MIN_CHUNK = 4096
+L2_SIZE_FILES = "/sys/devices/system/cpu/cpu0/cache/index*/"  # Linux: level, type, size
+
+
+def l2_cache_bytes() -> int | None:
+    """This machine's per-core L2 cache in bytes (Linux's sysfs), None where it does not say."""
+    for entry in sorted(glob.glob(L2_SIZE_FILES)):
+        try:
+            with open(os.path.join(entry, "level")) as f:
+                if f.read().strip() != "2":
+                    continue
+            with open(os.path.join(entry, "size")) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        digits = text.rstrip("KM")
+        if digits.isdigit():
+            return int(digits) * scale
+    return None
+
+
+def default_chunk_bytes() -> int:
+    """Half the L2 cache, rounded down to a power of two, within 128 KiB..1 MiB (512 KiB where
+    the size is unknown): see :data:`MAX_DEFAULT_CHUNK`."""
+    l2 = l2_cache_bytes()
+    if l2 is None:
+        return 512 << 10
+    half = 1 << max(0, (l2 // 2).bit_length() - 1)
+    return min(MAX_DEFAULT_CHUNK, max(MIN_DEFAULT_CHUNK, half))
 
 
 def chunk_bytes() -> int:
-    """Bytes per shared-memory round (``MINIGRAD_DIST_SHM_CHUNK``, a multiple of 64)."""
-    value = int(os.environ.get(SHM_CHUNK_ENV, DEFAULT_CHUNK))
+    """Bytes per shared-memory round (``MINIGRAD_DIST_SHM_CHUNK``, a multiple of 64; default
+    :func:`default_chunk_bytes`). Every rank of a host computes the same value."""
+    value = os.environ.get(SHM_CHUNK_ENV)
+    value = default_chunk_bytes() if value is None else int(value)
     return max(MIN_CHUNK, value // 64 * 64)
 
 
