@@ -65,6 +65,26 @@ def test_small_reductions_ride_in_the_header_round(n):
     _passed(run_mpi(n, [str(HERE / "mpi_job.py"), "small"]), n, "mpi")
 
 
+INLINE_ROOM = """
+import types
+from minigrad.distributed.comm.providers import mpi
+for aware in (False, True):
+    mpi.cuda_aware = lambda aware=aware: aware
+    backend = mpi.MpiBackend(types.SimpleNamespace(gid=0, ranks=[0], global_rank=0, rank=0))
+    print(aware, backend._inline_room)
+"""
+
+
+def test_nothing_rides_in_the_header_round_where_mpi_takes_gpu_arrays():
+    # the path must follow from the call alone, whichever device a member's array is on; a
+    # singleton MPI process (no mpiexec) is enough to build the backend
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", INLINE_ROOM], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "4096", "True", "0"]
+
+
 def test_check_strings_under_mpiexec_3_ranks():
     # every collective folds its check string into the fingerprint MPI's header round compares
     _passed(run_mpi(3, [str(HERE / "mpi_job.py"), "check"]), 3, "mpi")
