@@ -11,6 +11,7 @@ import numpy as np
 from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function, dispatches
 from minigrad.autodiff.tensor import Tensor
+from minigrad.backend import kernels
 from minigrad.functional._util import (
     autocast_low,
     binary_args,
@@ -273,7 +274,7 @@ class Linear(Function):
         if flat and dx is not None:
             dx = dx.reshape(x.shape)
         dw = g.T @ self.x2d if need_w else None
-        return dx, dw, g.sum(axis=0) if need_b else None
+        return dx, dw, kernels.column_sums(g) if need_b else None
 
 
 def linear(inp, weight, bias=None, compute_mode: str = "default") -> Tensor:

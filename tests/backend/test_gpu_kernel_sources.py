@@ -473,7 +473,7 @@ def test_every_kernel_of_the_gpu_module_is_read():
     rows = ("softmax_forward", "softmax_backward", "cross_entropy_forward_i32",
             "cross_entropy_forward_i64", "attention_softmax", "attention_softmax_backward",
             "squared_error_sum", "layer_norm_forward", "layer_norm_backward",
-            "layer_norm_param_grads")
+            "layer_norm_param_grads", "column_sums")
     assert {entries: sorted(map(str, dtypes)) for entries, dtypes in modules.items()} == {
         rows: ["float32", "float64"], ("sgd_steps", "adam_steps"): ["float32", "float64"],
         ("min_max_i32", "min_max_i64"): ["None"]}

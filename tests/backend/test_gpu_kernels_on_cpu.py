@@ -243,6 +243,29 @@ def test_cross_entropy_of_a_label_out_of_range_is_nan(gpu):
     assert np.isfinite(got[0]) and np.isnan(got[1])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 1), (19, 33), (300, 70), (0, 5), (3, 0)])
+def test_column_sums(gpu, dtype, shape):
+    # fewer rows than the 8 row strides, more; one column, a partial block of 32; no rows/columns
+    a = _rand(shape, dtype) * 3
+    got = gpu.column_sums(_dev(gpu, a))
+    assert got.shape == (shape[1],) and got.dtype == np.dtype(dtype)
+    _close(_host(gpu, got), cpu.column_sums(a), dtype, 10)
+
+
+def test_column_sums_hand_the_rest_to_the_reduction(gpu, monkeypatch):
+    # float16, a transposed view and too many rows take CuPy's reduction (the CPU twin)
+    monkeypatch.setattr(gpu, "COLUMN_SUM_MAX_ROWS", 16)
+    for a in (_rand((5, 3), "float16"), _rand((3, 5), "float32").T, _rand((17, 3), "float32")):
+        gpu.fake.events.clear()
+        got = gpu.column_sums(_dev(gpu, a))
+        np.testing.assert_allclose(_host(gpu, got), a.sum(axis=0), rtol=1e-3)
+        assert not [e for e in gpu.fake.events if "column_sums" in e], gpu.fake.events
+    gpu.fake.events.clear()
+    gpu.column_sums(_dev(gpu, _rand((16, 3), "float32")))
+    assert [e for e in gpu.fake.events if "column_sums" in e]  # the one case that takes it
+
+
 @pytest.mark.parametrize("dtype", ["int32", "int64", "uint8"])
 @pytest.mark.parametrize("size", [1, 37, 5000])  # one thread; some warps; many values a thread
 def test_min_max(gpu, dtype, size):

@@ -290,6 +290,20 @@ extern "C" __global__ void layer_norm_param_grads(
         db[c] = b;
     }
 }
+
+// the sums of the columns of a (rows, n) matrix: the same blocks as layer_norm_param_grads
+extern "C" __global__ void column_sums(const real* a, long long rows, long long n, real* out) {
+    __shared__ real partial[8][32];
+    const long long c = blockIdx.x * 32 + threadIdx.x;
+    real sum = 0;
+    for (long long r = threadIdx.y; c < n && r < rows; r += 8) sum += a[r * n + c];
+    partial[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < n) {
+        for (int k = 1; k < 8; ++k) sum += partial[k][threadIdx.x];
+        out[c] = sum;
+    }
+}
 """
 _ROW_TYPES = {"float32": "float", "float64": "double"}
 
@@ -308,6 +322,7 @@ def _row_kernels(dtype_name: str) -> dict:
         "layer_norm_forward": module.get_function("layer_norm_forward"),
         "layer_norm_backward": module.get_function("layer_norm_backward"),
         "layer_norm_param_grads": module.get_function("layer_norm_param_grads"),
+        "column_sums": module.get_function("column_sums"),
     }
 
 
@@ -426,6 +441,21 @@ def layer_norm_grad(dy, xhat, rstd, weight):
         _row_kernels(dy.dtype.name)["layer_norm_param_grads"](
             (-(-n // 32),), (32, 8), (dy, xhat, cp.int64(rows), cp.int64(n), dw, db))
     return dx, dw, db
+
+
+COLUMN_SUM_MAX_ROWS = 1 << 16  # beyond, CuPy's reduction, whose blocks also split the rows
+
+
+def column_sums(a):
+    if (not _fusable(a) or a.ndim != 2 or not a.flags.c_contiguous
+            or a.shape[0] > COLUMN_SUM_MAX_ROWS):
+        return _cpu.column_sums(a)
+    rows, n = a.shape
+    out = cp.empty(n, a.dtype)
+    if n:
+        _row_kernels(a.dtype.name)["column_sums"](
+            (-(-n // 32),), (32, 8), (a, cp.int64(rows), cp.int64(n), out))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
