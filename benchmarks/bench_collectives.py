@@ -1,5 +1,6 @@
 """All-reduce latency and bandwidth on 2 processes: minigrad's cpu and mpi backends, raw mpi4py and
-torch.distributed's gloo, measured in the same processes, interleaved round by round.
+torch.distributed's gloo, measured in the same processes, interleaved round by round; the cpu
+backend both on ordinary arrays and on shared buffers (``comm.shared_empty``, read in place).
 
 Run: ``python benchmarks/bench_collectives.py [--rounds 15]``. It restarts itself under
 ``mpiexec -n 2`` (from the ``[mpi]`` extra) so that all four run in one job; without mpiexec it
@@ -31,6 +32,7 @@ import numpy as np
 from machine import cpu_name
 
 import minigrad.distributed as dist
+from minigrad.distributed import comm
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
 WORKER_FLAG = "--worker"
@@ -38,6 +40,7 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "c
 
 
 BLOCK_SECONDS = 0.004  # shortest timed block; see the module docstring
+SHARED = "minigrad-cpu shared"  # the cpu backend on shared buffers (comm.shared_empty)
 MIN_CALLS = 3
 
 
@@ -63,12 +66,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _implementations(use_mpi: bool) -> tuple[dict, callable, callable]:
-    """``name -> fn(array)`` for every all-reduce to compare, a barrier that syncs them all, and a
-    function that closes what was opened."""
+def _implementations(use_mpi: bool) -> tuple[dict, callable, callable, callable]:
+    """``name -> fn(array)`` for every all-reduce to compare, a barrier that syncs them all, a
+    function that closes what was opened, and ``shared(count)``: a shared buffer of the cpu
+    backend's group."""
     impls = {}
     cpu_group = dist.new_group(None, backend="cpu") if use_mpi else None
     impls["minigrad-cpu"] = lambda x: dist.all_reduce(x, group=cpu_group)
+    impls[SHARED] = impls["minigrad-cpu"]  # on arrays from comm.shared_empty (see measure)
+    shared = lambda count: comm.shared_empty(count, np.float32, cpu_group)
     barrier = dist.barrier
     if use_mpi:
         from mpi4py import MPI
@@ -81,28 +87,32 @@ def _implementations(use_mpi: bool) -> tuple[dict, callable, callable]:
         import torch
         import torch.distributed as tdist
     except ImportError:
-        return impls, barrier, lambda: None
+        return impls, barrier, lambda: None, shared
     torch.set_num_threads(1)
     port = [_free_port() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(port)
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port[0]}",
                              rank=dist.get_rank(), world_size=dist.get_world_size())
     impls["torch-gloo"] = lambda x: tdist.all_reduce(torch.from_numpy(x))
-    return impls, barrier, tdist.destroy_process_group
+    return impls, barrier, tdist.destroy_process_group, shared
 
 
 def measure(sizes: list[int], rounds: int, use_mpi: bool) -> dict:
     """Per-call seconds of every implementation: ``{name: {size: [one sample per round]}}``."""
-    impls, barrier, close = _implementations(use_mpi)
+    impls, barrier, close, shared_empty = _implementations(use_mpi)
     names = list(impls)
     samples = {name: {n: [] for n in sizes} for name in names}
-    arrays = {n: np.zeros(n // 4, np.float32) for n in sizes}  # zeros: sums stay 0 forever
+    private = {n: np.zeros(n // 4, np.float32) for n in sizes}  # zeros: sums stay 0 forever
+    shared = {n: shared_empty(n // 4) for n in sizes}
+    for x in shared.values():
+        x[:] = 0
+    arrays = {name: shared if name == SHARED else private for name in names}
     for name in names:  # warm up: first-touch page faults, connections, buffers
         for n in sizes:
             for _ in range(MIN_CALLS):
-                impls[name](arrays[n])
-    calls_per_block = {name: {n: _calibrate(impls[name], arrays[n], barrier) for n in sizes}
-                       for name in names}
+                impls[name](arrays[name][n])
+    calls_per_block = {name: {n: _calibrate(impls[name], arrays[name][n], barrier)
+                              for n in sizes} for name in names}
     for r in range(rounds):
         for k in range(len(names)):
             name = names[(r + k) % len(names)]
@@ -111,7 +121,7 @@ def measure(sizes: list[int], rounds: int, use_mpi: bool) -> dict:
                 barrier()
                 t = time.perf_counter()
                 for _ in range(calls):
-                    impls[name](arrays[n])
+                    impls[name](arrays[name][n])
                 samples[name][n].append((time.perf_counter() - t) / calls)
     barrier()
     close()  # gloo's threads must be joined before exit, or the process aborts

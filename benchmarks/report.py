@@ -181,6 +181,12 @@ def readme_table() -> str:
                          f"| {(16 << 20) / mine[size] / 1e9:.2f} GB/s "
                          f"| {(16 << 20) / raw[size] / 1e9:.2f} GB/s (mpi4py) "
                          f"| {raw[size] / mine[size]:.2f}× |  |  | ≥ 1× |")
+        shared = big.get("minigrad-cpu shared", {})
+        if size in shared and size in raw:
+            lines.append(f"| all-reduce 16 MiB on shared buffers (`comm.shared_empty`), "
+                         f"bandwidth | {(16 << 20) / shared[size] / 1e9:.2f} GB/s "
+                         f"| {(16 << 20) / raw[size] / 1e9:.2f} GB/s (mpi4py) "
+                         f"| {raw[size] / shared[size]:.2f}× |  |  |  |")
         for size, label in ((str(16 << 20), "16 MiB"), ("4096", "4 KiB")):
             if size in mpi and size in raw:
                 lines.append(f"| all-reduce {label}, mpi backend vs raw mpi4py, time per call "

@@ -69,3 +69,25 @@ def test_pool_reuses_a_buffer_only_when_no_view_is_alive():
     assert pool.get("k", arrays[:2]) is not second  # another layout: a fresh buffer
     with pytest.raises(ValueError, match="laid out for 4 arrays, got 2"):
         FlatBuffer.of(arrays).pack(arrays[:2])
+
+
+def test_pool_allocates_host_buffers_with_the_given_function():
+    # the data-parallel callback passes comm.shared_empty: buffers the all-reduce reads in place
+    calls = []
+
+    def host_empty(count, dtype):
+        calls.append((count, np.dtype(dtype).name))
+        return np.frombuffer(bytearray(count * np.dtype(dtype).itemsize), dtype)
+
+    arrays = _arrays()
+    pool = BufferPool(host_empty=host_empty)
+    first = pool.get("k", arrays)
+    assert calls == [(sum(a.size for a in arrays), "float64")]
+    assert isinstance(first.data.base, memoryview)  # the function's array, not np.empty's
+    for view, a in zip(first.views(), arrays):
+        np.testing.assert_array_equal(view, a)
+    del view
+    assert pool.get("k", arrays) is first and len(calls) == 1  # free again: reused
+    views = first.views()
+    assert pool.get("k", arrays) is not first and len(calls) == 2  # a view of it is alive
+    del views

@@ -50,6 +50,7 @@ from minigrad.distributed.comm.group import (
     GroupContext,
     get_rank,
     get_world_size,
+    is_distributed,
     resolve_group,
 )
 from minigrad.distributed.comm.providers.base import (
@@ -57,6 +58,7 @@ from minigrad.distributed.comm.providers.base import (
     ReduceOp,
     Work,
     contiguous,
+    divide_by_count,
     dtype_name,
 )
 
@@ -83,6 +85,7 @@ __all__ = [
     "reduce_scatter_along",
     "scatter",
     "send",
+    "shared_empty",
     "split_along",
 ]
 
@@ -197,13 +200,6 @@ class _Call:
         return self.backend.submit(body).then(done)
 
 
-def _avg_divide(x, n: int) -> None:
-    if x.dtype.kind == "f":
-        x /= n
-    else:
-        x //= n
-
-
 def _reduction_op(where: str, op, x) -> tuple[ReduceOp, ReduceOp]:
     """``(op, what the backend runs)``: AVG runs as SUM, divided afterwards."""
     op = ReduceOp.parse(op, where)
@@ -226,11 +222,13 @@ def all_reduce(x, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = 
     op, native = _reduction_op("all_reduce", op, x)
     c = _Call("all_reduce", group, [x], backend=backend, async_op=async_op, check=check)
     buf = c.buffer(x)
+    if op is ReduceOp.AVG and c.backend.averages:
+        native = op
 
     def finish(_):
         c.write_back(x, buf)
-        if op is ReduceOp.AVG:
-            _avg_divide(x, c.ctx.size)
+        if op is not native:
+            divide_by_count(x, c.ctx.size)
         return x
 
     return c.execute(lambda: c.backend.all_reduce(buf, native, c.seq, c.check), finish, async_op)
@@ -252,15 +250,45 @@ def _all_reduce_host(x: np.ndarray, op, group: Group | None, check: str | None) 
     ctx.flush()  # every backend of the group, this one included (what Backend.run would do)
     seq = ctx.next_seq()
     record = recorder.begin("all_reduce", ctx.ranks, seq, (x,), be.name)
+    if op is ReduceOp.AVG and be.averages:
+        native = op
     try:
         be.all_reduce(x, native, seq, check)
     except CollectiveError as exc:
         recorder.on_failure(exc)
         raise
-    if op is ReduceOp.AVG:
-        _avg_divide(x, ctx.size)
+    if op is not native:
+        divide_by_count(x, ctx.size)
     recorder.finish(record)
     return x
+
+
+def shared_empty(count: int, dtype, group: Group | None = None) -> np.ndarray:
+    """A new 1-D NumPy array of ``count`` elements that the group's collectives read in place on
+    every member: on one host, an all-reduce of such arrays (each member passing its own, in the
+    same call) copies nothing through exchange buffers; each member reduces its part of all of
+    them and copies the others' parts (``providers/cpu/shared_heap.py``; PyTorch's "symmetric
+    memory"). The data-parallel gradient buckets live in such arrays.
+
+    Where the group has no shared memory (members on several hosts, the ``mpi`` backend, one
+    member, not initialised, the heap or /dev/shm full) it is an ordinary ``np.empty`` array:
+    every collective works on either kind, and members may mix them.
+
+    Example::
+
+        g = comm.shared_empty(1 << 20, "float32")
+        g[:] = local_gradients
+        comm.all_reduce(g, "avg")
+    """
+    dtype = np.dtype(dtype)
+    count = int(count)
+    if count < 0:
+        raise ValueError(f"shared_empty: count must be >= 0, got {count}")
+    if is_distributed():
+        array = resolve_group(group).context().host_backend().shared_empty(count, dtype)
+        if array is not None:
+            return array
+    return np.empty(count, dtype)
 
 
 def broadcast(x, root: int | None = None, group: Group | None = None, async_op: bool = False, *,
@@ -296,7 +324,7 @@ def reduce(x, op=ReduceOp.SUM, root: int | None = None, group: Group | None = No
             return None
         c.write_back(x, buf)
         if op is ReduceOp.AVG:
-            _avg_divide(x, c.ctx.size)
+            divide_by_count(x, c.ctx.size)
         return x
 
     body = lambda: c.backend.reduce(buf, native, c.root_index, c.seq, c.check)
@@ -359,7 +387,7 @@ def reduce_scatter(chunks: list, op=ReduceOp.SUM, group: Group | None = None,
 
     def finish(y):
         if op is ReduceOp.AVG:
-            _avg_divide(y, c.ctx.size)
+            divide_by_count(y, c.ctx.size)
         return c.output(y)
 
     body = lambda: c.backend.reduce_scatter(bufs, native, c.seq, c.check)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Hashable
 
+import numpy as np
+
 from minigrad.backend.xp import get_array_module
 from minigrad.distributed.comm.providers.base import dtype_name
 
@@ -54,10 +56,11 @@ class FlatBuffer:
     """Arrays of one dtype and device stored back to back in one flat array ``data``.
 
     ``shapes``: the arrays' shapes, in order; ``pad_to``: the total length is rounded up to a
-    multiple of it (zeros at the end), so the buffer splits into ``pad_to`` equal shards.
+    multiple of it (zeros at the end), so the buffer splits into ``pad_to`` equal shards;
+    ``empty(count, dtype)``: allocates ``data`` when not given (default ``xp.empty``).
     """
 
-    def __init__(self, shapes, dtype, xp, pad_to: int = 1, data=None):
+    def __init__(self, shapes, dtype, xp, pad_to: int = 1, data=None, empty=None):
         self.shapes = [tuple(s) for s in shapes]
         self.sizes = [_prod(s) for s in self.shapes]
         self.offsets = []
@@ -68,7 +71,7 @@ class FlatBuffer:
         self.size = offset  # the arrays' elements, without padding
         self.pad_to = max(int(pad_to), 1)
         if data is None:
-            data = xp.empty(_padded(offset, self.pad_to), dtype)
+            data = (xp.empty if empty is None else empty)(_padded(offset, self.pad_to), dtype)
             if data.size > offset:
                 data[offset:] = 0
         self.data = data
@@ -170,11 +173,14 @@ class BufferPool:
     """Flat buffers kept between calls, keyed by the caller's key and the layout.
 
     :meth:`get` returns the buffer an earlier call got for the same key and layout when nothing
-    views it any more, else a new one (which replaces it in the pool).
+    views it any more, else a new one (which replaces it in the pool). ``host_empty(count,
+    dtype)`` allocates the NumPy ones (e.g. ``comm.shared_empty``, so collectives read them in
+    place); device buffers come from their array module.
     """
 
-    def __init__(self):
+    def __init__(self, host_empty=None):
         self._buffers: dict = {}
+        self._host_empty = host_empty
 
     def get(self, key: Hashable, arrays, pad_to: int = 1, fill: bool = True) -> FlatBuffer:
         """A buffer laid out for ``arrays`` (one dtype and device), holding their values when
@@ -185,7 +191,9 @@ class BufferPool:
         layout = (tuple(shapes), dtype_name(arrays[0].dtype), max(int(pad_to), 1))
         if buf is None or buf.layout != layout or not buf.is_free():
             xp = get_array_module(arrays[0])
-            buf = self._buffers[key] = FlatBuffer(shapes, arrays[0].dtype, xp, pad_to)
+            empty = self._host_empty if xp is np else None
+            buf = self._buffers[key] = FlatBuffer(shapes, arrays[0].dtype, xp, pad_to,
+                                                  empty=empty)
         return buf.pack(arrays) if fill else buf
 
     def clear(self) -> None:

@@ -9,7 +9,9 @@ and its all-reduce starts at once, while backward goes on; the GradManager's aft
 flushes the rest and unpacks the results before gradients are accumulated into ``.grad``.
 The reduced gradients are views of the bucket's flat buffer (``comm.flat_buffer``), which is
 reused on a later step once no gradient views it any more (fresh multi-megabyte buffers cost a
-page fault per 4 KiB every step). "mean" is the collective's ``ReduceOp.AVG``.
+page fault per 4 KiB every step). Host buckets are allocated with ``comm.shared_empty``: on one
+host the all-reduce reads every rank's bucket in place instead of copying it through exchange
+buffers. "mean" is the collective's ``ReduceOp.AVG``.
 """
 
 from __future__ import annotations
@@ -108,7 +110,9 @@ class AllreduceCallback:
         self._bucket_bytes: dict = {}
         self._works: list = []
         self._flush_registered = False
-        self._pool = BufferPool()  # (key, n-th bucket of the step) -> buffer of an earlier step
+        # (key, n-th bucket of the step) -> buffer of an earlier step; host buckets in shared
+        # memory, which the all-reduce reads in place (comm.shared_empty)
+        self._pool = BufferPool(host_empty=self._shared_empty)
         self._started: dict = {}  # key -> buckets started in this backward
 
     def __call__(self, param: Tensor, grad: Tensor) -> Tensor:
@@ -149,6 +153,13 @@ class AllreduceCallback:
         work = comm.all_reduce(flat.data, op, self.group, async_op=True, backend=self.backend)
         self._works.append((work, items, flat))
         return work, items, flat
+
+    def _shared_empty(self, count: int, dtype):
+        """A host bucket: shared with the group's other ranks when this callback's all-reduces
+        may go through the cpu backend (``backend`` None or ``"cpu"``)."""
+        if self.backend in (None, "cpu"):
+            return comm.shared_empty(count, dtype, self.group)
+        return np.empty(count, dtype)
 
     def _cast_to(self, dtype):
         """The dtype a bucket of ``dtype`` gradients is all-reduced in when it is not their own

@@ -15,6 +15,9 @@ variable                           default     meaning
 ``MINIGRAD_DIST_TRANSPORT``        auto        cpu backend transport: ``shm``, ``tcp`` or ``auto``
 ``MINIGRAD_DIST_SHM_CHUNK``        L2 / 2      bytes per shared-memory round (and p2p ring size);
                                                default half the per-core L2, 128 KiB to 1 MiB
+``MINIGRAD_DIST_SHM_HEAP``         /dev/shm    bytes of shared buffers per rank and group (the
+                                               size of /dev/shm, at most 64 GiB; virtual until
+                                               used); 0: gradient buckets in private memory
 ``MINIGRAD_DIST_SECRET``           (empty)     store secret (launchers draw a random one); set
                                                the same on every machine of a job
 ``MINIGRAD_NPROC``                 2           ranks per machine on CPU-only hosts
@@ -39,6 +42,7 @@ WARN_AFTER_ENV = "MINIGRAD_DIST_WARN_AFTER"
 BACKEND_ENV = "MINIGRAD_DIST_BACKEND"
 TRANSPORT_ENV = "MINIGRAD_DIST_TRANSPORT"
 SHM_CHUNK_ENV = "MINIGRAD_DIST_SHM_CHUNK"
+SHM_HEAP_ENV = "MINIGRAD_DIST_SHM_HEAP"
 SECRET_ENV = "MINIGRAD_DIST_SECRET"
 NPROC_ENV = "MINIGRAD_NPROC"
 # Set by the launchers for their children (not meant to be set by hand):

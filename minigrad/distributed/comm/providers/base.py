@@ -79,7 +79,21 @@ class ReduceOp(enum.Enum):
         raise ValueError(f"{where}: unknown reduce op {op!r}, expected dist.ReduceOp.X or {names}")
 
 
-#: NumPy ufunc of each reduction the backends perform (AVG never reaches a backend).
+def divide_by_count(x, n: int) -> None:
+    """``ReduceOp.AVG``'s last step, in place: ``x /= n`` for floating-point dtypes, ``x //= n``
+    (floor division) for integer ones. A floating-point division by a power of two runs as the
+    multiplication by its inverse: the same bits (both round the same exact value), half the
+    time in NumPy."""
+    if x.dtype.kind not in "fc":
+        x //= n
+    elif n & (n - 1) == 0:
+        x *= 1.0 / n
+    else:
+        x /= n
+
+
+#: NumPy ufunc of each reduction the backends perform (AVG reaches only backends that fold it in,
+#: ``Backend.averages``; the others get SUM and the division happens above them).
 UFUNCS = {
     ReduceOp.SUM: np.add,
     ReduceOp.PRODUCT: np.multiply,
@@ -288,6 +302,7 @@ class Backend(abc.ABC):
 
     name = "?"
     accepts_gpu_arrays = False  # CuPy arrays are staged through host memory unless True
+    averages = False  # True: all_reduce takes ReduceOp.AVG and folds the division into its passes
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -354,6 +369,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def barrier(self, seq: int, check: str | None = None) -> None:
         """Return once every member has entered the barrier."""
+
+    def shared_empty(self, count: int, dtype: np.dtype):
+        """A new 1-D array of ``count`` elements that this group's collectives can read in place
+        on every member (see :func:`minigrad.distributed.comm.arrays.shared_empty`), or None
+        where the backend has no such memory."""
+        return None
 
     # --- point to point (peers are global ranks) ----------------------------------------------
     @abc.abstractmethod

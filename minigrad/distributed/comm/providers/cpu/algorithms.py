@@ -19,6 +19,7 @@ from minigrad.distributed.comm.providers.base import (
     check_broadcast_buffers,
     check_fingerprints,
     describe,
+    divide_by_count,
     dtype_name,
     fingerprint,
 )
@@ -47,15 +48,15 @@ def _ignore(pieces) -> None:
 
 
 def _reduce_in_order(arrays: list[np.ndarray], ufunc, out: np.ndarray) -> np.ndarray:
-    """``out`` = arrays[0] op arrays[1] op ... (group order; ``out`` may be one of the inputs)."""
-    first, rest = arrays[0], arrays[1:]
-    if any(np.may_share_memory(a, out) for a in rest):
-        rest = [np.array(a, copy=True) if np.may_share_memory(a, out) else a for a in rest]
-    if not rest:
-        out[...] = first
+    """``out`` = arrays[0] op arrays[1] op ... (group order; ``out`` may be one of the inputs).
+    The first call reads the first two inputs before it writes (NumPy's rule for overlapping
+    operands), so only later inputs that share memory with ``out`` are copied first."""
+    if len(arrays) == 1:
+        out[...] = arrays[0]
         return out
-    ufunc(first, rest[0], out=out)
-    for a in rest[1:]:
+    later = [np.array(a, copy=True) if np.may_share_memory(a, out) else a for a in arrays[2:]]
+    ufunc(arrays[0], arrays[1], out=out)
+    for a in later:
         ufunc(out, a, out=out)
     return out
 
@@ -64,6 +65,7 @@ class CpuBackend(Backend):
     """Collectives on NumPy arrays for one group, over shared memory or TCP."""
 
     name = "cpu"
+    averages = True
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -127,33 +129,93 @@ class CpuBackend(Backend):
         return outs
 
     # --- collectives
+    def shared_empty(self, count: int, dtype: np.dtype):
+        """A 1-D array in this rank's shared heap (:mod:`.shared_heap`), or None (not on shared
+        memory, heap full)."""
+        if self.transport.kind != "shm":
+            return None
+        block = self.transport.heap.allocate(count * dtype.itemsize)
+        return None if block is None else np.frombuffer(block, dtype, count)
+
     def all_reduce(self, x: np.ndarray, op: ReduceOp, seq: int, check: str | None = None) -> None:
-        ufunc = UFUNCS[op]
-        transport = self.transport
+        """In place. ``ReduceOp.AVG`` (``averages``) divides as the reduction's last step: on
+        the zero-copy path each member divides only its own part."""
+        transport, n = self.transport, len(self.ctx.ranks)
+        divisor = n if op is ReduceOp.AVG else None
+        ufunc = UFUNCS[ReduceOp.SUM if divisor else op]
 
         def header() -> dict:
             sig = [list(x.shape), dtype_name(x.dtype), op.value]
             return dict(fingerprint("all_reduce", seq, None, sig, check), backend=self.name)
 
+        key = (x.shape, x.dtype, op, check)
         if transport.kind == "shm" and 0 < x.nbytes <= transport.chunk and (
-                len(self.ctx.ranks) <= 2 or x.nbytes <= RS_AG_MIN_BYTES):
+                n <= 2 or x.nbytes <= RS_AG_MIN_BYTES):
             # one round of shared memory: the transport's own all-reduce (see ShmTransport); the
             # fingerprint is built only when the transport needs it (first call of a shape, a
             # mismatch, a wait long enough to warn)
             try:
-                transport.all_reduce(x, ufunc, seq, (x.shape, x.dtype, op, check), header,
-                                     self._check_headers)
+                transport.all_reduce(x, ufunc, seq, key, header, self._check_headers)
             except BaseException:
                 transport.abort()
                 self.ctx.broken = True
                 raise
+        elif transport.kind == "shm" and self._all_reduce_shared(x, ufunc, header(), key,
+                                                                 divisor):
             return
+        elif n > 2 and x.nbytes > RS_AG_MIN_BYTES and x.size >= n:
+            self._all_reduce_rs_ag(x, ufunc, header())
+        else:
+            self._all_reduce_direct(x, ufunc, header(), key)
+        if divisor:
+            divide_by_count(x, divisor)
+
+    def _all_reduce_shared(self, x, ufunc, fp, key, divisor) -> bool:
+        """The zero-copy all-reduce, when every member's ``x`` lies in its shared heap
+        (:func:`~minigrad.distributed.comm.arrays.shared_empty`); else False, nothing done.
+
+        Round 1 (fingerprints checked as in every exchange): each member tells where its ``x``
+        lies in its heap, or -1. If all do, member i reduces part i of the array, reading that
+        part of every member's array in place, in group order (bitwise what the other paths
+        give), and divides it for AVG; after round 2 each member copies the other parts from
+        their owners; round 3 keeps every array unchanged until all members have copied."""
+        transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
+        where = transport.heap.locate(x)
+        offsets = [-1] * n
+
+        def consume(pieces):
+            for src, (_, mv) in pieces.items():
+                offsets[src] = int(np.frombuffer(mv, np.int64)[0])
+
+        slot = np.array([-1 if where is None else where], np.int64)
+        self._run(fp, [slot] * n, None, consume, ("all_reduce/where",) + key)
+        if min(offsets) < 0:
+            return False
+        what = lambda: f"{describe(fp)} in group {self.ctx.ranks}"
+        flat = x.reshape(-1)
+        bounds = [flat.size * j // n for j in range(n + 1)]
+        try:
+            arrays = [flat if j == me else
+                      transport.peer_array(j, offsets[j], x.dtype, x.size, what)
+                      for j in range(n)]
+            part = slice(bounds[me], bounds[me + 1])
+            _reduce_in_order([a[part] for a in arrays], ufunc, flat[part])
+            if divisor:
+                divide_by_count(flat[part], divisor)
+            transport.sync(what)  # every part is reduced
+            for j in range(n):
+                if j != me:
+                    flat[bounds[j] : bounds[j + 1]] = arrays[j][bounds[j] : bounds[j + 1]]
+            transport.sync(what)  # nobody reads this rank's array any more
+        except BaseException:
+            transport.abort()
+            self.ctx.broken = True
+            raise
+        return True
+
+    def _all_reduce_direct(self, x, ufunc, fp, key) -> None:
+        """Every member reads every member's data, round by round, and reduces all of it."""
         n = len(self.ctx.ranks)
-        big = n > 2 and x.nbytes > RS_AG_MIN_BYTES and x.size >= n
-        fp = header()
-        if big:
-            self._all_reduce_rs_ag(x, ufunc, fp)
-            return
         flat = x.reshape(-1)
         dtype = x.dtype
 
@@ -170,7 +232,7 @@ class CpuBackend(Backend):
             views = [np.frombuffer(pieces[s][1], dtype) for s in srcs]
             _reduce_in_order(views, ufunc, flat[off : off + views[0].size])
 
-        self._run(fp, [x] * n, None, consume, ("all_reduce", x.shape, dtype, op, check))
+        self._run(fp, [x] * n, None, consume, ("all_reduce",) + key)
 
     def _all_reduce_rs_ag(self, x, ufunc, fp) -> None:
         n, me = len(self.ctx.ranks), self.ctx.rank

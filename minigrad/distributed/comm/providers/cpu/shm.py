@@ -1,11 +1,12 @@
 """Shared-memory transport (all members on one host) and the shared-memory ring for messages.
 
-Every rank owns a memory-mapped segment in /dev/shm: a control block (int64 slots, named below)
-and two data areas. An exchange round is "write my stream into area ``step % 2``, bump my step,
+Every rank owns a memory-mapped segment in /dev/shm: a control block (int64 slots, named below),
+two data areas and, sparse until used, its shared heap (:mod:`.shared_heap`: arrays that the
+peers read in place). An exchange round is "write my stream into area ``step % 2``, bump my step,
 wait until all peers reached it, read their area": double buffering by step parity lets a rank
 write the next round while slower peers still read the previous one, so a round costs a single
 synchronisation. Large messages stream through in rounds of ``MINIGRAD_DIST_SHM_CHUNK`` bytes.
-Segments are unlinked as soon as every peer has mapped them, so nothing is left in /dev/shm even if
+Segments are unlinked as soon as every peer has opened them, so nothing is left in /dev/shm even if
 a process is killed. Limitation: the protocol relies on x86's store ordering (TSO).
 """
 
@@ -21,6 +22,7 @@ import uuid
 import numpy as np
 
 from minigrad.distributed.comm.providers.base import CollectiveError, as_bytes, describe
+from minigrad.distributed.comm.providers.cpu.shared_heap import SharedHeap, heap_bytes, page_round
 from minigrad.distributed.comm.providers.cpu.transport import SHM_DIR
 from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog, polls
 from minigrad.distributed.runtime import failures
@@ -131,28 +133,47 @@ def unlink(path: str) -> None:
 
 
 class Segment:
-    """A memory-mapped file in /dev/shm (created by its owner, mapped by peers)."""
+    """A memory-mapped file in /dev/shm (created by its owner, mapped by peers): its first
+    ``mapped`` bytes (control block and exchange areas) are mapped at once, the rest (the
+    owner's shared heap, see :mod:`.shared_heap`) on demand, through the descriptor kept open."""
 
-    def __init__(self, path: str, size: int, create: bool):
+    def __init__(self, path: str, size: int, create: bool, mapped: int | None = None):
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
+        self.fd = os.open(path, flags, 0o600)
+        mapped = size if mapped is None else mapped
         try:
             if create:
-                os.ftruncate(fd, size)
-            self.mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.path, self.size = path, size
+                os.ftruncate(self.fd, size)  # sparse: pages cost memory once written
+            self.mm = mmap.mmap(self.fd, mapped)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.path, self.size, self.mapped = path, size, mapped
         self.buf = memoryview(self.mm)
         self.ctrl = self.buf[:64].cast("q")
+        self._heap: memoryview | None = None
+
+    def heap(self, base: int) -> memoryview:
+        """The bytes from ``base`` to the end of the file (mapped on first use)."""
+        if self._heap is None:
+            self._heap = memoryview(mmap.mmap(self.fd, self.size - base, offset=base))
+        return self._heap
 
     def close(self) -> None:
         """Unmap (a caller still holding a view keeps the mapping until the process ends)."""
+        for view in (self.ctrl, self.buf, self._heap):
+            try:
+                if view is not None:
+                    view.release()
+            except (BufferError, ValueError):
+                pass
         try:
-            self.ctrl.release()
-            self.buf.release()
             self.mm.close()
         except (BufferError, ValueError):
+            pass
+        try:
+            os.close(self.fd)
+        except OSError:
             pass
 
 
@@ -168,8 +189,11 @@ class ShmTransport:
         self.area = META_BYTES + self.chunk
         n = len(self.ranks)
         path = new_path(ctx.job, f"g{ctx.gid}r{ctx.global_rank}")
-        self.me = Segment(path, CTRL_BYTES + 2 * self.area, create=True)
+        self.heap_base = page_round(CTRL_BYTES + 2 * self.area)
+        self.me = Segment(path, self.heap_base + heap_bytes(SHM_DIR), create=True,
+                          mapped=CTRL_BYTES + 2 * self.area)
         self.me.ctrl[OWNER_PID] = os.getpid()
+        self.heap = SharedHeap(self.me.fd, self.heap_base, self.me.size - self.heap_base)
         client, key = ctx.client, f"{ctx.prefix}/shm"
         try:
             client.set(f"{key}/{self.index}", {"path": path, "size": self.me.size})
@@ -179,10 +203,11 @@ class ShmTransport:
                     self.segs.append(self.me)
                     continue
                 info = client.get(f"{key}/{j}", timeout=ctx.timeout)
-                self.segs.append(Segment(info["path"], int(info["size"]), create=False))
+                self.segs.append(Segment(info["path"], int(info["size"]), create=False,
+                                         mapped=self.me.mapped))
             client.barrier(f"{key}/attached", n, timeout=ctx.timeout)
         finally:
-            unlink(path)  # every peer has it mapped now (or the job failed): nothing can leak
+            unlink(path)  # every peer has it open now (or the job failed): nothing can leak
         self.pids = [int(s.ctrl[OWNER_PID]) for s in self.segs]
         self.peers = [(j, s.ctrl) for j, s in enumerate(self.segs) if j != self.index]
         self.step = 0
@@ -197,6 +222,7 @@ class ShmTransport:
 
     def close(self) -> None:
         """Unmap the group's segments."""
+        self.heap.close()
         self._reduce_views.clear()
         for areas in self._areas:
             for area in areas:
@@ -212,8 +238,9 @@ class ShmTransport:
         off = CTRL_BYTES + parity * self.area
         return seg.buf[off : off + self.area]
 
-    def _sync(self, what) -> None:
-        """Publish this round and wait until every peer published it too."""
+    def sync(self, what) -> None:
+        """Publish this round and wait until every peer published it too (``what()``: the
+        call, for the watchdog's messages)."""
         self.step += 1
         target, peers = self.step, self.peers
         self.me.ctrl[STEP] = target
@@ -250,6 +277,18 @@ class ShmTransport:
                 cause = "" if failure is None else f" ({failure})"
                 raise CollectiveError(f"{what()}: rank(s) {bad} aborted this collective{cause}")
             waiter.pause()
+
+    def peer_array(self, member: int, offset: int, dtype: np.dtype, count: int,
+                   what) -> np.ndarray:
+        """The ``count`` elements at byte ``offset`` of member ``member``'s shared heap (see
+        :mod:`.shared_heap`), read and written in place; ``what()`` names the call in errors."""
+        seg = self.segs[member]
+        if offset < 0 or offset + count * dtype.itemsize > seg.size - self.heap_base:
+            raise CollectiveError(
+                f"{what()}: rank {self.ranks[member]} named bytes [{offset}, "
+                f"{offset + count * dtype.itemsize}) of its shared heap of "
+                f"{seg.size - self.heap_base} B")
+        return np.frombuffer(seg.heap(self.heap_base), dtype, count, offset)
 
     def _encode(self, header: dict, sends: list, key, what) -> tuple:
         """``(seq, JSON bytes of the header without its seq, the header with the layout of the
@@ -315,7 +354,7 @@ class ShmTransport:
                 a, b = max(lo, start), min(hi, start + u8.size)
                 if a < b:
                     area[META_BYTES + a - lo : META_BYTES + b - lo] = u8[a - start : b - start]
-            self._sync(what)
+            self.sync(what)
             if k == 0:
                 headers = self._headers(areas, full, hb, seq)
                 nrounds = max(1, max((h["_total"] + C - 1) // C for h in headers))
@@ -361,7 +400,7 @@ class ShmTransport:
             area[HEAD.size : HEAD.size + len(hb)] = hb
             self._header_in[parity] = hb
         views[self.index][...] = x
-        self._sync(lambda: self._what(header()))
+        self.sync(lambda: self._what(header()))
         head, end = (len(hb), seq), HEAD.size + len(hb)
         for ar in self._peer_areas[parity]:
             if HEAD.unpack_from(ar, 0) != head or ar[HEAD.size : end] != hb:
