@@ -75,6 +75,23 @@ def test_a_block_lives_as_long_as_any_view_of_it(heap):
     assert not fresh.any()  # the freed pages went back to the system: a new block reads zeros
 
 
+def test_a_forked_child_dropping_a_block_leaves_it_to_the_parent(heap):
+    # a data-loader worker forked from a rank inherits the gradient buckets and their finalizers
+    block = heap.allocate(PAGE)
+    x = np.frombuffer(block, np.float64)
+    x[:] = 3.0
+    pid = os.fork()
+    if pid == 0:  # the child drops its copies, collects, and leaves
+        del x, block
+        gc.collect()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert (x == 3.0).all() and heap.free_bytes() == 7 * PAGE  # the pages are still the parent's
+    del x, block
+    gc.collect()
+    assert heap.free_bytes() == 8 * PAGE
+
+
 def test_heap_size_setting(monkeypatch):
     monkeypatch.setenv("MINIGRAD_DIST_SHM_HEAP", "10000")
     assert heap_bytes("/dev/shm") == 3 * PAGE  # whole pages

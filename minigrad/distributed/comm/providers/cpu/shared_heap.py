@@ -17,7 +17,10 @@ page-aligned blocks of it, first fit:
   when the last view is gone;
 * peers map a member's heap when they first meet an array in it, through the file descriptor
   they kept since the segment was shared (the file itself is unlinked at once, so nothing is left
-  in /dev/shm if a process is killed).
+  in /dev/shm if a process is killed);
+* only the process that allocated a block frees it: a child forked from a rank (a data-loader
+  worker) inherits the blocks' finalizers, and its dropping an inherited array must not hand
+  the parent's live pages back to the system.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class SharedHeap:
         self._free = [(0, size)] if size else []  # (offset, length), sorted, coalesced
         self._live: dict = {}  # block address -> (offset, length)
         self._closed = False
+        self._owner = os.getpid()
 
     def allocate(self, nbytes: int) -> mmap.mmap | None:
         """A block of at least ``nbytes`` (a writable mmap), or None when the heap or /dev/shm
@@ -88,7 +92,9 @@ class SharedHeap:
         address = np.frombuffer(block, np.uint8, 1).ctypes.data
         with self._lock:
             self._live[address] = (off, length)
-        weakref.finalize(block, self._release, address)
+        # not at exit: the file goes away with the process, and a forked child's exit must not
+        # free its parent's blocks
+        weakref.finalize(block, self._release, address).atexit = False
         return block
 
     def locate(self, x: np.ndarray) -> int | None:
@@ -105,6 +111,8 @@ class SharedHeap:
         return None
 
     def _release(self, address: int) -> None:
+        if os.getpid() != self._owner:  # a forked child dropped its copy of the parent's array
+            return
         with self._lock:
             off, length = self._live.pop(address)
             if self._closed:
