@@ -97,6 +97,11 @@ def test_heap_size_setting(monkeypatch):
     assert heap_bytes("/dev/shm") == 3 * PAGE  # whole pages
     monkeypatch.setenv("MINIGRAD_DIST_SHM_HEAP", "0")
     assert heap_bytes("/dev/shm") == 0
+    for bad in ("1G", "-5", ""):
+        monkeypatch.setenv("MINIGRAD_DIST_SHM_HEAP", bad)
+        with pytest.raises(ValueError, match=f"MINIGRAD_DIST_SHM_HEAP={bad!r}: expected a number "
+                                             "of bytes"):
+            heap_bytes("/dev/shm")
     monkeypatch.delenv("MINIGRAD_DIST_SHM_HEAP")
     fs = os.statvfs("/dev/shm")
     assert heap_bytes("/dev/shm") == min(64 << 30, fs.f_blocks * fs.f_frsize // PAGE * PAGE)

@@ -65,6 +65,21 @@ def seconds(value, what: str = "timeout") -> float:
     return value
 
 
+def env_bytes(name: str) -> int | None:
+    """The environment variable ``name`` as a number of bytes (an integer >= 0), None when unset;
+    anything else raises a ValueError naming the variable."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ValueError(f"{name}={value!r}: expected a number of bytes (an integer >= 0)")
+    return count
+
+
 def default_timeout() -> float:
     """Seconds a collective, receive or store request may wait: ``MINIGRAD_DIST_TIMEOUT`` or 300."""
     return seconds(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT), TIMEOUT_ENV)

@@ -33,7 +33,7 @@ import weakref
 
 import numpy as np
 
-from minigrad.distributed.runtime.settings import SHM_HEAP_ENV
+from minigrad.distributed.runtime.settings import SHM_HEAP_ENV, env_bytes
 
 PAGE = mmap.ALLOCATIONGRANULARITY
 MAX_DEFAULT_HEAP = 64 << 30  # virtual: a heap costs pages only where blocks are reserved
@@ -48,9 +48,9 @@ def heap_bytes(shm_dir: str | None) -> int:
     """Bytes of heap at the end of each segment: ``MINIGRAD_DIST_SHM_HEAP``, by default the size
     of the /dev/shm file system (no block can be bigger), at most 64 GiB; 0 turns shared buffers
     off."""
-    value = os.environ.get(SHM_HEAP_ENV)
+    value = env_bytes(SHM_HEAP_ENV)
     if value is not None:
-        return page_round(max(0, int(value)))
+        return page_round(value)
     if shm_dir is None:
         return 0
     fs = os.statvfs(shm_dir)

@@ -26,7 +26,7 @@ from minigrad.distributed.comm.providers.cpu.shared_heap import SharedHeap, heap
 from minigrad.distributed.comm.providers.cpu.transport import SHM_DIR
 from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog, polls
 from minigrad.distributed.runtime import failures
-from minigrad.distributed.runtime.settings import SHM_CHUNK_ENV
+from minigrad.distributed.runtime.settings import SHM_CHUNK_ENV, env_bytes
 from minigrad.distributed.runtime.wire import encode_header
 
 CTRL_BYTES = 4096  # one page of control slots keeps the data areas page-aligned
@@ -85,8 +85,8 @@ def default_chunk_bytes() -> int:
 def chunk_bytes() -> int:
     """Bytes per shared-memory round (``MINIGRAD_DIST_SHM_CHUNK``, a multiple of 64; default
     :func:`default_chunk_bytes`). Every rank of a host computes the same value."""
-    value = os.environ.get(SHM_CHUNK_ENV)
-    value = default_chunk_bytes() if value is None else int(value)
+    value = env_bytes(SHM_CHUNK_ENV)
+    value = default_chunk_bytes() if value is None else value
     return max(MIN_CHUNK, value // 64 * 64)
 
 
