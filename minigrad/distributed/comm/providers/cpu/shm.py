@@ -135,7 +135,8 @@ def unlink(path: str) -> None:
 class Segment:
     """A memory-mapped file in /dev/shm (created by its owner, mapped by peers): its first
     ``mapped`` bytes (control block and exchange areas) are mapped at once, the rest (the
-    owner's shared heap, see :mod:`.shared_heap`) on demand, through the descriptor kept open."""
+    owner's shared heap, see :mod:`.shared_heap`) on demand, through the descriptor kept open
+    for it (one per member of each group on this host; a fully mapped file keeps none)."""
 
     def __init__(self, path: str, size: int, create: bool, mapped: int | None = None):
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
@@ -149,6 +150,9 @@ class Segment:
             os.close(self.fd)
             raise
         self.path, self.size, self.mapped = path, size, mapped
+        if mapped == size:
+            os.close(self.fd)
+            self.fd = -1
         self.buf = memoryview(self.mm)
         self.ctrl = self.buf[:64].cast("q")
         self._heap: memoryview | None = None
@@ -171,10 +175,11 @@ class Segment:
             self.mm.close()
         except (BufferError, ValueError):
             pass
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
 
 
 class ShmTransport:
