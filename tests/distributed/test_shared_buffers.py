@@ -298,6 +298,46 @@ def test_shared_empty_outside_a_job_is_an_ordinary_array():
         comm.shared_empty(-1, "float32")
 
 
+def _reduce_scatter_chunks(shared_ranks):
+    r, n = dist.get_rank(), dist.get_world_size()
+    taken: list = []
+    original = algorithms.CpuBackend._reduce_scatter_shared
+
+    def spy(self, *args):
+        result = original(self, *args)
+        taken.append(result is not None)
+        return result
+
+    algorithms.CpuBackend._reduce_scatter_shared = spy
+    out = {}
+    for c, dtype in enumerate(["float32", "float64", "int64"]):
+        for op in ("sum", "avg", "max"):
+            sizes = [SIZE // n + j for j in range(n)]  # chunks of different lengths
+            flat = (comm.shared_empty(sum(sizes), dtype) if r in shared_ranks
+                    else np.empty(sum(sizes), dtype))
+            flat[:] = values(r, c, dtype, sum(sizes))
+            bounds = np.cumsum([0] + sizes)
+            chunks = [flat[bounds[j] : bounds[j + 1]] for j in range(n)]
+            out[dtype, op] = comm.reduce_scatter(chunks, op)
+    return out, taken
+
+
+@pytest.mark.parametrize("n, shared", [(2, {0, 1}), (3, {0, 1, 2}), (3, {0, 2})])
+def test_reduce_scatter_reads_shared_chunks_in_place(n, shared):
+    res = run_workers(_reduce_scatter_chunks, n, shared, timeout=120)
+    for r, (out, taken) in enumerate(res):
+        assert taken == [len(shared) == n] * 9
+        for c, dtype in enumerate(["float32", "float64", "int64"]):
+            sizes = [SIZE // n + j for j in range(n)]
+            bounds = np.cumsum([0] + sizes)
+            xs = [values(j, c, dtype, sum(sizes))[bounds[r] : bounds[r + 1]] for j in range(n)]
+            for op in ("sum", "avg", "max"):
+                ref = in_member_order(xs, op)
+                got = out[dtype, op]
+                assert got.dtype == ref.dtype and got.shape == ref.shape
+                assert np.array_equal(got.view(np.uint8), ref.view(np.uint8)), (dtype, op)
+
+
 # ------------------------------------------------------------------------------ data parallelism
 
 
@@ -343,3 +383,92 @@ def test_no_shared_memory_file_is_left_behind():
     before = set(glob.glob("/dev/shm/mg-*"))
     run_workers(_dp_steps, 2, 2)
     assert set(glob.glob("/dev/shm/mg-*")) <= before
+
+
+def test_the_async_worker_keeps_nothing_of_a_finished_call():
+    # a pooled buffer (a bucket, fully_shard's scratch) is reused only once nothing views it: the
+    # worker thread must not hold the last call's closure while it waits for the next
+    import time  # noqa: PLC0415
+    import weakref  # noqa: PLC0415
+
+    from minigrad.distributed.comm.providers.base import OrderedWorker  # noqa: PLC0415
+
+    worker = OrderedWorker("test")
+    try:
+        buffer = np.zeros(10)
+        alive = weakref.ref(buffer)
+        view = buffer[2:]
+        assert worker.submit(lambda v=view: float(v.sum())).wait() == 0.0
+        del buffer, view
+        deadline = time.monotonic() + 2
+        while alive() is not None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert alive() is None
+    finally:
+        worker.close()
+
+
+def _sharded_steps(mode, steps=3):
+    import minigrad as mg  # noqa: PLC0415
+    import minigrad.autodiff as ad  # noqa: PLC0415
+    import minigrad.functional as F  # noqa: PLC0415
+    import minigrad.module as M  # noqa: PLC0415
+    import minigrad.optimizer as optim  # noqa: PLC0415
+    from minigrad.distributed.data_parallel import fully_shard as fs  # noqa: PLC0415
+
+    allocations, taken = [], []
+    shared_empty = fs.comm.shared_empty
+    fs.comm.shared_empty = lambda *a: allocations.append(a) or shared_empty(*a)
+    original = algorithms.CpuBackend._reduce_scatter_shared
+    algorithms.CpuBackend._reduce_scatter_shared = (
+        lambda self, *a: taken.append(1) or original(self, *a))
+    mg.random.seed(0)
+    net = M.Sequential(M.Linear(64, 300), M.Tanh(), M.Linear(300, 200), M.Tanh(),
+                       M.Linear(200, 10))
+    cbs = [dist.make_allreduce_cb("mean")] if mode == "ddp" else []
+    if mode != "ddp":
+        for layer in list(net.children()):
+            dist.fully_shard(layer, reshard_after_forward=mode == "zero3")
+        dist.fully_shard(net, reshard_after_forward=mode == "zero3")
+    gm = ad.GradManager().attach(net.parameters(), callbacks=cbs)
+    opt = optim.Adam(net.parameters(), lr=1e-2)
+    rng = np.random.default_rng(dist.get_rank())
+    first_step = None
+    for _ in range(steps):
+        x = mg.tensor(rng.standard_normal((8, 64)).astype(np.float32))
+        with gm:
+            gm.backward(F.tanh(net(x)).mean())
+        opt.step().clear_grad()
+        first_step = len(allocations) if first_step is None else first_step
+    state = dist.full_state_dict(net) if mode != "ddp" else net.state_dict()
+    state = {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in state.items()}
+    return state, (first_step, len(allocations)), len(taken)
+
+
+@pytest.mark.parametrize("mode", ["zero2", "zero3"])
+def test_sharded_gradients_reduce_scatter_in_place_bitwise_ddp(mode):
+    ddp = run_workers(_sharded_steps, 2, "ddp")[0][0]
+    for state, allocations, taken in run_workers(_sharded_steps, 2, mode):
+        # one scratch buffer for every layer: the last layer's (backward comes to it first),
+        # then one the size of the largest; nothing allocated after the first step
+        assert allocations == (2, 2)
+        assert taken == 3 * 3  # three layers' gradients each step, read in place
+        assert state.keys() == ddp.keys()
+        for k in ddp:
+            assert np.array_equal(state[k], ddp[k]), k
+
+
+def test_the_scratch_is_reused_when_free_grown_when_small_and_replaced_when_viewed():
+    from minigrad.distributed.data_parallel.fully_shard import HostScratch  # noqa: PLC0415
+
+    scratch = HostScratch()
+    a = scratch.get(None, 10, "float32")
+    first = id(a.base)  # the kept buffer (an id: a reference would keep it busy)
+    del a
+    b = scratch.get(None, 6, "float32")
+    assert id(b.base) == first and b.shape == (6,)  # free again: a prefix of the same buffer
+    c = scratch.get(None, 6, "float32")
+    assert id(c.base) != first  # b still views the first one
+    del b, c
+    d = scratch.get(None, 20, "float32")
+    assert d.size == 20 and scratch.get(None, 3, "float64").dtype == np.float64

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import weakref
 
 import numpy as np
@@ -149,6 +150,31 @@ def _find_slots(module: Module, param) -> list[_Slot]:
         if k not in ("_forward_pre_hooks", "_forward_hooks", "_fully_shard"):
             visit(module, k, v, seen)
     return found
+
+
+class HostScratch:
+    """The host buffer each wrapped module packs its full gradients into for the reduce-scatter,
+    one per (group, dtype) shared by every module: a module's reduce-scatter has finished before
+    the next one starts, so one buffer of the largest module's size serves them all, and it stays
+    allocated between steps (as PyTorch's caching allocator keeps its blocks). It lives in shared
+    memory (``comm.shared_empty``), which the reduce-scatter reads in place on one host."""
+
+    def __init__(self):
+        self._arrays: dict = {}
+
+    def get(self, group, count: int, dtype) -> np.ndarray:
+        """A 1-D array of ``count`` elements (old contents), a prefix of the kept buffer when no
+        view of it is alive, else of a new one that replaces it."""
+        key = (id(group), np.dtype(dtype).name)
+        array = self._arrays.get(key)
+        # the references of a free buffer: the dict, ``array`` and getrefcount's argument
+        if array is None or array.size < count or sys.getrefcount(array) > 3:
+            size = count if array is None else max(count, array.size)
+            array = self._arrays[key] = comm.shared_empty(size, dtype, group)
+        return array[:count]
+
+
+_HOST_SCRATCH = HostScratch()
 
 
 class FullyShardState:
@@ -304,13 +330,17 @@ class FullyShardState:
                 continue
             p0 = self.pieces[idx[0]]
             xp = get_array_module(p0.data)
-            flat = xp.zeros(bucket.shard_size * self.n, self.policy.gradient_reduce_dtype(
-                p0.dtype))
+            size, dtype = bucket.shard_size * self.n, self.policy.gradient_reduce_dtype(p0.dtype)
+            flat = (_HOST_SCRATCH.get(self.group, size, dtype) if xp is np
+                    else xp.empty(size, dtype))
             offset = 0
             for i, size in zip(idx, bucket.sizes):
-                if grads[i] is not None:
+                if grads[i] is None:  # no gradient: zeros
+                    flat[offset : offset + size] = 0
+                else:
                     flat[offset : offset + size] = grads[i].reshape(-1)
                 offset += size
+            flat[offset:] = 0  # the padding
             m = bucket.shard_size
             if self.n == 1:
                 works.append((idx, bucket, None, flat))

@@ -283,6 +283,9 @@ class OrderedWorker:
                 with self._cond:
                     self._pending -= 1
                     self._cond.notify_all()
+            # keep nothing of the finished call while waiting for the next: its arrays (a
+            # pooled buffer the caller wants to reuse, a result the caller dropped) are free
+            item = fn = box = done = None
 
 
 class Backend(abc.ABC):
