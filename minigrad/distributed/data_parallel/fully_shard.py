@@ -343,7 +343,7 @@ class FullyShardState:
             flat[offset:] = 0  # the padding
             m = bucket.shard_size
             if self.n == 1:
-                works.append((idx, bucket, None, flat))
+                works.append((idx, bucket, None, flat.copy()))  # the scratch is reused
                 continue
             chunks = [flat[r * m : (r + 1) * m] for r in range(self.n)]
             works.append((idx, bucket, comm.reduce_scatter(chunks, "avg", self.group,

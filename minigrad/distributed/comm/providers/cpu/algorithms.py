@@ -4,9 +4,14 @@
 Reductions combine the members' inputs in group order, so every rank gets bitwise the same result.
 With more than two members and more than :data:`RS_AG_MIN_BYTES`, all-reduce runs as reduce-scatter
 then all-gather: each rank reads ``2 (n-1) / n`` of the array instead of ``n - 1`` whole copies.
+Arrays that every member holds in its shared heap (``comm.shared_empty``) are not copied through
+the exchange at all: all-reduce and reduce-scatter read them in place (``_all_reduce_shared``,
+``_reduce_scatter_shared``), after one round in which the members tell where they lie.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -83,6 +88,17 @@ class CpuBackend(Backend):
         self.transport.close()
 
     # --- plumbing
+    @contextlib.contextmanager
+    def _aborting(self):
+        """On any error inside: tell the peers this rank abandoned the collective and mark the
+        group broken (every member then raises instead of waiting), then re-raise."""
+        try:
+            yield
+        except BaseException:
+            self.transport.abort()
+            self.ctx.broken = True
+            raise
+
     def _run(self, fp: dict, sends: list, on_headers=None, consume=None, key=None) -> list[dict]:
         """One exchange under fingerprint ``fp``, checked on every member; ``key`` (optional) lets
         the transport reuse the encoded header of an earlier call with the same key."""
@@ -95,14 +111,10 @@ class CpuBackend(Backend):
             if on_headers is not None:
                 on_headers(headers)
 
-        try:
+        with self._aborting():
             return self.transport.exchange(
                 fp, sends, headers_hook, consume or _ignore, what, key
             )
-        except BaseException:
-            self.transport.abort()
-            ctx.broken = True
-            raise
 
     def exchange_headers(self, fp: dict, on_headers=None) -> list[dict]:
         """Agree on a fingerprint (and exchange small JSON headers) without data: the NCCL backend
@@ -154,12 +166,8 @@ class CpuBackend(Backend):
             # one round of shared memory: the transport's own all-reduce (see ShmTransport); the
             # fingerprint is built only when the transport needs it (first call of a shape, a
             # mismatch, a wait long enough to warn)
-            try:
+            with self._aborting():
                 transport.all_reduce(x, ufunc, seq, key, header, self._check_headers)
-            except BaseException:
-                transport.abort()
-                self.ctx.broken = True
-                raise
         elif transport.kind == "shm" and self._all_reduce_shared(x, ufunc, header(), key,
                                                                  divisor):
             return
@@ -170,33 +178,40 @@ class CpuBackend(Backend):
         if divisor:
             divide_by_count(x, divisor)
 
+    def _shared_offsets(self, fp: dict, arrays: list, key) -> list | None:
+        """Round 1 of the zero-copy paths (fingerprints checked as in every exchange): each
+        member tells where each of ``arrays`` lies in its shared heap (:mod:`.shared_heap`), -1
+        where one is private. Every member's offsets (an int64 array each), or None when some
+        member has a private one: every member sees the same and falls back alike."""
+        heap, n = self.transport.heap, len(self.ctx.ranks)
+        slot = np.array([-1 if (w := heap.locate(a)) is None else w for a in arrays], np.int64)
+        offsets: list = [None] * n
+
+        def consume(pieces):
+            for src, (_, mv) in pieces.items():
+                offsets[src] = np.frombuffer(mv, np.int64).copy()
+
+        self._run(fp, [slot] * n, None, consume, key)
+        return None if min(int(o.min()) for o in offsets) < 0 else offsets
+
     def _all_reduce_shared(self, x, ufunc, fp, key, divisor) -> bool:
         """The zero-copy all-reduce, when every member's ``x`` lies in its shared heap
         (:func:`~minigrad.distributed.comm.arrays.shared_empty`); else False, nothing done.
 
-        Round 1 (fingerprints checked as in every exchange): each member tells where its ``x``
-        lies in its heap, or -1. If all do, member i reduces part i of the array, reading that
-        part of every member's array in place, in group order (bitwise what the other paths
-        give), and divides it for AVG; after round 2 each member copies the other parts from
-        their owners; round 3 keeps every array unchanged until all members have copied."""
-        transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
-        where = transport.heap.locate(x)
-        offsets = [-1] * n
-
-        def consume(pieces):
-            for src, (_, mv) in pieces.items():
-                offsets[src] = int(np.frombuffer(mv, np.int64)[0])
-
-        slot = np.array([-1 if where is None else where], np.int64)
-        self._run(fp, [slot] * n, None, consume, ("all_reduce/where",) + key)
-        if min(offsets) < 0:
+        After round 1 (:meth:`_shared_offsets`), member i reduces part i of the array, reading
+        that part of every member's array in place, in group order (bitwise what the other
+        paths give), and divides it for AVG; after round 2 each member copies the other parts
+        from their owners; round 3 keeps every array unchanged until all members have copied."""
+        offsets = self._shared_offsets(fp, [x], ("all_reduce/where",) + key)
+        if offsets is None:
             return False
+        transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
         what = lambda: f"{describe(fp)} in group {self.ctx.ranks}"
         flat = x.reshape(-1)
         bounds = [flat.size * j // n for j in range(n + 1)]
-        try:
+        with self._aborting():
             arrays = [flat if j == me else
-                      transport.peer_array(j, offsets[j], x.dtype, x.size, what)
+                      transport.peer_array(j, int(offsets[j][0]), x.dtype, x.size, what)
                       for j in range(n)]
             part = slice(bounds[me], bounds[me + 1])
             _reduce_in_order([a[part] for a in arrays], ufunc, flat[part])
@@ -207,10 +222,6 @@ class CpuBackend(Backend):
                 if j != me:
                     flat[bounds[j] : bounds[j + 1]] = arrays[j][bounds[j] : bounds[j + 1]]
             transport.sync(what)  # nobody reads this rank's array any more
-        except BaseException:
-            transport.abort()
-            self.ctx.broken = True
-            raise
         return True
 
     def _all_reduce_direct(self, x, ufunc, fp, key) -> None:
@@ -302,37 +313,25 @@ class CpuBackend(Backend):
 
     def _reduce_scatter_shared(self, chunks, op, seq, sig, check) -> np.ndarray | None:
         """The zero-copy reduce-scatter, when every member's chunks all lie in its shared heap
-        (views of one ``shared_empty`` array, as ``fully_shard``'s gradient buckets are); else
-        None, nothing done. Round 1 (fingerprints checked): each member tells where each of its
-        chunks lies (-1: private). Then member i reduces chunk i of every member, read in place,
-        in group order; round 2 keeps every chunk unchanged until all members have read."""
-        transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
+        (views of one ``shared_empty`` array, as ``fully_shard``'s gradient buffers are); else
+        None, nothing done. After round 1 (:meth:`_shared_offsets`), member i reduces chunk i of
+        every member, read in place, in group order; round 2 keeps every chunk unchanged until
+        all members have read."""
         fp = dict(fingerprint("reduce_scatter", seq, None, sig, check),
                   meta=[array_meta(c) for c in chunks])
-        slot = np.array([-1 if (w := transport.heap.locate(c)) is None else w for c in chunks],
-                        np.int64)
-        offsets: list = [None] * n
-
-        def consume(pieces):
-            for src, (_, mv) in pieces.items():
-                offsets[src] = np.frombuffer(mv, np.int64).copy()
-
         key = ("reduce_scatter/where", tuple((c.shape, c.dtype) for c in chunks), op, check)
-        self._run(fp, [slot] * n, None, consume, key)
-        if min(int(o.min()) for o in offsets) < 0:
+        offsets = self._shared_offsets(fp, chunks, key)
+        if offsets is None:
             return None
+        transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
         what = lambda: f"{describe(fp)} in group {self.ctx.ranks}"
         mine = chunks[me]
-        try:
+        with self._aborting():
             parts = [mine if j == me else
                      transport.peer_array(j, int(offsets[j][me]), mine.dtype, mine.size, what)
                      .reshape(mine.shape) for j in range(n)]
             out = _reduce_in_order(parts, UFUNCS[op], np.empty_like(mine))
             transport.sync(what)  # nobody reads this rank's chunks any more
-        except BaseException:
-            transport.abort()
-            self.ctx.broken = True
-            raise
         return out
 
     def barrier(self, seq: int, check: str | None = None) -> None:

@@ -84,13 +84,15 @@ class SharedHeap:
                 os.posix_fallocate(self.fd, self.base + off, length)
             except OSError:
                 return None
+            try:
+                block = mmap.mmap(self.fd, length, offset=self.base + off)
+            except OSError:  # out of address space or mappings: private memory will do
+                return None
             if free == length:
                 del self._free[i]
             else:
                 self._free[i] = (off + length, free - length)
-        block = mmap.mmap(self.fd, length, offset=self.base + off)
-        address = np.frombuffer(block, np.uint8, 1).ctypes.data
-        with self._lock:
+            address = np.frombuffer(block, np.uint8, 1).ctypes.data
             self._live[address] = (off, length)
         # not at exit: the file goes away with the process, and a forked child's exit must not
         # free its parent's blocks
