@@ -472,3 +472,27 @@ def test_the_scratch_is_reused_when_free_grown_when_small_and_replaced_when_view
     del b, c
     d = scratch.get(None, 20, "float32")
     assert d.size == 20 and scratch.get(None, 3, "float64").dtype == np.float64
+
+
+def _unmappable(rank_without_room):
+    """One rank cannot map its peers' heaps (``ulimit -v``): every rank copies instead."""
+    r = dist.get_rank()
+    if r == rank_without_room:
+        from minigrad.distributed.comm.providers.cpu import shm  # noqa: PLC0415
+
+        def no_room(self, base):
+            raise OSError(12, "Cannot allocate memory")
+
+        shm.Segment.heap = no_room
+    taken = count_zero_copy()
+    x = comm.shared_empty(SIZE, "float64")
+    x[:] = values(r, 0, "float64")
+    return comm.all_reduce(x, "sum").copy(), taken
+
+
+@pytest.mark.parametrize("rank_without_room", [0, 1])
+def test_a_rank_that_cannot_map_its_peers_heaps_makes_everyone_copy(rank_without_room):
+    res = run_workers(_unmappable, 2, rank_without_room)
+    ref = in_member_order([values(j, 0, "float64") for j in range(2)], "sum")
+    for got, taken in res:
+        assert taken == [False] and np.array_equal(got, ref)

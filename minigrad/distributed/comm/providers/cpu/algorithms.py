@@ -181,10 +181,14 @@ class CpuBackend(Backend):
     def _shared_offsets(self, fp: dict, arrays: list, key) -> list | None:
         """Round 1 of the zero-copy paths (fingerprints checked as in every exchange): each
         member tells where each of ``arrays`` lies in its shared heap (:mod:`.shared_heap`), -1
-        where one is private. Every member's offsets (an int64 array each), or None when some
-        member has a private one: every member sees the same and falls back alike."""
-        heap, n = self.transport.heap, len(self.ctx.ranks)
-        slot = np.array([-1 if (w := heap.locate(a)) is None else w for a in arrays], np.int64)
+        where one is private (or where this rank cannot map its peers' heaps). Every member's
+        offsets (an int64 array each), or None when some member sent a -1: every member sees
+        the same and falls back alike."""
+        transport, n = self.transport, len(self.ctx.ranks)
+        where = [transport.heap.locate(a) for a in arrays]
+        if None not in where and not transport.peer_heaps_mapped():
+            where = [None] * len(arrays)  # it cannot read the peers' arrays: everyone copies
+        slot = np.array([-1 if w is None else w for w in where], np.int64)
         offsets: list = [None] * n
 
         def consume(pieces):

@@ -224,6 +224,7 @@ class ShmTransport:
         self._cache: dict = {}
         self._reduce_views: dict = {}
         self._header_in: list = [None, None]  # the header bytes all_reduce left in each area
+        self._peer_heaps: bool | None = None  # peer_heaps_mapped(), once known
 
     def close(self) -> None:
         """Unmap the group's segments."""
@@ -282,6 +283,20 @@ class ShmTransport:
                 cause = "" if failure is None else f" ({failure})"
                 raise CollectiveError(f"{what()}: rank(s) {bad} aborted this collective{cause}")
             waiter.pause()
+
+    def peer_heaps_mapped(self) -> bool:
+        """Whether this rank can read every peer's shared heap: mapped on the first call (a
+        virtual range the size of each peer's heap); False for good where the address space
+        does not allow it (``ulimit -v``), so this rank's arrays count as private."""
+        if self._peer_heaps is None:
+            try:
+                for j, seg in enumerate(self.segs):
+                    if j != self.index:
+                        seg.heap(self.heap_base)
+                self._peer_heaps = True
+            except (OSError, ValueError):
+                self._peer_heaps = False
+        return self._peer_heaps
 
     def peer_array(self, member: int, offset: int, dtype: np.dtype, count: int,
                    what) -> np.ndarray:
