@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 import weakref
 
 import numpy as np
@@ -60,7 +59,7 @@ from minigrad.backend.dtypes import is_bfloat16, is_floating
 from minigrad.backend.xp import get_array_module, to_numpy
 from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.comm.collectives import all_gather_object
-from minigrad.distributed.comm.flat_buffer import group_by_layout
+from minigrad.distributed.comm.flat_buffer import FlatBuffer, group_by_layout
 from minigrad.distributed.comm.group import WORLD, resolve_group
 from minigrad.distributed.data_parallel.helper import bcast_list_
 from minigrad.distributed.data_parallel.mixed_precision import (
@@ -160,18 +159,18 @@ class HostScratch:
     memory (``comm.shared_empty``), which the reduce-scatter reads in place on one host."""
 
     def __init__(self):
-        self._arrays: dict = {}
+        self._buffers: dict = {}  # (group, dtype) -> FlatBuffer of one array
 
     def get(self, group, count: int, dtype) -> np.ndarray:
         """A 1-D array of ``count`` elements (old contents), a prefix of the kept buffer when no
         view of it is alive, else of a new one that replaces it."""
         key = (id(group), np.dtype(dtype).name)
-        array = self._arrays.get(key)
-        # the references of a free buffer: the dict, ``array`` and getrefcount's argument
-        if array is None or array.size < count or sys.getrefcount(array) > 3:
-            size = count if array is None else max(count, array.size)
-            array = self._arrays[key] = comm.shared_empty(size, dtype, group)
-        return array[:count]
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < count or not buf.is_free():
+            size = count if buf is None else max(count, buf.size)
+            buf = self._buffers[key] = FlatBuffer(
+                [(size,)], dtype, np, empty=lambda n, dt: comm.shared_empty(n, dt, group))
+        return buf.data[:count]
 
 
 _HOST_SCRATCH = HostScratch()

@@ -92,6 +92,21 @@ def divide_by_count(x, n: int) -> None:
         x /= n
 
 
+def reduce_in_order(arrays: list[np.ndarray], ufunc, out: np.ndarray) -> np.ndarray:
+    """``out`` = arrays[0] op arrays[1] op ... (group order; ``out`` may be one of the inputs):
+    the order every backend that reduces by itself follows, so its results are bitwise the same
+    on every member. The first call reads the first two inputs before it writes (NumPy's rule for
+    overlapping operands), so only later inputs that share memory with ``out`` are copied first."""
+    if len(arrays) == 1:
+        out[...] = arrays[0]
+        return out
+    later = [np.array(a, copy=True) if np.may_share_memory(a, out) else a for a in arrays[2:]]
+    ufunc(arrays[0], arrays[1], out=out)
+    for a in later:
+        ufunc(out, a, out=out)
+    return out
+
+
 #: NumPy ufunc of each reduction the backends perform (AVG reaches only backends that fold it in,
 #: ``Backend.averages``; the others get SUM and the division happens above them).
 UFUNCS = {

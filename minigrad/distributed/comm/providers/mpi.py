@@ -51,6 +51,7 @@ from minigrad.distributed.comm.providers.base import (
     array_meta,
     as_bytes,
     dtype_name,
+    reduce_in_order,
 )
 from minigrad.distributed.comm.providers.waiting import Waiter, Watchdog, polls
 from minigrad.distributed.runtime.store import StoreTimeout
@@ -128,16 +129,10 @@ def _reduce_rows(rows: list[np.ndarray], ufunc, out: np.ndarray, widen: bool) ->
     """``out`` = rows[0] op rows[1] op ... in member order (``widen``: float16 accumulated in
     float32, as the MPI path reduces it; bool sum/product are or/and, as NumPy's ufuncs give)."""
     if widen:
-        acc = rows[0].astype(np.float32)
-        for row in rows[1:]:
-            ufunc(acc, row.astype(np.float32), out=acc)
-        out[...] = acc
-    elif len(rows) == 1:
-        out[...] = rows[0]
+        out[...] = reduce_in_order([r.astype(np.float32) for r in rows], ufunc,
+                                   np.empty(out.shape, np.float32))
     else:
-        ufunc(rows[0], rows[1], out=out)
-        for row in rows[2:]:
-            ufunc(out, row, out=out)
+        reduce_in_order(rows, ufunc, out)
 
 
 class MpiBackend(Backend):

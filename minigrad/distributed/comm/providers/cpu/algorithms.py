@@ -27,6 +27,7 @@ from minigrad.distributed.comm.providers.base import (
     divide_by_count,
     dtype_name,
     fingerprint,
+    reduce_in_order,
 )
 from minigrad.distributed.comm.providers.cpu.p2p import PeerChannels
 from minigrad.distributed.comm.providers.cpu.shm import ShmTransport
@@ -50,20 +51,6 @@ def _fill(out: np.ndarray, offset: int, piece: memoryview) -> None:
 
 def _ignore(pieces) -> None:
     """The consume step of an exchange that moves no data."""
-
-
-def _reduce_in_order(arrays: list[np.ndarray], ufunc, out: np.ndarray) -> np.ndarray:
-    """``out`` = arrays[0] op arrays[1] op ... (group order; ``out`` may be one of the inputs).
-    The first call reads the first two inputs before it writes (NumPy's rule for overlapping
-    operands), so only later inputs that share memory with ``out`` are copied first."""
-    if len(arrays) == 1:
-        out[...] = arrays[0]
-        return out
-    later = [np.array(a, copy=True) if np.may_share_memory(a, out) else a for a in arrays[2:]]
-    ufunc(arrays[0], arrays[1], out=out)
-    for a in later:
-        ufunc(out, a, out=out)
-    return out
 
 
 class CpuBackend(Backend):
@@ -168,13 +155,14 @@ class CpuBackend(Backend):
             # mismatch, a wait long enough to warn)
             with self._aborting():
                 transport.all_reduce(x, ufunc, seq, key, header, self._check_headers)
-        elif transport.kind == "shm" and self._all_reduce_shared(x, ufunc, header(), key,
-                                                                 divisor):
-            return
-        elif n > 2 and x.nbytes > RS_AG_MIN_BYTES and x.size >= n:
-            self._all_reduce_rs_ag(x, ufunc, header())
         else:
-            self._all_reduce_direct(x, ufunc, header(), key)
+            fp = header()
+            if transport.kind == "shm" and self._all_reduce_shared(x, ufunc, fp, key, divisor):
+                return
+            if n > 2 and x.nbytes > RS_AG_MIN_BYTES and x.size >= n:
+                self._all_reduce_rs_ag(x, ufunc, fp)
+            else:
+                self._all_reduce_direct(x, ufunc, fp, key)
         if divisor:
             divide_by_count(x, divisor)
 
@@ -218,7 +206,7 @@ class CpuBackend(Backend):
                       transport.peer_array(j, int(offsets[j][0]), x.dtype, x.size, what)
                       for j in range(n)]
             part = slice(bounds[me], bounds[me + 1])
-            _reduce_in_order([a[part] for a in arrays], ufunc, flat[part])
+            reduce_in_order([a[part] for a in arrays], ufunc, flat[part])
             if divisor:
                 divide_by_count(flat[part], divisor)
             transport.sync(what)  # every part is reduced
@@ -245,7 +233,7 @@ class CpuBackend(Backend):
             srcs = sorted(pieces)
             off = pieces[srcs[0]][0] // x.itemsize
             views = [np.frombuffer(pieces[s][1], dtype) for s in srcs]
-            _reduce_in_order(views, ufunc, flat[off : off + views[0].size])
+            reduce_in_order(views, ufunc, flat[off : off + views[0].size])
 
         self._run(fp, [x] * n, None, consume, ("all_reduce",) + key)
 
@@ -303,7 +291,7 @@ class CpuBackend(Backend):
         sig = [list(x.shape), dtype_name(x.dtype), op.value]
         outs = self.move("reduce", seq, self.ctx.ranks[root], sig, sends, check)
         if self.ctx.rank == root:
-            _reduce_in_order(outs, UFUNCS[op], x)
+            reduce_in_order(outs, UFUNCS[op], x)
 
     def reduce_scatter(self, chunks: list, op: ReduceOp, seq: int,
                        check: str | None = None) -> np.ndarray:
@@ -313,7 +301,7 @@ class CpuBackend(Backend):
             if out is not None:
                 return out
         outs = self.move("reduce_scatter", seq, None, sig, list(chunks), check)
-        return _reduce_in_order(outs, UFUNCS[op], np.empty_like(outs[0]))
+        return reduce_in_order(outs, UFUNCS[op], np.empty_like(outs[0]))
 
     def _reduce_scatter_shared(self, chunks, op, seq, sig, check) -> np.ndarray | None:
         """The zero-copy reduce-scatter, when every member's chunks all lie in its shared heap
@@ -334,7 +322,7 @@ class CpuBackend(Backend):
             parts = [mine if j == me else
                      transport.peer_array(j, int(offsets[j][me]), mine.dtype, mine.size, what)
                      .reshape(mine.shape) for j in range(n)]
-            out = _reduce_in_order(parts, UFUNCS[op], np.empty_like(mine))
+            out = reduce_in_order(parts, UFUNCS[op], np.empty_like(mine))
             transport.sync(what)  # nobody reads this rank's chunks any more
         return out
 
