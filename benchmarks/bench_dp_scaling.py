@@ -4,6 +4,10 @@ gloo. The two frameworks alternate over ``--rounds`` rounds (each round: one pro
 ranks), because two processes on a small shared VM vary a lot from one minute to the next; the
 table gives the median step times and the median and p10 of the per-round throughput ratio
 (1x128 time / 2x64 time: 1.0 is perfect scaling of the work over the two cores, 0.5 no gain).
+For minigrad it also times the two ranks without the gradient all-reduce (a barrier after each
+backward keeps them in step): the ratio communication-free data parallelism would reach, and what
+the all-reduce of the 2.7 MB of gradients costs per step (its rate is the cores' rate of reading
+each other's memory, which bounds the ratio from below 1 on a small machine).
 Prints the table and writes benchmarks/results/dp_scaling.json.
 
     python benchmarks/bench_dp_scaling.py [--rounds 7] [--steps 40]
@@ -29,8 +33,9 @@ def _batch(n, seed=0):
     return rng.standard_normal((n, 784)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
 
 
-def minigrad_steps(batch: int, steps: int, warmup: int = 5) -> float:
-    """Seconds per training step of this process (inside a launcher rank or standalone)."""
+def minigrad_steps(batch: int, steps: int, allreduce: bool = True, warmup: int = 5) -> float:
+    """Seconds per training step of this process (inside a launcher rank or standalone);
+    ``allreduce=False``: ranks keep their own gradients and only meet at a barrier."""
     import minigrad as mg  # noqa: PLC0415
     import minigrad.autodiff as ad  # noqa: PLC0415
     import minigrad.distributed as dist  # noqa: PLC0415
@@ -43,7 +48,7 @@ def minigrad_steps(batch: int, steps: int, warmup: int = 5) -> float:
         M.Linear(784, 512), M.ReLU(), M.Linear(512, 512), M.ReLU(), M.Linear(512, 10)
     )
     world = dist.get_world_size() if dist.is_distributed() else 1
-    cbs = [dist.make_allreduce_cb("mean")] if world > 1 else None
+    cbs = [dist.make_allreduce_cb("mean")] if world > 1 and allreduce else None
     gm = ad.GradManager().attach(model.parameters(), callbacks=cbs)
     opt = optim.SGD(model.parameters(), lr=0.01)
     x, y = _batch(batch, seed=dist.get_rank() if world > 1 else 0)
@@ -55,6 +60,8 @@ def minigrad_steps(batch: int, steps: int, warmup: int = 5) -> float:
         t0 = time.perf_counter()
         with gm:
             gm.backward(F.nn.cross_entropy(model(x), y))
+        if world > 1 and not allreduce:
+            dist.comm.barrier()
         opt.step().clear_grad()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
@@ -67,8 +74,12 @@ def run_minigrad(steps: int) -> dict:
 
     mg.set_num_threads(2)  # the single process gets both cores; launcher ranks get one each
     single = minigrad_steps(128, steps)
-    dp = max(dist.launcher(minigrad_steps, n_gpus=2, device_type="cpu")(64, steps))
-    return {"single_s": single, "dp_s": dp, "ratio": single / dp}
+    launch = dist.launcher(minigrad_steps, n_gpus=2, device_type="cpu")
+    dp = max(launch(64, steps))
+    no_comm = max(launch(64, steps, allreduce=False))
+    grad_bytes = 4 * sum(a * b + b for a, b in zip(SIZES, SIZES[1:]))
+    return {"single_s": single, "dp_s": dp, "ratio": single / dp, "no_comm_s": no_comm,
+            "ratio_no_comm": single / no_comm, "grad_bytes": grad_bytes}
 
 
 def _torch_worker(rank, port, steps, out):
@@ -134,10 +145,18 @@ def run_torch(steps: int) -> dict | None:
 
 def _summary(rounds: list[dict]) -> dict:
     ratios = [r["ratio"] for r in rounds]
-    return {"single_s": float(np.median([r["single_s"] for r in rounds])),
-            "dp_s": float(np.median([r["dp_s"] for r in rounds])),
-            "ratio": float(np.median(ratios)), "ratio_p10": float(np.percentile(ratios, 10)),
-            "rounds": rounds}
+    out = {"single_s": float(np.median([r["single_s"] for r in rounds])),
+           "dp_s": float(np.median([r["dp_s"] for r in rounds])),
+           "ratio": float(np.median(ratios)), "ratio_p10": float(np.percentile(ratios, 10)),
+           "rounds": rounds}
+    if "no_comm_s" in rounds[0]:
+        out["no_comm_s"] = float(np.median([r["no_comm_s"] for r in rounds]))
+        out["ratio_no_comm"] = float(np.median([r["ratio_no_comm"] for r in rounds]))
+        # the all-reduce's share of a step: paired within each round, the median of the rounds
+        comm_s = float(np.median([r["dp_s"] - r["no_comm_s"] for r in rounds]))
+        out["allreduce_s"] = comm_s
+        out["allreduce_gb_s"] = rounds[0]["grad_bytes"] / comm_s / 1e9 if comm_s > 0 else None
+    return out
 
 
 def main(argv=None) -> dict:
@@ -165,6 +184,12 @@ def main(argv=None) -> dict:
                 f"{name:<10} {r['single_s'] * 1e3:>17.2f} {r['dp_s'] * 1e3:>11.2f} "
                 f"{r['ratio']:>13.2f} {r['ratio_p10']:>10.2f}"
             )
+    r = results["minigrad"]
+    if r is not None and "no_comm_s" in r:
+        rate = f"{r['allreduce_gb_s']:.1f} GB/s" if r["allreduce_gb_s"] else "n/a"
+        print(f"minigrad without the gradient all-reduce: 2x64 {r['no_comm_s'] * 1e3:.2f} ms, "
+              f"ratio {r['ratio_no_comm']:.2f}; the all-reduce of {r['rounds'][0]['grad_bytes']} B "
+              f"adds {r['allreduce_s'] * 1e3:.2f} ms per step ({rate})")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "dp_scaling.json").write_text(json.dumps(results, indent=2))
     return results

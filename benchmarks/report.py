@@ -116,6 +116,15 @@ def summary() -> str:
                     f"| {name} | {r['single_s'] * 1e3:.2f} | {r['dp_s'] * 1e3:.2f} "
                     f"| {r['ratio']:.2f} | {r.get('ratio_p10', float('nan')):.2f} |"
                 )
+        r = dp.get("minigrad")
+        if r and "no_comm_s" in r:
+            rate = f", {r['allreduce_gb_s']:.1f} GB/s" if r.get("allreduce_gb_s") else ""
+            lines.append(
+                f"| minigrad without the gradient all-reduce (barrier only) | "
+                f"{r['single_s'] * 1e3:.2f} | {r['no_comm_s'] * 1e3:.2f} "
+                f"| {r['ratio_no_comm']:.2f} | the all-reduce of "
+                f"{r['rounds'][0]['grad_bytes'] / 1e6:.1f} MB: {r['allreduce_s'] * 1e3:.2f} ms"
+                f"{rate} |")
         lines.append("")
     th = _load("threads.json")
     if th:

@@ -3,7 +3,12 @@
 import numpy as np
 import pytest
 
-from minigrad.distributed.comm.flat_buffer import BufferPool, FlatBuffer, group_by_layout
+from minigrad.distributed.comm.flat_buffer import (
+    BufferPool,
+    FlatBuffer,
+    ScratchPool,
+    group_by_layout,
+)
 
 
 def _arrays():
@@ -91,3 +96,28 @@ def test_pool_allocates_host_buffers_with_the_given_function():
     views = first.views()
     assert pool.get("k", arrays) is not first and len(calls) == 2  # a view of it is alive
     del views
+
+
+def test_scratch_is_reused_when_free_kept_per_user_and_grown_when_small():
+    made = []
+    pool = ScratchPool(lambda count, dtype, owner: made.append((count, owner)) or
+                       np.empty(count, dtype))
+    a = pool.get("g", 10, "float32")
+    first = id(a.base)  # the kept buffer (an id: a reference would keep it busy)
+    del a
+    b = pool.get("g", 6, "float32")
+    assert id(b.base) == first and b.shape == (6,)  # free again: a prefix of the same buffer
+    c = pool.get("g", 6, "float32")
+    second = id(c.base)
+    assert second != first  # b still views the first one: a second buffer
+    del b, c
+    for _ in range(3):  # two users at a time, as a transfer in flight and the next one packed
+        x, y = pool.get("g", 8, "float32"), pool.get("g", 4, "float32")
+        assert {id(x.base), id(y.base)} == {first, second}
+        del x, y
+    assert made == [(10, "g"), (6, "g")]
+    big = pool.get("g", 20, "float32")  # both free and too small: the larger one is replaced
+    assert big.size == 20 and made[-1] == (20, "g")
+    assert pool.get("g", 6, "float32").base is not big.base  # the 6-element one is still kept
+    assert len(made) == 3
+    assert pool.get("h", 3, "float64").dtype == np.float64 and made[-1] == (3, "h")

@@ -1,7 +1,8 @@
-"""Shared buffers (``comm.shared_empty``) and the zero-copy all-reduce that reads them in place:
-the heap's blocks and their lifetimes, results against NumPy reductions in member order, every
-mix of shared and private arrays, mismatches and bad offsets raising on every rank, and the
-data-parallel buckets taking the zero-copy path."""
+"""Shared buffers (``comm.shared_empty``) and the zero-copy collectives that read them in place:
+the heap's blocks and their lifetimes, all-reduce and reduce-scatter results against NumPy
+reductions in member order, all-gathers against concatenation, every mix of shared and private
+arrays, mismatches and bad offsets raising on every rank, and the data-parallel buckets taking the
+zero-copy path."""
 
 from __future__ import annotations
 
@@ -338,6 +339,82 @@ def test_reduce_scatter_reads_shared_chunks_in_place(n, shared):
                 assert np.array_equal(got.view(np.uint8), ref.view(np.uint8)), (dtype, op)
 
 
+GATHER_DTYPES = ["float32", "float64", "float16", "int64", "uint8"]
+
+
+def _gather_into(shared_ranks, in_place):
+    r, n = dist.get_rank(), dist.get_world_size()
+    taken: list = []
+    original = algorithms.CpuBackend._all_gather_shared
+
+    def spy(self, *args):
+        taken.append(original(self, *args))
+        return taken[-1]
+
+    algorithms.CpuBackend._all_gather_shared = spy
+    out = {}
+    for c, dtype in enumerate(GATHER_DTYPES):
+        for size in (SIZE, SMALL):
+            empty = comm.shared_empty if r in shared_ranks else np.empty
+            if in_place:  # the input is this rank's slot of the output
+                full = empty(n * size, dtype)
+                x = full[r * size : (r + 1) * size]
+            else:
+                x, full = empty(size, dtype), np.full(n * size, 7, dtype)
+            x[:] = values(r, c, dtype, size)
+            if c % 2:
+                assert comm.all_gather_into(full, x, async_op=True).wait() is full
+            else:
+                assert comm.all_gather_into(full, x) is full
+            out[dtype, size] = full.copy()
+    return out, taken
+
+
+@pytest.mark.parametrize("n, shared, in_place", [
+    (2, {0, 1}, False), (2, {0, 1}, True), (3, {0, 1, 2}, False), (3, {0, 2}, False),
+    (2, set(), True)])
+def test_all_gather_into_copies_shared_inputs_straight_from_the_peers(n, shared, in_place):
+    res = run_workers(_gather_into, n, shared, in_place, timeout=120)
+    for out, taken in res:
+        # every gather of more than one round asked whether all inputs are shared: only when
+        # they all are does it read them in place; everyone decides alike
+        assert len(taken) >= len(GATHER_DTYPES) and set(taken) == {len(shared) == n}
+        assert taken == res[0][1]
+        for c, dtype in enumerate(GATHER_DTYPES):
+            for size in (SIZE, SMALL):
+                ref = np.concatenate([values(j, c, dtype, size) for j in range(n)])
+                assert np.array_equal(out[dtype, size].view(np.uint8), ref.view(np.uint8))
+
+
+def _gather_into_errors():
+    r, n = dist.get_rank(), dist.get_world_size()
+    errors = []
+    for out, x in [(np.empty(2 * SIZE, "float64"), np.empty(SIZE, "float32")),  # dtype
+                   (np.empty(2 * SIZE + 1, "float32"), np.empty(SIZE, "float32")),  # size
+                   (np.empty((2, SIZE), "float32")[:, ::2], np.empty((SIZE + 1) // 2, "float32"))]:
+        try:
+            comm.all_gather_into(out, x)
+        except ValueError as exc:
+            errors.append(str(exc))
+    x = comm.shared_empty(SIZE + r, "float32")  # a different size on each rank
+    try:
+        comm.all_gather_into(np.empty(n * x.size, "float32"), x)
+    except CollectiveError as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+    return errors
+
+
+def test_all_gather_into_refuses_bad_outputs_and_unequal_inputs_on_every_rank():
+    for errors in run_workers(_gather_into_errors, 2, timeout=60):
+        assert len(errors) == 4
+        assert errors[0] == (f"all_gather_into: out must hold 2 x {SIZE} = {2 * SIZE} elements "
+                             f"of float32 (the input on 2 ranks), got {2 * SIZE} of float64")
+        assert f"got {2 * SIZE + 1} of float32" in errors[1]
+        assert "writable C-contiguous" in errors[2]
+        assert errors[3].startswith("CollectiveMismatchError") and "all_gather_into" in errors[3]
+        assert f"'float32', {SIZE}]" in errors[3] and f"'float32', {SIZE + 1}]" in errors[3]
+
+
 # ------------------------------------------------------------------------------ data parallelism
 
 
@@ -449,29 +526,14 @@ def _sharded_steps(mode, steps=3):
 def test_sharded_gradients_reduce_scatter_in_place_bitwise_ddp(mode):
     ddp = run_workers(_sharded_steps, 2, "ddp")[0][0]
     for state, allocations, taken in run_workers(_sharded_steps, 2, mode):
-        # one scratch buffer for every layer: the last layer's (backward comes to it first),
-        # then one the size of the largest; nothing allocated after the first step
-        assert allocations == (2, 2)
+        # the scratch buffers serve every layer's gathered shard and full gradients: they grow
+        # to the largest layer's gradients during the first step, nothing is allocated after
+        first_step, total = allocations
+        assert first_step == total <= 3
         assert taken == 3 * 3  # three layers' gradients each step, read in place
         assert state.keys() == ddp.keys()
         for k in ddp:
             assert np.array_equal(state[k], ddp[k]), k
-
-
-def test_the_scratch_is_reused_when_free_grown_when_small_and_replaced_when_viewed():
-    from minigrad.distributed.data_parallel.fully_shard import HostScratch  # noqa: PLC0415
-
-    scratch = HostScratch()
-    a = scratch.get(None, 10, "float32")
-    first = id(a.base)  # the kept buffer (an id: a reference would keep it busy)
-    del a
-    b = scratch.get(None, 6, "float32")
-    assert id(b.base) == first and b.shape == (6,)  # free again: a prefix of the same buffer
-    c = scratch.get(None, 6, "float32")
-    assert id(c.base) != first  # b still views the first one
-    del b, c
-    d = scratch.get(None, 20, "float32")
-    assert d.size == 20 and scratch.get(None, 3, "float64").dtype == np.float64
 
 
 def _unmappable(rank_without_room):

@@ -70,6 +70,7 @@ __all__ = [
     "Work",
     "all_gather",
     "all_gather_along",
+    "all_gather_into",
     "all_reduce",
     "all_to_all",
     "all_to_all_along",
@@ -338,6 +339,42 @@ def all_gather(x, group: Group | None = None, async_op: bool = False, *,
     buf = c.buffer(x)
     finish = lambda ys: [c.output(y) for y in ys]
     return c.execute(lambda: c.backend.all_gather(buf, c.seq, c.check), finish, async_op)
+
+
+def all_gather_into(out, x, group: Group | None = None, async_op: bool = False, *,
+                    check: str | None = None):
+    """Every rank's ``x`` back to back in ``out``, in group order (PyTorch's
+    ``all_gather_into_tensor``): ``out`` is C-contiguous with ``n * x.size`` elements of ``x``'s
+    dtype, and every rank's ``x`` has the same size. Returns ``out`` (a Work when ``async_op``).
+
+    Unlike :func:`all_gather` no array per rank is made: the pieces are written straight into
+    ``out``, and on one host, when each rank's ``x`` comes from :func:`shared_empty`, each rank
+    copies the others' ``x`` from their memory. ``x`` may be a view of ``out`` (gather in place).
+
+    Example::
+
+        full = np.empty(world * shard.size, shard.dtype)
+        comm.all_gather_into(full, shard)
+    """
+    for a in (x, out):
+        check_array("all_gather_into", a)
+    n = resolve_group(group).size
+    if dtype_name(out.dtype) != dtype_name(x.dtype) or out.size != n * x.size:
+        raise ValueError(
+            f"all_gather_into: out must hold {n} x {x.size} = {n * x.size} elements of "
+            f"{dtype_name(x.dtype)} (the input on {n} ranks), got {out.size} of "
+            f"{dtype_name(out.dtype)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("all_gather_into: out must be a writable C-contiguous array")
+    c = _Call("all_gather_into", group, [x, out], async_op=async_op, check=check)
+    buf, out_buf = c.buffer(x), c.buffer(out)  # out itself unless staged from the GPU
+
+    def finish(_):
+        c.write_back(out, out_buf)
+        return out
+
+    body = lambda: c.backend.all_gather_into(buf, out_buf.reshape(-1), c.seq, c.check)
+    return c.execute(body, finish, async_op)
 
 
 def gather(x, root: int | None = None, group: Group | None = None, async_op: bool = False, *,

@@ -109,6 +109,10 @@ def all_gather_into_tensor(output_tensor, input_tensor, group: Group | None = No
             f"{n} ranks"
         )
 
+    if out.flags.c_contiguous and dtype_name(out.dtype) == dtype_name(x.dtype):
+        # either form is the ranks' inputs back to back: gathered straight into the output
+        return _finish(comm.all_gather_into(out, x, group, async_op), async_op, lambda _: None)
+
     def fill(ys):
         for i, y in enumerate(ys):
             part = out[i, ...] if stacked else out[i * x.shape[0] : (i + 1) * x.shape[0]]

@@ -12,7 +12,7 @@ This module is that one packing step, used by every caller:
   gives the i-th of n equal parts;
 * :class:`BufferPool` keeps buffers between calls, keyed by layout, and hands one out again only
   when nothing views it any more (a fresh multi-megabyte buffer costs a page fault per 4 KiB on
-  every step).
+  every step); :class:`ScratchPool` does the same for plain 1-D scratch buffers of any size.
 
 Example::
 
@@ -144,6 +144,33 @@ class FlatBuffer:
         """Whether no view of the buffer is alive outside this object (it can be refilled)."""
         # the references: self.__dict__ and getrefcount's argument
         return sys.getrefcount(self.data) == 2
+
+
+class ScratchPool:
+    """1-D scratch buffers kept between calls per (owner, dtype), as PyTorch's caching allocator
+    keeps its blocks: :meth:`get` hands out a prefix of a kept buffer that no view of is alive
+    (whatever used it last has finished), else allocates one, so concurrent users (a transfer in
+    flight and the next being packed) get different buffers and a steady loop allocates nothing.
+    ``empty(count, dtype, owner)`` allocates (e.g. ``comm.shared_empty`` of the owner group)."""
+
+    def __init__(self, empty: Callable):
+        self._empty = empty
+        self._buffers: dict = {}  # (id(owner), dtype name) -> [FlatBuffer of one array]
+
+    def get(self, owner, count: int, dtype):
+        """A 1-D array of ``count`` elements (old contents) for ``owner``: a prefix of a free
+        kept buffer large enough, else of a new one (which replaces the largest free one, too
+        small, if any)."""
+        kept = self._buffers.setdefault((id(owner), np.dtype(dtype).name), [])
+        free = [buf for buf in kept if buf.is_free()]
+        for buf in free:
+            if buf.size >= count:
+                return buf.data[:count]
+        if free:
+            kept.remove(max(free, key=lambda buf: buf.size))
+        buf = FlatBuffer([(count,)], dtype, np, data=self._empty(count, dtype, owner))
+        kept.append(buf)
+        return buf.data[:count]
 
 
 def shard_segments(sizes, i: int, n: int) -> list[tuple[int, int, int]]:

@@ -59,8 +59,9 @@ from minigrad.backend.dtypes import is_bfloat16, is_floating
 from minigrad.backend.xp import get_array_module, to_numpy
 from minigrad.distributed.comm import arrays as comm
 from minigrad.distributed.comm.collectives import all_gather_object
-from minigrad.distributed.comm.flat_buffer import FlatBuffer, group_by_layout
+from minigrad.distributed.comm.flat_buffer import ScratchPool, group_by_layout
 from minigrad.distributed.comm.group import WORLD, resolve_group
+from minigrad.distributed.comm.providers.base import CollectiveMismatchError
 from minigrad.distributed.data_parallel.helper import bcast_list_
 from minigrad.distributed.data_parallel.mixed_precision import (
     FULL_PRECISION,
@@ -151,29 +152,10 @@ def _find_slots(module: Module, param) -> list[_Slot]:
     return found
 
 
-class HostScratch:
-    """The host buffer each wrapped module packs its full gradients into for the reduce-scatter,
-    one per (group, dtype) shared by every module: a module's reduce-scatter has finished before
-    the next one starts, so one buffer of the largest module's size serves them all, and it stays
-    allocated between steps (as PyTorch's caching allocator keeps its blocks). It lives in shared
-    memory (``comm.shared_empty``), which the reduce-scatter reads in place on one host."""
-
-    def __init__(self):
-        self._buffers: dict = {}  # (group, dtype) -> FlatBuffer of one array
-
-    def get(self, group, count: int, dtype) -> np.ndarray:
-        """A 1-D array of ``count`` elements (old contents), a prefix of the kept buffer when no
-        view of it is alive, else of a new one that replaces it."""
-        key = (id(group), np.dtype(dtype).name)
-        buf = self._buffers.get(key)
-        if buf is None or buf.size < count or not buf.is_free():
-            size = count if buf is None else max(count, buf.size)
-            buf = self._buffers[key] = FlatBuffer(
-                [(size,)], dtype, np, empty=lambda n, dt: comm.shared_empty(n, dt, group))
-        return buf.data[:count]
-
-
-_HOST_SCRATCH = HostScratch()
+#: host scratch buffers in shared memory, per group: each wrapped module's shard packed for its
+#: all-gather and its full gradients packed for its reduce-scatter, which read them in place on
+#: one host; a prefetch in flight and the gather being waited for use two of them
+_HOST_SCRATCH = ScratchPool(lambda count, dtype, group: comm.shared_empty(count, dtype, group))
 
 
 class FullyShardState:
@@ -198,11 +180,11 @@ class FullyShardState:
         self.unsynced: list | None = None  # those local full gradients
         self.slots = [_find_slots(module, p) for p in params]
         self.reducer = ShardNormReducer.of(group, self.n)
-        self.tags = []  # one small integer per layout, the same on every rank (same call order)
-        for _ in range(len(group_by_layout(params))):
-            tag = next(_TAG_COUNTER) % 256 + 1  # exact in float16 and bfloat16 too
-            self.tags.append(tag)
-            _TAGGED[float(tag)] = f"the parameters of fully_shard({self.module_name}) #{tag}"
+        # what each layout's all-gather carries, as its ``check``: the same on every rank (the
+        # modules are wrapped in the same order everywhere)
+        self.gather_names = [
+            f"the parameters of fully_shard({self.module_name}) #{next(_GATHER_COUNTER)}"
+            for _ in group_by_layout(params)]
         index = {id(p): i for i, p in enumerate(params)}
         self.layouts = []  # (param indices, ShardedBucket)
         for same in group_by_layout(params).values():
@@ -232,21 +214,28 @@ class FullyShardState:
 
     def start_gather(self, compute: bool = False) -> list:
         """Start the all-gathers of the pieces (one per layout, asynchronous); the handles.
-        ``compute``: in the policy's ``param_dtype`` (each shard cast before it is sent)."""
+        ``compute``: in the policy's ``param_dtype`` (each shard cast as it is packed). On the
+        host, shards and results lie in shared memory, which the all-gather reads in place."""
         works = []
         for k, (idx, bucket) in enumerate(self.layouts):
-            shard = bucket.pack_shard([self.pieces[i].data for i in idx], self.tags[k])
-            if compute:
-                dtype = self.policy.compute_dtype(shard.dtype)
-                if dtype != shard.dtype:
-                    shard = shard.astype(dtype)
+            dtype = self.pieces[idx[0]].dtype
+            dtype = self.policy.compute_dtype(dtype) if compute else dtype
+            xp = get_array_module(self.pieces[idx[0]].data)
+            m = bucket.shard_size
+            shard = bucket.pack_shard(
+                [self.pieces[i].data for i in idx],
+                _HOST_SCRATCH.get(self.group, m, dtype) if xp is np and self.n > 1
+                else xp.empty(m, dtype))
             if self.n == 1:
                 works.append((idx, bucket, None, shard))
-            else:
-                if is_bfloat16(shard.dtype):  # the collectives carry no bfloat16: its bytes
-                    shard = shard.view(np.uint8)
-                works.append((idx, bucket, comm.all_gather(shard, self.group, async_op=True),
-                               None))
+                continue
+            full = xp.empty(self.n * m, dtype)
+            # the collectives carry no bfloat16: its bytes
+            send, into = ((shard.view(np.uint8), full.view(np.uint8)) if is_bfloat16(dtype)
+                          else (shard, full))
+            work = comm.all_gather_into(into, send, self.group, async_op=True,
+                                        check=self.gather_names[k])
+            works.append((idx, bucket, work, full))
         return works
 
     def prefetch(self) -> None:
@@ -275,14 +264,9 @@ class FullyShardState:
             works = self.start_gather(compute)
         full = [None] * len(self.pieces)
         self.gathered = []  # weak references to the gathered arrays: tests check they are freed
-        for k, (idx, bucket, work, shard) in enumerate(works):
-            parts = [shard] if work is None else work.wait()
-            dtype = self.pieces[idx[0]].dtype
-            dtype = self.policy.compute_dtype(dtype) if compute else dtype
-            if parts[0].dtype != dtype:  # bfloat16 sent as bytes
-                parts = [p.view(dtype) for p in parts]
-            self._check_tags(k, parts)
-            flat = get_array_module(parts[0]).concatenate([p[1:] for p in parts])
+        for k, (idx, bucket, work, flat) in enumerate(works):
+            if work is not None:
+                self._wait_gather(k, work)
             self.gathered.append(weakref.ref(flat))
             offset = 0
             for i, size in zip(idx, bucket.sizes):
@@ -290,23 +274,25 @@ class FullyShardState:
                 offset += size
         return full
 
-    def _check_tags(self, k: int, parts: list) -> None:
-        """Every rank's shard of layout ``k`` must start with this layout's tag: all-gathers of
-        different modules (a rank that skipped a backward, or ran modules in another order) would
-        otherwise mix silently, since an all-gather allows a different size on each rank."""
-        tags = [float(to_numpy(p[:1])[0]) if p.size else None for p in parts]
-        expected = self.tags[k]
-        bad = [r for r, (t, p) in enumerate(zip(tags, parts))
-               if t != expected or p.size != parts[0].size]
-        if bad:
-            ranks = self.group.ranks
-            got = "; ".join(
-                f"rank {ranks[r]} sent {_TAGGED.get(tags[r], 'an unknown gather')}" for r in bad)
+    def _wait_gather(self, k: int, work) -> None:
+        """Wait for the all-gather of layout ``k``. Each gather's ``check`` names what it
+        gathers, so ranks gathering different modules (a rank that skipped a backward, or ran
+        the wrapped modules in another order; sizes may even agree) fail on every rank, here
+        with both modules named, instead of mixing their parameters."""
+        try:
+            work.wait()
+        except CollectiveMismatchError as exc:
+            mine = self.gather_names[k]
+            others = [(r, call) for r, call in zip(exc.ranks, exc.calls)
+                      if call.get("check") != mine]
+            if not others or any(call.get("op") != "all_gather_into" for _, call in others):
+                raise
+            got = "; ".join(f"rank {r} sent {call.get('check')}" for r, call in others)
             raise RuntimeError(
                 f"fully_shard({self.module_name}): the ranks' all-gathers do not match: rank "
-                f"{ranks[self.rank]} gathered {_TAGGED[expected]}, but {got} (a rank skipped "
+                f"{self.group.ranks[self.rank]} gathered {mine}, but {got} (a rank skipped "
                 "a backward or ran the wrapped modules in another order)"
-            )
+            ) from exc
 
     def to_reduce_dtype(self, grads: list) -> list:
         """The full gradients (arrays or None) in their layout's reduce dtype."""
@@ -430,9 +416,7 @@ def no_sync(module: Module):
             s.sync = flag
 
 
-_TAG_COUNTER = itertools.count()
-#: tag -> what it gathers, for error messages
-_TAGGED: dict = {}
+_GATHER_COUNTER = itertools.count(1)
 
 #: the outermost wrapped module whose forward is running (its state), or None
 _ACTIVE_ROOT: list = [None]
@@ -789,8 +773,11 @@ def full_gradients(module: Module) -> dict:
                           else xp.zeros(fs.pieces[i].size, fs.pieces[i].dtype)
                           for i, h in zip(idx, has)]
             shard = bucket.pack_shard(flat_grads)
-            parts = [shard] if fs.n == 1 else comm.all_gather(shard, fs.group)
-            flat = to_numpy(xp.concatenate(parts))
+            flat = shard
+            if fs.n > 1:
+                flat = xp.empty(fs.n * shard.size, shard.dtype)
+                comm.all_gather_into(flat, shard, fs.group)
+            flat = to_numpy(flat)
             offset = 0
             for i, size, h in zip(idx, bucket.sizes, has):
                 if h:

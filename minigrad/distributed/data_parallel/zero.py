@@ -114,20 +114,19 @@ class ShardedBucket:
             self._all_segments = [shard_segments(self.sizes, r, self.n) for r in range(self.n)]
         return self._all_segments
 
-    def pack_shard(self, pieces: list, tag: int | None = None):
-        """This rank's shard: ``pieces`` (flat arrays, one per segment) then zero padding; with
-        ``tag``, one leading element holding it (receivers check that every rank sent the same)."""
-        xp = get_array_module(self.params[0].data)
-        parts = list(pieces)
-        if tag is not None:
-            parts.insert(0, xp.full(1, tag, self.params[0].dtype))
-        used = sum(int(p.size) for p in parts)
-        used -= 0 if tag is None else 1
-        if used < self.shard_size:
-            parts.append(xp.zeros(self.shard_size - used, self.params[0].dtype))
-        if not parts:
-            return xp.zeros(0, self.params[0].dtype)
-        return xp.concatenate(parts)
+    def pack_shard(self, pieces: list, out=None):
+        """This rank's shard: ``pieces`` (flat arrays, one per segment) then zero padding,
+        written into ``out`` (``shard_size`` elements, cast to its dtype) when given, else into
+        a new array of the parameters' dtype."""
+        if out is None:
+            xp = get_array_module(self.params[0].data)
+            out = xp.empty(self.shard_size, self.params[0].dtype)
+        pos = 0
+        for piece in pieces:
+            out[pos : pos + piece.size] = piece
+            pos += piece.size
+        out[pos:] = 0
+        return out
 
     def write_gathered(self, shards: list) -> None:
         """Write the all-gathered shards (group order) into the parameters, padding dropped:

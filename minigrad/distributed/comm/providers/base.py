@@ -363,6 +363,16 @@ class Backend(abc.ABC):
         n = len(self.ctx.ranks)
         return self.move("all_gather", seq, None, dtype_name(x.dtype), [x] * n, check)
 
+    def all_gather_into(self, x, out, seq: int, check: str | None = None) -> None:
+        """Member j's ``x`` into ``out[j * x.size : (j + 1) * x.size]`` (``out`` flat, of
+        ``x``'s dtype; every member's ``x`` has one size, agreed with the fingerprint). This
+        default receives each member's array and copies it in; a backend that can write the
+        pieces straight into ``out`` overrides it."""
+        n, k = len(self.ctx.ranks), x.size
+        sig = [dtype_name(x.dtype), int(k)]
+        for j, part in enumerate(self.move("all_gather_into", seq, None, sig, [x] * n, check)):
+            out[j * k : (j + 1) * k] = part.reshape(-1)
+
     def gather(self, x, root: int, seq: int, check: str | None = None) -> list | None:
         """Every member's array on the root (group order); None on the others."""
         sends = [x if j == root else None for j in range(len(self.ctx.ranks))]

@@ -216,6 +216,44 @@ class CpuBackend(Backend):
             transport.sync(what)  # nobody reads this rank's array any more
         return True
 
+    def all_gather_into(self, x: np.ndarray, out: np.ndarray, seq: int,
+                        check: str | None = None) -> None:
+        """Member j's ``x`` into ``out[j * x.size : (j + 1) * x.size]``, each piece written
+        straight into ``out`` (no array per member). When every member's ``x`` lies in its
+        shared heap, each member copies the others' ``x`` in place from their memory (round 1
+        says where, round 2 keeps them unchanged until all have copied); else the pieces come
+        through the exchange buffers. ``x`` may be a view of ``out`` (an in-place gather)."""
+        n, k = len(self.ctx.ranks), x.size
+        fp = fingerprint("all_gather_into", seq, None, [dtype_name(x.dtype), int(k)], check)
+        flat = x.reshape(-1)
+        parts = [out[j * k : (j + 1) * k] for j in range(n)]
+        key = ("all_gather_into", x.dtype, k, check)
+        if (self.transport.kind == "shm" and x.nbytes * n > self.transport.chunk
+                and self._all_gather_shared(flat, parts, fp, key)):
+            return
+
+        def consume(pieces):
+            for src, (off, mv) in pieces.items():
+                _fill(parts[src], off, mv)
+
+        self._run(fp, [flat] * n, None, consume, key)
+
+    def _all_gather_shared(self, flat, parts, fp, key) -> bool:
+        """The zero-copy all-gather, when every member's ``flat`` lies in its shared heap; else
+        False, nothing done. Each member starts with the member after it, so that with more
+        than two members they do not all read the same one at once."""
+        offsets = self._shared_offsets(fp, [flat], ("all_gather_into/where",) + key)
+        if offsets is None:
+            return False
+        transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
+        what = lambda: f"{describe(fp)} in group {self.ctx.ranks}"
+        with self._aborting():
+            for j in [(me + i) % n for i in range(n)]:
+                parts[j][...] = flat if j == me else transport.peer_array(
+                    j, int(offsets[j][0]), flat.dtype, flat.size, what)
+            transport.sync(what)  # nobody reads this rank's array any more
+        return True
+
     def _all_reduce_direct(self, x, ufunc, fp, key) -> None:
         """Every member reads every member's data, round by round, and reduces all of it."""
         n = len(self.ctx.ranks)
