@@ -184,3 +184,67 @@ def test_a_failing_rank_stops_every_rank_at_once_under_mpiexec(tmp_path, backend
     for line in told:
         assert "CollectiveError: all_reduce#1" in line and "in group [0, 1, 2]" in line, line
         assert "rank 1 failed: RuntimeError: rank 1 stops here" in line, line
+
+
+ENDING_RANK = """
+import sys, time, numpy as np
+import minigrad.distributed as dist
+dist.init_process_group()
+r = dist.get_rank()
+if r == int(sys.argv[1]):
+    sys.exit(0)  # ends its program while the others go on to a collective with it
+time.sleep(0.5)
+x = np.ones(3)
+dist.all_reduce(x)
+print("rank", r, "was not stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["mpi", "cpu"])
+@pytest.mark.parametrize("ending", [1, 0])  # rank 0 also serves the job's store
+def test_a_rank_ending_its_program_stops_the_others_at_once_under_mpiexec(tmp_path, backend,
+                                                                          ending):
+    # sys.exit raises no exception that a hook sees: without the exit post the others would wait
+    # in all_reduce for the 300 s timeout (and for ever where the ending rank served the store)
+    script = tmp_path / "end.py"
+    script.write_text(ENDING_RANK)
+    start = time.monotonic()
+    proc = run_mpi(3, [str(script), str(ending)], timeout=120, MINIGRAD_DIST_BACKEND=backend,
+                   MINIGRAD_FLIGHT_RECORDER_DIR=str(tmp_path / "fr"))
+    took = time.monotonic() - start
+    assert proc.returncode != 0 and "was not stopped" not in proc.stdout, proc.stdout
+    assert took < 60, took
+    told = [ln for ln in proc.stderr.splitlines() if ln.startswith("minigrad.distributed")]
+    assert len(told) == 2, proc.stderr[-3000:]
+    for line in told:
+        assert "CollectiveError: all_reduce#1" in line, line
+        assert (f"rank(s) [{ending}] ended their program (sys.exit, or the end of the script) "
+                "without joining it") in line, line
+
+
+NORMAL_END = """
+import sys, time, numpy as np
+import minigrad.distributed as dist
+dist.init_process_group()
+r = dist.get_rank()
+x = np.ones(3)
+dist.all_reduce(x)
+if r != int(sys.argv[1]):
+    time.sleep(1.0)  # the others end later
+with open(f"{sys.argv[2]}/rank{r}", "w") as fh:  # mpiexec may split lines of different ranks
+    fh.write(str(x.tolist()))
+"""
+
+
+@pytest.mark.parametrize("first", [0, 2])
+def test_ranks_ending_at_different_times_end_the_job_cleanly(tmp_path, first):
+    # every rank posts its end; rank 0 serves the store until all have posted, so the last one
+    # to end is not left waiting for a store whose process has gone into MPI_Finalize
+    script = tmp_path / "normal.py"
+    script.write_text(NORMAL_END)
+    start = time.monotonic()
+    proc = run_mpi(3, [str(script), str(first), str(tmp_path)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert time.monotonic() - start < 60
+    for r in range(3):
+        assert (tmp_path / f"rank{r}").read_text() == "[3.0, 3.0, 3.0]"

@@ -118,3 +118,18 @@ def test_unreachable_server_and_port_in_use(server):
         Server(server.port)
     with pytest.raises(StoreError, match="cannot connect"):
         Client("127.0.0.1", server.port + 1 if server.port < 65535 else 1, timeout=0.3)
+
+
+def test_a_silent_store_raises_within_the_bound_and_the_client_reconnects(server):
+    c = client(server)
+    c.set("k", 1)
+    with server._cond:  # every request waits for this lock: the server is stuck (or ending)
+        start = time.monotonic()
+        with pytest.raises(StoreError, match=r"did not answer 'get' within 0.3 s \(the process "
+                                             r"serving it hangs or is ending\)"):
+            c.get("k", timeout=0, within=0.3)
+        with pytest.raises(StoreError, match="did not answer 'add' within 0.2 s"):
+            c.add("n", 1, within=0.2)
+        assert time.monotonic() - start < 3
+    # a new connection once it answers again (the dropped one's late answers are never read)
+    assert c.get("k", timeout=0, within=1.0) == 1

@@ -468,7 +468,8 @@ def init_process_group(
         _join(client, info, setting, timeout)
         waiting.set_ranks_on_host(st.hosts.count(st.hosts[rank]))
         if mpi_job and world_size > 1:  # no parent process watches the ranks: tell the peers
-            failures.arm(client, st.job, rank, world_size, _abort_mpi_job, recorder.dump)
+            failures.arm(client, st.job, rank, world_size, _abort_mpi_job, recorder.dump,
+                         serves_store=server is not None)
         st.initialized = True
         st.world = GroupContext(0, list(range(world_size)), setting, timeout, warn_after)
         st.contexts = [st.world]

@@ -242,7 +242,10 @@ class Client:
     """A store client. Thread-safe: each thread gets its own authenticated connection.
 
     ``connect_timeout`` covers a server that is not up yet (ranks may start before rank 0's server):
-    connecting is retried until then.
+    connecting is retried until then. ``set``, ``get`` and ``add`` take ``within``: seconds to wait
+    for the store's answer, connecting included, on top of the request's own timeout (None: no
+    bound); a store that does not answer in time (the process serving it hangs, or is ending)
+    raises :class:`StoreError` and the connection is dropped.
     """
 
     def __init__(
@@ -261,16 +264,17 @@ class Client:
         self._lock = threading.Lock()
         self._conn()  # fail early: unreachable server or wrong secret
 
-    def _conn(self) -> socket.socket:
+    def _conn(self, within: float | None = None) -> socket.socket:
         sock = getattr(self._local, "sock", None)
         if sock is not None:
             return sock
-        deadline = time.monotonic() + self._connect_timeout
+        deadline = time.monotonic() + (self._connect_timeout if within is None else within)
+        attempt = CONNECT_ATTEMPT_TIMEOUT if within is None else max(within, 0.01)
         delay = 0.01
         while True:
             try:
                 addr = (self.host, self.port)
-                sock = socket.create_connection(addr, timeout=CONNECT_ATTEMPT_TIMEOUT)
+                sock = socket.create_connection(addr, timeout=attempt)
                 break
             except OSError as exc:
                 if time.monotonic() + delay > deadline:
@@ -303,13 +307,22 @@ class Client:
             self._socks.append(sock)
         return sock
 
-    def _request(self, header: dict, payload: bytes = b"") -> Any:
-        sock = self._conn()
+    def _request(self, header: dict, payload: bytes = b"", within: float | None = None) -> Any:
+        sock = self._conn(within)
         try:
+            if within is not None:
+                sock.settimeout(max(within, 0.01) + float(header.get("timeout", 0.0)))
             send_frame(sock, header, payload)
             reply, rpayload = _recv_frame(sock)
+            if within is not None:
+                sock.settimeout(None)
         except (OSError, ConnectionError, ValueError) as exc:
-            self._local.sock = None
+            self._local.sock = None  # a late answer must not be read as the next one's
+            sock.close()
+            if isinstance(exc, socket.timeout):
+                raise StoreError(
+                    f"store at {self.host}:{self.port} did not answer {header['op']!r} within "
+                    f"{within:g} s (the process serving it hangs or is ending)") from exc
             raise StoreError(f"store request {header['op']!r} failed: {exc}") from exc
         if not reply.get("ok"):
             cls = StoreTimeout if reply.get("timeout") else StoreError
@@ -319,14 +332,15 @@ class Client:
     def _timeout(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else float(timeout)
 
-    def set(self, key: str, value: Any) -> None:
+    def set(self, key: str, value: Any, *, within: float | None = None) -> None:
         """Store ``value`` (bytes, str, int or a JSON-able object) under ``key``."""
         kind, payload = _encode(value)
-        self._request({"op": "set", "key": key, "kind": kind}, payload)
+        self._request({"op": "set", "key": key, "kind": kind}, payload, within)
 
-    def get(self, key: str, timeout: float | None = None) -> Any:
+    def get(self, key: str, timeout: float | None = None, *, within: float | None = None) -> Any:
         """Block until ``key`` is set (or raise :class:`StoreTimeout`), then return its value."""
-        return self._request({"op": "get", "key": key, "timeout": self._timeout(timeout)})
+        return self._request({"op": "get", "key": key, "timeout": self._timeout(timeout)},
+                             within=within)
 
     def pop(self, key: str, timeout: float | None = None) -> Any:
         """Like :meth:`get`, and delete the key."""
@@ -336,9 +350,9 @@ class Client:
         """Whether ``key`` is set (non-blocking)."""
         return bool(self._request({"op": "check", "key": key}))
 
-    def add(self, key: str, amount: int = 1) -> int:
+    def add(self, key: str, amount: int = 1, *, within: float | None = None) -> int:
         """Atomically add ``amount`` to the integer at ``key`` (0 if unset); return the result."""
-        return int(self._request({"op": "add", "key": key, "amount": int(amount)}))
+        return int(self._request({"op": "add", "key": key, "amount": int(amount)}, within=within))
 
     def delete(self, key: str) -> bool:
         """Delete ``key``; return whether it existed."""

@@ -89,17 +89,26 @@ class Watchdog:
         except Exception as exc:  # the report must not hide the wait it reports on
             return f"unknown ({type(exc).__name__}: {exc})"
 
+    def _missing_ranks(self) -> list[int]:
+        """The ranks that have not arrived; [] when that cannot be told."""
+        try:
+            return sorted(self._missing())
+        except Exception:  # noqa: BLE001 - only a sharper message is lost
+            return []
+
     def elapsed(self) -> float:
         """Seconds since the wait began."""
         return time.monotonic() - self.start
 
     def poll(self) -> None:
         """Call regularly while waiting: logs the warning once, raises at the timeout, and raises
-        at once when another rank of an MPI-started job posted its failure (see
-        :mod:`~minigrad.distributed.runtime.failures`)."""
-        failure = failures.posted()
-        if failure is not None:
-            raise CollectiveError(f"{self.what()}: {failure}; rank {self.rank} stops waiting")
+        at once when another rank of an MPI-started job posted its failure, or when a rank it
+        waits for has ended its program (see :mod:`~minigrad.distributed.runtime.failures`)."""
+        if failures.is_armed():
+            within = max(self.timeout - self.elapsed(), 1.0)  # a silent store: time out as usual
+            failure = failures.reason(self._missing_ranks(), within)
+            if failure is not None:
+                raise CollectiveError(f"{self.what()}: {failure}; rank {self.rank} stops waiting")
         elapsed = self.elapsed()
         if elapsed >= self.timeout:
             raise CollectiveTimeoutError(

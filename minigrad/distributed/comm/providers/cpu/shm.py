@@ -279,7 +279,8 @@ class ShmTransport:
                 if all(c[STEP] >= target for _, c in peers):
                     return  # it aborted after arriving: this round's data is complete
                 bad = [self.ranks[j] for j, c in peers if c[ABORT]]
-                failure = failures.posted()  # in an MPI job: why they aborted
+                others = [r for j, r in enumerate(self.ranks) if j != self.index and r not in bad]
+                failure = failures.reason(others, within=1.0)  # in an MPI job: why they aborted
                 cause = "" if failure is None else f" ({failure})"
                 raise CollectiveError(f"{what()}: rank(s) {bad} aborted this collective{cause}")
             waiter.pause()
