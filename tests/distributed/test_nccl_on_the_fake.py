@@ -27,6 +27,7 @@ def _rank_collectives():
             "sum": comm.all_reduce(x.copy(), "sum"),
             "max": comm.all_reduce(x.copy(), "max"),
             "gather": cupy.concatenate(comm.all_gather(x)),
+            "gather_into": comm.all_gather_into(cupy.empty(8), x),
             "broadcast": comm.broadcast(x.copy(), root=1),
             "reduce_scatter": comm.reduce_scatter([x[:2].copy(), x[2:].copy()]),
             "all_to_all": cupy.concatenate(comm.all_to_all([x[:2].copy(), x[2:].copy()])),
@@ -45,7 +46,8 @@ def test_two_nccl_ranks_on_two_gpus(cupy_version):
         assert out == {
             "route": "nccl", "device": rank,
             "sum": (x[0] + x[1]).tolist(), "max": np.maximum(x[0], x[1]).tolist(),
-            "gather": np.concatenate(x).tolist(), "broadcast": x[1].tolist(),
+            "gather": np.concatenate(x).tolist(), "gather_into": np.concatenate(x).tolist(),
+            "broadcast": x[1].tolist(),
             "reduce_scatter": (x[0] + x[1])[half].tolist(),
             "all_to_all": np.concatenate([x[0][half], x[1][half]]).tolist(),
         }, rank

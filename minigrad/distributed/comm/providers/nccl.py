@@ -303,6 +303,16 @@ class NcclBackend(Backend):
             comm.reduce(x.data.ptr, x.data.ptr, x.size, dt, code, root, self._stream(comm).ptr)
         self._end(comm, x)
 
+    def all_gather_into(self, x, out, seq: int, check: str | None = None) -> None:
+        """``ncclAllGather`` of ``x`` straight into ``out`` (flat, ``n * x.size`` elements), on
+        the NCCL stream like every collective here."""
+        sig = [dtype_name(x.dtype), int(x.size)]
+        comm = self._begin(fingerprint("all_gather_into", seq, None, sig, check))
+        if x.size:
+            comm.allGather(x.data.ptr, out.data.ptr, x.size, self._codes(x.dtype),
+                           self._stream(comm).ptr)
+        self._end(comm, x, out)
+
     def _grouped(self, comm, sends: dict, recvs: dict) -> None:
         """Grouped NCCL sends/recvs: ``sends``/``recvs`` map peer index -> array."""
         nccl, s = self.nccl, self._stream(comm).ptr
