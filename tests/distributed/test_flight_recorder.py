@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -101,3 +102,30 @@ def test_the_comm_log_is_off_by_default_and_on_with_the_environment_variable():
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, timeout=120)
         assert out.returncode == 0 and out.stdout.strip() == expected, out.stderr
+
+
+def test_rank_0_does_not_wait_for_the_dumps_of_ranks_that_ended_their_program(tmp_path,
+                                                                            monkeypatch):
+    # in an MPI job a rank that ended (sys.exit) never dumps: rank 0 analyses without waiting
+    # PEER_WAIT for it, once the ranks still running have dumped
+    from minigrad.distributed.runtime import failures  # noqa: PLC0415
+    from minigrad.distributed.runtime.store import Client, Server  # noqa: PLC0415
+
+    monkeypatch.setenv(recorder.DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(recorder, "_job", dict(recorder._job))  # restored after the test
+    server = Server(0, secret="s")
+    client = Client("127.0.0.1", server.port, secret="s", timeout=5)
+    try:
+        recorder.configure("job1", 1, 3)
+        recorder.dump("rank 1's collective failed")  # rank 1 is running and dumped
+        client.set("job1/exited/2", 1)  # rank 2 ended its program
+        recorder.configure("job1", 0, 3)
+        failures.arm(client, "job1", 0, 3, abort=lambda: None, dump=lambda reason: None)
+        start = time.monotonic()
+        recorder.on_failure(RuntimeError("boom"))
+        assert time.monotonic() - start < recorder.PEER_WAIT / 2
+        assert (tmp_path / "analysis.txt").exists()
+    finally:
+        failures.disarm()
+        client.close()
+        server.close()

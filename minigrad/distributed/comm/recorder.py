@@ -29,6 +29,7 @@ import time
 from collections import defaultdict
 
 from minigrad import seams
+from minigrad.distributed.runtime import failures
 from minigrad.distributed.runtime.log import get_logger
 
 RING_SIZE = int(os.environ.get("MINIGRAD_FLIGHT_RECORDER_SIZE", "256"))
@@ -232,14 +233,16 @@ def dump(reason: str) -> str:
 
 def on_failure(exc: BaseException) -> None:
     """A collective of this rank failed: dump the ring, and on rank 0 print the cross-rank
-    analysis once the other ranks' dumps are there (or after :data:`PEER_WAIT` seconds)."""
+    analysis once the other ranks' dumps are there (or after :data:`PEER_WAIT` seconds; ranks
+    that ended their program in an MPI job, which dump nothing, are not waited for)."""
     try:
         path = dump(f"{type(exc).__name__}: {exc}")
         get_logger().error("flight recorder: rank %d wrote %s", _job["rank"], path)
         if _job["rank"] == 0:
             directory = os.path.dirname(path)
+            expected = _job["world"] - len(failures.exited(range(1, _job["world"]), within=1.0))
             deadline = time.monotonic() + PEER_WAIT
-            while len(_dump_files(directory)) < _job["world"] and time.monotonic() < deadline:
+            while len(_dump_files(directory)) < expected and time.monotonic() < deadline:
                 time.sleep(0.05)
             report(directory)
     except Exception as err:  # noqa: BLE001 - the report must never hide the failure itself
