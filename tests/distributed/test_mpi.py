@@ -149,6 +149,20 @@ def test_watchdog_names_the_missing_rank_through_mpi(tmp_path):
     assert "rank(s) [1] have not arrived" in warning[0] and "(backend mpi)" in warning[0]
 
 
+# the end of the scripts below: the ranks still running meet in an all-reduce, and each writes
+# the error it gets to its own file in the folder named last on its command line (mpiexec may
+# splice the lines that different ranks print)
+WAIT_AND_REPORT = """
+x = np.ones(3)
+try:
+    dist.all_reduce(x)
+except Exception as exc:
+    with open(f"{sys.argv[-1]}/rank{r}", "w") as fh:
+        fh.write(f"{type(exc).__name__}: {exc}")
+    raise
+print("rank", r, "was not stopped", flush=True)
+"""
+
 FAILING_RANK = """
 import sys, time, numpy as np
 import minigrad.distributed as dist
@@ -158,15 +172,7 @@ if r == 1:
     raise RuntimeError("rank 1 stops here")
 if r == 2:
     time.sleep(1.0)  # busy when rank 1 fails: it hears of it in its next collective
-x = np.ones(3)
-try:
-    dist.all_reduce(x)
-except Exception as exc:  # its own file: mpiexec may splice lines of different ranks
-    with open(f"{sys.argv[1]}/rank{r}", "w") as fh:
-        fh.write(f"{type(exc).__name__}: {exc}")
-    raise
-print("rank", r, "was not stopped", flush=True)
-"""
+""" + WAIT_AND_REPORT
 
 
 @pytest.mark.parametrize("backend", ["mpi", "cpu"])
@@ -198,15 +204,7 @@ r = dist.get_rank()
 if r == int(sys.argv[1]):
     sys.exit(0)  # ends its program while the others go on to a collective with it
 time.sleep(0.5)
-x = np.ones(3)
-try:
-    dist.all_reduce(x)
-except Exception as exc:  # its own file: mpiexec may splice lines of different ranks
-    with open(f"{sys.argv[2]}/rank{r}", "w") as fh:
-        fh.write(f"{type(exc).__name__}: {exc}")
-    raise
-print("rank", r, "was not stopped", flush=True)
-"""
+""" + WAIT_AND_REPORT
 
 
 @pytest.mark.parametrize("backend", ["mpi", "cpu"])
