@@ -86,15 +86,19 @@ class CpuBackend(Backend):
             self.ctx.broken = True
             raise
 
+    def _what(self, fp: dict):
+        """``what()``: the call of fingerprint ``fp`` in this group, for error messages (built
+        only when one is written)."""
+        return lambda: f"{describe(fp)} in group {self.ctx.ranks}"
+
     def _run(self, fp: dict, sends: list, on_headers=None, consume=None, key=None) -> list[dict]:
         """One exchange under fingerprint ``fp``, checked on every member; ``key`` (optional) lets
         the transport reuse the encoded header of an earlier call with the same key."""
-        ctx = self.ctx
         fp.setdefault("backend", self.name)  # the NCCL backend checks its calls through here
-        what = lambda: f"{describe(fp)} in group {ctx.ranks}"
+        what = self._what(fp)
 
         def headers_hook(headers):
-            check_fingerprints(headers, ctx.ranks)
+            self._check_headers(headers)
             if on_headers is not None:
                 on_headers(headers)
 
@@ -198,7 +202,7 @@ class CpuBackend(Backend):
         if offsets is None:
             return False
         transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
-        what = lambda: f"{describe(fp)} in group {self.ctx.ranks}"
+        what = self._what(fp)
         flat = x.reshape(-1)
         bounds = [flat.size * j // n for j in range(n + 1)]
         with self._aborting():
@@ -246,7 +250,7 @@ class CpuBackend(Backend):
         if offsets is None:
             return False
         transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
-        what = lambda: f"{describe(fp)} in group {self.ctx.ranks}"
+        what = self._what(fp)
         with self._aborting():
             for j in [(me + i) % n for i in range(n)]:
                 parts[j][...] = flat if j == me else transport.peer_array(
@@ -354,7 +358,7 @@ class CpuBackend(Backend):
         if offsets is None:
             return None
         transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
-        what = lambda: f"{describe(fp)} in group {self.ctx.ranks}"
+        what = self._what(fp)
         mine = chunks[me]
         with self._aborting():
             parts = [mine if j == me else
