@@ -44,7 +44,8 @@ import torch
 import minigrad.functional as F
 from minigrad.optimizer import SGD
 
-from machine import cpu_info
+import gemms
+from machine import blas_info, blas_name, cpu_info
 
 tF = torch.nn.functional
 LR, MOMENTUM = 0.01, 0.9
@@ -91,9 +92,9 @@ def _init(rng: np.random.Generator, shapes: dict) -> dict:
 
 class Pair:
     """One model in both frameworks (same float32 weights and batch) with a ``step_*`` each, and
-    the list of matrix products its step issues (``gemms``: (a shape, b shape, transpose b))."""
+    the list of matrix products its step issues (``products``, from ``gemms.py``)."""
 
-    def __init__(self, shapes, x, y, fwd_mg, fwd_torch, loss, gemms):
+    def __init__(self, shapes, x, y, fwd_mg, fwd_torch, loss, products):
         arrays = _init(np.random.default_rng(0), shapes)
         self.mg_params = {k: mg.Parameter(v) for k, v in arrays.items()}
         self.t_params = {k: torch.tensor(v, requires_grad=True) for k, v in arrays.items()}
@@ -101,7 +102,8 @@ class Pair:
         int_y = y.dtype.kind in "iu"
         self.mg_y = mg.tensor(y, dtype="int32" if int_y else None)
         self.t_y = torch.tensor(y.astype(np.int64) if int_y else y)
-        self.fwd_mg, self.fwd_torch, self.loss, self.gemms = fwd_mg, fwd_torch, loss, gemms
+        self.fwd_mg, self.fwd_torch, self.loss = fwd_mg, fwd_torch, loss
+        self.products = products
         self.gm = mg.GradManager().attach(list(self.mg_params.values()))
         self.mg_opt = SGD(list(self.mg_params.values()), lr=LR, momentum=MOMENTUM)
         self.t_opt = torch.optim.SGD(list(self.t_params.values()), lr=LR, momentum=MOMENTUM)
@@ -127,18 +129,6 @@ class Pair:
         return loss.item()
 
 
-def _linear_gemms(batch: int, sizes: list, first_needs_dx: bool = False) -> list:
-    """Forward ``x @ w.T``, backward ``g @ w`` (input gradient) and ``g.T @ x`` (weight gradient)
-    of a stack of linear layers, as Linear issues them."""
-    out = []
-    for i, (fin, fout) in enumerate(zip(sizes[:-1], sizes[1:])):
-        out.append(((batch, fin), (fout, fin), True))
-        out.append(((fout, batch), (batch, fin), False))
-        if i > 0 or first_needs_dx:
-            out.append(((batch, fout), (fout, fin), False))
-    return out
-
-
 def mlp_pair() -> Pair:
     shapes = {"w1": (512, 784), "b1": (512,), "w2": (512, 512), "b2": (512,),
               "w3": (10, 512), "b3": (10,)}
@@ -153,7 +143,7 @@ def mlp_pair() -> Pair:
             return f.linear(h, p["w3"], p["b3"])
         return fwd
 
-    return Pair(shapes, x, y, make(F), make(tF), "ce", _linear_gemms(128, [784, 512, 512, 10]))
+    return Pair(shapes, x, y, make(F), make(tF), "ce", gemms.mlp())
 
 
 def lenet_pair() -> Pair:
@@ -174,13 +164,7 @@ def lenet_pair() -> Pair:
             return f.linear(h, p["w3"], p["b3"])
         return fwd
 
-    convs = [  # im2col products: W (O, K) @ cols (K, P); dW = dY (O, P) @ cols.T; dcols = W.T @ dY
-        ((6, 25), (25, 36864), False), ((6, 36864), (25, 36864), True),
-        ((16, 150), (150, 4096), False), ((16, 4096), (150, 4096), True),
-        ((150, 16), (16, 4096), False),
-    ]
-    gemms = convs + _linear_gemms(64, [256, 120, 84, 10], first_needs_dx=True)
-    return Pair(shapes, x, y, make(F), make(tF), "ce", gemms)
+    return Pair(shapes, x, y, make(F), make(tF), "ce", gemms.lenet())
 
 
 def transformer_pair() -> Pair:
@@ -210,19 +194,10 @@ def transformer_pair() -> Pair:
             return x + f.linear(h, p["w_fc2"], p["b_fc2"])
         return fwd
 
-    tokens, g = batch * seq, batch * heads
-    gemms = []
-    for fin, fout in ((d, 3 * d), (d, d), (d, hidden), (hidden, d)):
-        gemms += _linear_gemms(tokens, [fin, fout], first_needs_dx=True)
-    gemms += [  # the attention core, batched over (batch, heads)
-        ((g, seq, hd), (g, seq, hd), True), ((g, seq, seq), (g, seq, hd), False),
-        ((g, seq, seq), (g, seq, hd), False), ((g, seq, hd), (g, seq, hd), True),
-        ((g, seq, seq), (g, seq, hd), False), ((g, seq, seq), (g, seq, hd), False),
-    ]
     ln_mg = lambda x, g_, b: F.layer_norm(x, d, True, g_, b)  # noqa: E731
     ln_t = lambda x, g_, b: tF.layer_norm(x, (d,), g_, b)  # noqa: E731
     return Pair(shapes, x, y, make(F, attention_mg, ln_mg), make(tF, attention_torch, ln_t), "mse",
-                gemms)
+                gemms.transformer(d, heads, seq, batch, hidden))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,11 +239,11 @@ def alternate(fn_mg, fn_torch, rounds: int, steps: int) -> dict:
             "ratio_p90": _p(ratios, 0.9), "rounds": rounds, "steps_per_round": steps}
 
 
-def gemm_floor(gemms: list, rounds: int, steps: int) -> dict:
+def gemm_floor(products: list, rounds: int, steps: int) -> dict:
     """The model's matrix products alone: NumPy (minigrad's BLAS) vs PyTorch, alternating."""
     rng = np.random.default_rng(0)
     cases = []
-    for a_shape, b_shape, trans_b in gemms:
+    for a_shape, b_shape, trans_b in products:
         a = rng.standard_normal(a_shape).astype(np.float32)
         b = rng.standard_normal(b_shape).astype(np.float32)
         cases.append((a, b, torch.from_numpy(a), torch.from_numpy(b), trans_b))
@@ -296,7 +271,7 @@ def bench_model(pair: Pair, args) -> dict:
         pair.step_torch()
     out = alternate(pair.step_mg, pair.step_torch, args.rounds, args.steps)
     out["first_loss"] = l_mg
-    out["gemm_floor"] = gemm_floor(pair.gemms, args.rounds, args.steps)
+    out["gemm_floor"] = gemm_floor(pair.products, args.rounds, args.steps)
     return out
 
 
@@ -366,11 +341,13 @@ def main(argv=None) -> None:
                                 "torch (intra-op)": torch.get_num_threads()},
         "rounds": args.rounds, "steps_per_round": args.steps,
         "python": sys.version.split()[0], "numpy": np.__version__, "torch": torch.__version__,
+        "blas": blas_info(),
         "load_average_start": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     print(f"{cpu['model']} ({', '.join(cpu['simd'])}), {cpu['cores']} cores; threads: minigrad "
           f"{mg.get_num_threads()}, torch {torch.get_num_threads()}; numpy {np.__version__}, "
-          f"torch {torch.__version__}; {args.rounds} rounds x {args.steps} steps; "
+          f"torch {torch.__version__}; NumPy's BLAS {blas_name(meta['blas'])}; "
+          f"{args.rounds} rounds x {args.steps} steps; "
           f"load average {meta['load_average_start']:.2f}")
     header = (f"{'model':<36} {'minigrad ms':>11} {'torch ms':>9} {'ratio':>6} {'p10':>6} "
               f"{'GEMM floor':>10} {'target':>11}")

@@ -31,3 +31,38 @@ def cpu_name() -> str:
     info = cpu_info()
     simd = f" ({', '.join(info['simd'])})" if info["simd"] else ""
     return f"{info['model']}{simd}, {info['cores']} cores"
+
+
+def blas_info() -> dict:
+    """NumPy's BLAS as this process loaded it: library, version, the kernels it runs and what
+    chose them.
+
+    OpenBLAS picks its kernels for the CPU when it loads (it names them after a CPU: ``Haswell``
+    is AVX2, ``SkylakeX`` and ``Cooperlake`` are AVX-512) unless ``OPENBLAS_CORETYPE`` names
+    others. An environment that sets ``Haswell`` on an AVX-512 CPU runs every product on AVX2
+    kernels (on the AMD EPYC of issue 29, 1.7-1.9x slower on the models' products), so each
+    table says which kernels ran.
+    """
+    import numpy  # noqa: F401, PLC0415 - loads the BLAS
+    import threadpoolctl  # noqa: PLC0415
+
+    pools = [p for p in threadpoolctl.threadpool_info() if p.get("user_api") == "blas"]
+    pools.sort(key=lambda p: "numpy" not in p.get("filepath", ""))  # NumPy's own first
+    if not pools:
+        return {"library": "unknown", "version": None, "kernels": None, "forced_by": None}
+    pool = pools[0]
+    forced = os.environ.get("OPENBLAS_CORETYPE") if pool["internal_api"] == "openblas" else None
+    return {"library": pool["internal_api"], "version": pool.get("version"),
+            "kernels": pool.get("architecture"),
+            "forced_by": f"OPENBLAS_CORETYPE={forced}" if forced else None}
+
+
+def blas_name(info: dict | None = None) -> str:
+    """One line for a caption, e.g. ``openblas 0.3.31, Haswell kernels (set by
+    OPENBLAS_CORETYPE=Haswell)``."""
+    info = blas_info() if info is None else info
+    text = f"{info['library']} {info['version'] or ''}".rstrip()
+    if info["kernels"]:
+        text += f", {info['kernels']} kernels"
+        text += f" (set by {info['forced_by']})" if info["forced_by"] else " (chosen for this CPU)"
+    return text

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from machine import blas_name
+
 NAMES = {"mlp": "MLP 784-512-512-10, batch 128", "lenet": "LeNet-style CNN, batch 64",
          "transformer": "Transformer block (d 128, 4 heads, seq 64, batch 16)"}
 
@@ -42,14 +44,20 @@ def _load(name: str):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _blas(meta) -> str:
+    """NumPy's BLAS and its kernels (runs before that was recorded: unknown)."""
+    return blas_name(meta["blas"]) if "blas" in meta else "not recorded"
+
+
 def _cpu_line(tr) -> str:
     meta = tr["meta"]
     cpu, threads = meta["cpu"], meta["threads"]
     return (f"{cpu['model']} ({', '.join(cpu['simd']) or 'no AVX'}), {cpu['cores']} cores; threads "
             f"{', '.join(f'{k} {v}' for k, v in threads.items())}; NumPy {meta['numpy']}, "
-            f"PyTorch {meta['torch']}; {meta['rounds']} alternating rounds of "
-            f"{meta['steps_per_round']} steps; load average {meta['load_average_start']:.2f} at "
-            f"the start, {meta['load_average_end']:.2f} at the end")
+            f"PyTorch {meta['torch']}; NumPy's BLAS {_blas(meta)}; {meta['rounds']} alternating "
+            f"rounds of {meta['steps_per_round']} steps; load average "
+            f"{meta['load_average_start']:.2f} at the start, {meta['load_average_end']:.2f} at "
+            "the end")
 
 
 def training_table(tr) -> list[str]:

@@ -22,8 +22,10 @@ Steps (in this order; ``--list`` prints them):
 * ``bench_gpu``: ``benchmarks/bench_gpu.py --rounds 5 --steps 10`` (results written under DIR).
 * ``profile_gpu_step``: ``benchmarks/profile_gpu_step.py`` (dispatch against wall time, kernels
   per step and GPU busy time, minigrad against PyTorch; the log is the report).
-* ``cpu_bench_2_cores``: ``benchmarks/bench_training.py`` on two cores of the host CPU (issue 29
-  wants each CPU vendor measured; the GPU machines' hosts are Intel Xeons), results under DIR.
+* ``cpu_bench_2_cores``: ``benchmarks/bench_training.py`` and ``benchmarks/bench_blas.py`` on two
+  cores of the host CPU (issue 29 wants each CPU vendor measured; the GPU machines' hosts are Intel
+  Xeons), and ``bench_training.py`` again without ``OPENBLAS_CORETYPE`` when the environment sets
+  it; results under DIR.
 
 Output and logs go to ``--out`` (default ``$OUT``, else ``/tmp/minigrad_gpu_check``), never into
 the repository. Exit status: 0 all passed, 1 a step failed or timed out, 2 no GPU here (nothing
@@ -348,12 +350,18 @@ STEP_FUNCTIONS = {
 
 
 CPU_BENCH = """
-import os, runpy, sys
-os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
-os.environ["MINIGRAD_DEFAULT_DEVICE"] = "cpu0"
-sys.path.insert(0, "benchmarks")
-sys.argv = ["bench_training.py", "--threads", "2", "--rounds", "10", "--out", sys.argv[1]]
-runpy.run_path("benchmarks/bench_training.py", run_name="__main__")
+import os, subprocess, sys
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])  # the runs below inherit it
+env = dict(os.environ, MINIGRAD_DEFAULT_DEVICE="cpu0")
+own = {k: v for k, v in env.items() if k != "OPENBLAS_CORETYPE"}
+out = sys.argv[1]
+runs = [("bench_training.py", "training_cpu.json", env), ("bench_blas.py", "blas_cpu.json", env)]
+if own != env:  # the environment chose OpenBLAS's kernels: also measure the CPU's own
+    runs.insert(1, ("bench_training.py", "training_cpu_kernels.json", own))
+for script, name, e in runs:
+    print("==", script, name, "OPENBLAS_CORETYPE", e.get("OPENBLAS_CORETYPE", "unset"), flush=True)
+    subprocess.run([sys.executable, "benchmarks/" + script, "--threads", "2", "--rounds", "10",
+                    "--out", os.path.join(out, name)], env=e, check=True)
 """
 
 
@@ -377,8 +385,7 @@ def plan(out_dir: str) -> list[tuple[str, list[str], float]]:
                                        "transformer", "mlp"], 90))
     # not a GPU check: the GPU machine's host CPU (an Intel Xeon with AVX-512 where the project's
     # own machines are AMD) measured as issue 29 asks, on two cores, minigrad on the CPU
-    steps.append(("cpu_bench_2_cores", [py, "-c", CPU_BENCH, os.path.join(out_dir,
-                                                                        "training_cpu.json")], 180))
+    steps.append(("cpu_bench_2_cores", [py, "-c", CPU_BENCH, out_dir], 240))
     return steps
 
 
