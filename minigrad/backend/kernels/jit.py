@@ -16,8 +16,13 @@ Flags:
 
 * ``error_model="numpy"``: division by zero gives inf/NaN as in NumPy instead of raising, which
   also removes the per-division checks that would stop loops from vectorising;
-* no ``fastmath`` in element-wise code: results keep IEEE semantics (NaN, inf, signed zeros) and
-  the float32 ``exp`` relies on exactly rounded arithmetic for its range reduction;
+* no ``fastmath`` in element-wise code: results keep IEEE semantics (NaN, inf, signed zeros);
+* :func:`math_kernel` (the kernels that evaluate ``exp``/``erfc`` polynomials: GELU, the softmax
+  family, attention weights) adds only ``contract``: a multiply and the add after it may become
+  one fused multiply-add, rounded once. That changes no special value and makes each step of a
+  polynomial at least as accurate, and it halves the latency of the polynomials' dependency
+  chains, which bound these loops (float32 GELU over 512K values: 530 -> 350 us on the reference
+  AMD EPYC); the float32 ``exp``'s range reduction stays exact with a fused multiply-add;
 * :func:`scalar` helpers are inlined into their callers (and so compiled with the caller's
   flags, which are strict: no reduction calls them);
 * :func:`reduction` helpers (sums) get ``fastmath={"reassoc", "nsz", "contract"}`` so that LLVM
@@ -32,6 +37,7 @@ import warnings
 import numba
 
 _STRICT = {"error_model": "numpy", "nogil": True}
+_MATH = {**_STRICT, "fastmath": {"contract"}}
 _SUM = {**_STRICT, "fastmath": {"reassoc", "nsz", "contract"}}
 _cache_warned = False
 
@@ -55,6 +61,12 @@ def _compile(fn, options: dict):
 def kernel(fn):
     """Compile ``fn`` as a strict (IEEE, NumPy error model) CPU kernel, cached on disk."""
     return _compile(fn, _STRICT)
+
+
+def math_kernel(fn):
+    """Compile ``fn`` as :func:`kernel` does, letting multiply-adds fuse (see the module
+    docstring): for kernels whose loops evaluate polynomials."""
+    return _compile(fn, _MATH)
 
 
 def scalar(fn):

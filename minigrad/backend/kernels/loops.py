@@ -29,7 +29,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from minigrad.backend.kernels.jit import kernel, reduction, scalar
+from minigrad.backend.kernels.jit import kernel, math_kernel, reduction, scalar
 
 F32 = np.float32
 I32 = np.int32
@@ -252,7 +252,7 @@ def relu_backward(dy, mask, dx):
 # GELU (exact erf form) on flat arrays
 
 
-@kernel
+@math_kernel
 def gelu_forward(x, y, cdf):
     """``cdf = Phi(x)`` (saved for backward), ``y = x * Phi(x)``; ``Phi(x) = erfc(-x/sqrt2)/2``
     is accurate in both tails."""
@@ -263,7 +263,7 @@ def gelu_forward(x, y, cdf):
         y[i] = v * c
 
 
-@kernel
+@math_kernel
 def gelu_backward(x, cdf, dy, dx):
     """``dx = dy * (Phi(x) + x * pdf(x))``."""
     for i in range(x.size):
@@ -276,7 +276,7 @@ def gelu_backward(x, cdf, dy, dx):
 # softmax family over rows of n elements of flat arrays (the caller ensures n > 0)
 
 
-@kernel
+@math_kernel
 def _exp_shifted(x, y, lo, hi, m):
     """``y[lo:hi] = exp(x[lo:hi] - m)``; returns their sum."""
     for i in range(lo, hi):
@@ -311,7 +311,7 @@ def log_softmax_forward(x, y, n):
             y[U(i)] = x[U(i)] - shift
 
 
-@kernel
+@math_kernel
 def log_softmax_backward(y, dy, dx, n):
     """``dx = dy - exp(y) * sum(dy)`` per row."""
     for lo in range(0, y.size, n):
@@ -324,7 +324,7 @@ def log_softmax_backward(y, dy, dx, n):
 # attention weights: softmax(scale * scores + bias) in place over (G, L, S), causal masking
 
 
-@kernel
+@math_kernel
 def attention_softmax(s, scale, bias, causal):
     """``s[g] <- softmax(scale * s[g] + bias[g or 0])`` over the last axis of (G, L, S); with
     ``causal`` query ``i`` sees keys ``j <= i`` only (top-left aligned; the others get weight 0,
