@@ -24,8 +24,10 @@ NAMES = {"mlp": "MLP 784-512-512-10, batch 128", "lenet": "LeNet-style CNN, batc
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+OWN_KERNELS = "training_cpu_kernels.json"  # bench_training.py with OpenBLAS choosing its kernels
 BENCHES = [
     "bench_training.py",
+    "bench_blas.py",
     "bench_collectives.py",
     "bench_dp_scaling.py",
     "bench_dataloader.py",
@@ -37,6 +39,11 @@ def run_all() -> None:
     for script in BENCHES:
         print(f"== {script}", flush=True)
         subprocess.run([sys.executable, str(HERE / script)], check=True, cwd=HERE.parent)
+    if "OPENBLAS_CORETYPE" in os.environ:  # the environment chose OpenBLAS's kernels
+        print("== bench_training.py without OPENBLAS_CORETYPE (the CPU's own kernels)", flush=True)
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+        subprocess.run([sys.executable, str(HERE / "bench_training.py"), "--out",
+                        str(RESULTS / OWN_KERNELS)], check=True, cwd=HERE.parent, env=env)
 
 
 def _load(name: str):
@@ -169,6 +176,15 @@ def readme_table() -> str:
                      f"| {r['torch_ms']:.2f} ms | {r['ratio_median']:.2f}× "
                      f"| {r['ratio_p10']:.2f}× | {r['gemm_floor']['ratio_median']:.2f}× "
                      f"| {target} |")
+    own = _load(OWN_KERNELS)
+    for key, r in (own or {}).get("models", {}).items():
+        target = r["target"]
+        target = f"≤ {target}×" if isinstance(target, (int, float)) else target
+        kernels = own["meta"].get("blas", {}).get("kernels")
+        lines.append(f"| {NAMES.get(key, key)}, training step, OpenBLAS choosing its kernels "
+                     f"({kernels}) | {r['minigrad_ms']:.2f} ms | {r['torch_ms']:.2f} ms "
+                     f"| {r['ratio_median']:.2f}× | {r['ratio_p10']:.2f}× "
+                     f"| {r['gemm_floor']['ratio_median']:.2f}× | {target} |")
     rec = (tr or {}).get("overhead", {}).get("record")
     if rec:
         lines.append(f"| recorded elementwise op on a tiny tensor | {rec['minigrad_us']:.2f} µs "
@@ -223,7 +239,28 @@ def readme_table() -> str:
                      f"(samples/s) | {rates} |  |  |  |  |  |")
     if tr and "meta" in tr:
         lines += ["", _cpu_line(tr)]
+    lines += blas_table()
     return "\n".join(lines)
+
+
+def blas_table() -> list[str]:
+    """``bench_blas.py``'s result as README lines: each model's products under each BLAS (time,
+    and ratio to OpenBLAS as NumPy loaded it), or nothing without results."""
+    bl = _load("blas.json")
+    if not bl:
+        return []
+    names = list(next(iter(bl["models"].values())))
+    lines = ["", "| matrix products of one training step (`bench_blas.py`) | "
+             + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    for model, row in bl["models"].items():
+        cells = [f"{row[n]['ms']:.2f} ms" + ("" if n == "openblas" else
+                                             f" ({row[n]['ratio_median']:.2f}×)") for n in names]
+        lines.append(f"| {NAMES.get(model, model)} | " + " | ".join(cells) + " |")
+    about = "; ".join(f"{n}: {a.get('library', a.get('unavailable'))}"
+                      for n, a in bl["contenders"].items())
+    meta = bl["meta"]
+    return lines + ["", f"{meta['cpu']['model']}, {meta['threads']} threads, {meta['rounds']} "
+                        f"alternating rounds; {about}"]
 
 
 def gpu_table() -> str:
