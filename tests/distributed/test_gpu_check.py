@@ -1,9 +1,11 @@
 """The GPU check script (``gpu_check.py``) without a GPU: it says "no GPU" and exits 2, refuses an
 output folder inside the repository, runs every step with its own timeout and goes on after a
-failure, and its synchronisation counter finds the waits of a simulated GPU."""
+failure, its host-CPU benchmark step runs the right benchmarks with the right BLAS settings, and
+its synchronisation counter finds the waits of a simulated GPU."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,6 +54,46 @@ def test_output_inside_the_repository_is_refused(monkeypatch, capsys):
     monkeypatch.setattr(gpu_check, "no_gpu_reason", lambda: None)
     assert gpu_check.main(["--out", os.path.join(gpu_check.ROOT, "runs")]) == 2
     assert "inside the repository" in capsys.readouterr().err
+
+
+_FAKE_BENCH = """
+import json, os, sys
+with open(os.path.join(os.path.dirname(__file__), "..", "calls.jsonl"), "a") as fh:
+    fh.write(json.dumps({"script": os.path.basename(__file__), "argv": sys.argv[1:],
+                         "coretype": os.environ.get("OPENBLAS_CORETYPE"),
+                         "cores": len(os.sched_getaffinity(0))}) + "\\n")
+"""
+
+
+def _run_cpu_bench(tmp_path, env):
+    """Run the step's script in a folder whose benchmarks only log how they were called."""
+    (tmp_path / "benchmarks").mkdir()
+    for name in ("bench_training.py", "bench_blas.py"):
+        (tmp_path / "benchmarks" / name).write_text(_FAKE_BENCH)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-c", gpu_check.CPU_BENCH, str(out)], cwd=tmp_path, env=env,
+                   check=True, capture_output=True, timeout=60)
+    lines = (tmp_path / "calls.jsonl").read_text().splitlines()
+    return out, [json.loads(line) for line in lines]
+
+
+def test_the_cpu_step_also_measures_the_cpus_own_blas_kernels_when_the_environment_chose(
+        tmp_path):
+    env = dict(os.environ, OPENBLAS_CORETYPE="Haswell")
+    out, calls = _run_cpu_bench(tmp_path, env)
+    assert [(c["script"], c["coretype"], c["argv"][-1]) for c in calls] == [
+        ("bench_training.py", "Haswell", str(out / "training_cpu.json")),
+        ("bench_training.py", None, str(out / "training_cpu_kernels.json")),
+        ("bench_blas.py", "Haswell", str(out / "blas_cpu.json")),
+    ]
+    assert all(c["cores"] <= 2 and "--threads" in c["argv"] for c in calls)
+
+
+def test_the_cpu_step_runs_each_benchmark_once_when_openblas_chooses_its_kernels(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    _, calls = _run_cpu_bench(tmp_path, env)
+    assert [(c["script"], c["coretype"]) for c in calls] == [("bench_training.py", None),
+                                                             ("bench_blas.py", None)]
 
 
 class _SimulatedGpu:
