@@ -40,8 +40,8 @@ def blas_info() -> dict:
     OpenBLAS picks its kernels for the CPU when it loads (it names them after a CPU: ``Haswell``
     is AVX2, ``SkylakeX`` and ``Cooperlake`` are AVX-512) unless ``OPENBLAS_CORETYPE`` names
     others. An environment that sets ``Haswell`` on an AVX-512 CPU runs every product on AVX2
-    kernels (on the AMD EPYC of issue 29, 1.7-1.9x slower on the models' products), so each
-    table says which kernels ran.
+    kernels (on the AMD EPYC of issue 29, 1.5-1.8x slower on the MLP's and the Transformer
+    block's products), so each table says which kernels ran.
     """
     import numpy  # noqa: F401, PLC0415 - loads the BLAS
     import threadpoolctl  # noqa: PLC0415
