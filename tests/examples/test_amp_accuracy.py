@@ -1,6 +1,7 @@
 """Issue 25's accuracy check: LeNet on the bundled MNIST split, 2 epochs, float16 and bfloat16
-autocast within 0.5 points of float32 test accuracy (the mean over three seeds, each precision
-from the same initial weights and data order; one seed alone moves by more than that)."""
+autocast within 0.5 points of float32 test accuracy (the mean over eight seeds, each precision
+from the same initial weights and data order; one seed alone moves by more than that, and the
+mean over three moved by 0.35 points when one sum was taken in another order)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,6 @@ def test_autocast_lenet_is_within_half_a_point_of_float32(tmp_path, capsys):
         gap = summary[precision]["mean_gap_points"]
         assert abs(gap) <= 0.5, (precision, gap, out["results"])
     assert {r["precision"] for r in out["results"]} == set(summary)
-    assert len(out["results"]) == 9  # 3 seeds x 3 precisions
+    assert len(out["results"]) == 24  # 8 seeds x 3 precisions
     assert json.loads((tmp_path / "results.json").read_text())["summary"] == summary
     assert str(tmp_path) in capsys.readouterr().out  # names the folder it writes to
