@@ -1,9 +1,12 @@
-"""The matrix products one training step of each benchmark model issues, as minigrad issues them.
+"""The matrix products one training step of each benchmark model issues.
 
 Each product is ``(a shape, b shape, transpose b)``: ``a @ b`` (``a @ b.T`` when the flag is set;
-3-D shapes are batched products). ``bench_training.py`` times these alone as the *GEMM floor* (NumPy
-against PyTorch) and ``bench_blas.py`` times them under several BLAS libraries; both take them from
-here so the lists cannot drift apart. The models are those of ``bench_training.py``.
+3-D shapes are batched products), in the layouts minigrad uses, with one simplification: minigrad
+sums a long convolution weight gradient (LeNet's first) over slabs of its reduction axis, which
+is listed here as the one product it replaces, so LeNet's floor is on the slow side.
+``bench_training.py`` times these alone as the *GEMM floor* (NumPy against PyTorch) and
+``bench_blas.py`` times them under several BLAS libraries; both take them from here so the lists
+cannot drift apart. The models are those of ``bench_training.py``.
 """
 
 from __future__ import annotations
