@@ -41,7 +41,7 @@ import minigrad as mg  # first: its BLAS waiting policy applies before NumPy loa
 import numpy as np
 
 import gemms
-from machine import blas_info, blas_name, cpu_info, cpu_name
+from machine import blas_info, blas_name, cpu_info, cpu_name, env_with_cpu_kernels
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "blas.json")
 
@@ -50,16 +50,10 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "b
 # the contenders (each runs in its own worker process)
 
 
-def _operands(products: list, seed: int = 0) -> list:
+def _operands(products: list) -> list:
     """``(a, b, transpose b, out)`` float32 arrays for each product."""
-    rng = np.random.default_rng(seed)
-    cases = []
-    for a_shape, b_shape, trans_b in products:
-        a = rng.standard_normal(a_shape).astype(np.float32)
-        b = rng.standard_normal(b_shape).astype(np.float32)
-        out = np.empty(a_shape[:-1] + (b_shape[-2] if trans_b else b_shape[-1],), np.float32)
-        cases.append((a, b, trans_b, out))
-    return cases
+    return [(a, b, tb, np.empty(a.shape[:-1] + (b.shape[-2] if tb else b.shape[-1],), np.float32))
+            for a, b, tb in gemms.operands(products)]
 
 
 class NumpyProducts:
@@ -211,9 +205,7 @@ def worker(name: str, threads: int) -> None:
 
 
 def _start(name: str, threads: int):
-    env = dict(os.environ)
-    if name == "openblas-cpu-kernels":
-        env.pop("OPENBLAS_CORETYPE")
+    env = env_with_cpu_kernels() if name == "openblas-cpu-kernels" else None
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", name,
                              "--threads", str(threads)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)
@@ -226,7 +218,7 @@ def _p10(values: list) -> float:
 
 def measure(rounds: int, steps: int, threads: int) -> dict:
     names = ["openblas", "mkl"]
-    if "OPENBLAS_CORETYPE" in os.environ:
+    if env_with_cpu_kernels() is not None:
         names.insert(1, "openblas-cpu-kernels")
     workers, about = {}, {}
     for name in names:

@@ -241,12 +241,8 @@ def alternate(fn_mg, fn_torch, rounds: int, steps: int) -> dict:
 
 def gemm_floor(products: list, rounds: int, steps: int) -> dict:
     """The model's matrix products alone: NumPy (minigrad's BLAS) vs PyTorch, alternating."""
-    rng = np.random.default_rng(0)
-    cases = []
-    for a_shape, b_shape, trans_b in products:
-        a = rng.standard_normal(a_shape).astype(np.float32)
-        b = rng.standard_normal(b_shape).astype(np.float32)
-        cases.append((a, b, torch.from_numpy(a), torch.from_numpy(b), trans_b))
+    cases = [(a, b, torch.from_numpy(a), torch.from_numpy(b), trans_b)
+             for a, b, trans_b in gemms.operands(products)]
 
     def run_numpy():
         for a, b, _, _, tb in cases:

@@ -11,6 +11,8 @@ cannot drift apart. The models are those of ``bench_training.py``.
 
 from __future__ import annotations
 
+import numpy as np
+
 MODELS = ("mlp", "lenet", "transformer")
 
 
@@ -58,3 +60,11 @@ def transformer(d: int = 128, heads: int = 4, seq: int = 64, batch: int = 16,
 
 
 PRODUCTS = {"mlp": mlp, "lenet": lenet, "transformer": transformer}
+
+
+def operands(products: list, seed: int = 0) -> list:
+    """``(a, b, transpose b)`` with random float32 ``a`` and ``b`` of each product's shapes."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(a_shape).astype(np.float32),
+             rng.standard_normal(b_shape).astype(np.float32), trans_b)
+            for a_shape, b_shape, trans_b in products]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 
+KERNELS_ENV = "OPENBLAS_CORETYPE"  # names the kernels OpenBLAS runs, overriding its own choice
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile")
 
 
@@ -51,10 +52,19 @@ def blas_info() -> dict:
     if not pools:
         return {"library": "unknown", "version": None, "kernels": None, "forced_by": None}
     pool = pools[0]
-    forced = os.environ.get("OPENBLAS_CORETYPE") if pool["internal_api"] == "openblas" else None
+    forced = os.environ.get(KERNELS_ENV) if pool["internal_api"] == "openblas" else None
     return {"library": pool["internal_api"], "version": pool.get("version"),
             "kernels": pool.get("architecture"),
-            "forced_by": f"OPENBLAS_CORETYPE={forced}" if forced else None}
+            "forced_by": f"{KERNELS_ENV}={forced}" if forced else None}
+
+
+def env_with_cpu_kernels() -> dict | None:
+    """This process's environment without ``OPENBLAS_CORETYPE``, for a run in which OpenBLAS
+    chooses its kernels for the CPU; None when the environment does not set it (nothing to
+    compare)."""
+    if KERNELS_ENV not in os.environ:
+        return None
+    return {k: v for k, v in os.environ.items() if k != KERNELS_ENV}
 
 
 def blas_name(info: dict | None = None) -> str:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from machine import blas_name
+from machine import blas_name, env_with_cpu_kernels
 
 NAMES = {"mlp": "MLP 784-512-512-10, batch 128", "lenet": "LeNet-style CNN, batch 64",
          "transformer": "Transformer block (d 128, 4 heads, seq 64, batch 16)"}
@@ -39,9 +39,9 @@ def run_all() -> None:
     for script in BENCHES:
         print(f"== {script}", flush=True)
         subprocess.run([sys.executable, str(HERE / script)], check=True, cwd=HERE.parent)
-    if "OPENBLAS_CORETYPE" in os.environ:  # the environment chose OpenBLAS's kernels
+    env = env_with_cpu_kernels()
+    if env is not None:  # the environment chose OpenBLAS's kernels
         print("== bench_training.py without OPENBLAS_CORETYPE (the CPU's own kernels)", flush=True)
-        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
         subprocess.run([sys.executable, str(HERE / "bench_training.py"), "--out",
                         str(RESULTS / OWN_KERNELS)], check=True, cwd=HERE.parent, env=env)
 
@@ -164,27 +164,29 @@ def _us(seconds: float) -> str:
     return f"{us:.1f} µs" if us < 100 else f"{us:.0f} µs"
 
 
+def _training_rows(tr, label: str) -> list[str]:
+    """README rows of ``bench_training.py``'s models (``label`` ends each row's name)."""
+    lines = []
+    for key, r in (tr or {}).get("models", {}).items():
+        target = r["target"]
+        target = f"≤ {target}×" if isinstance(target, (int, float)) else target
+        lines.append(f"| {NAMES.get(key, key)}, training step{label} | {r['minigrad_ms']:.2f} ms "
+                     f"| {r['torch_ms']:.2f} ms | {r['ratio_median']:.2f}× "
+                     f"| {r['ratio_p10']:.2f}× | {r['gemm_floor']['ratio_median']:.2f}× "
+                     f"| {target} |")
+    return lines
+
+
 def readme_table() -> str:
     """The README's "Benchmarks" table from the results at hand (the lead pastes it in)."""
     lines = ["| measurement | minigrad | PyTorch | ratio (median) | ratio p10 | GEMM floor "
              "| target |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     tr = _load("training.json")
-    for key, r in (tr or {}).get("models", {}).items():
-        target = r["target"]
-        target = f"≤ {target}×" if isinstance(target, (int, float)) else target
-        lines.append(f"| {NAMES.get(key, key)}, training step | {r['minigrad_ms']:.2f} ms "
-                     f"| {r['torch_ms']:.2f} ms | {r['ratio_median']:.2f}× "
-                     f"| {r['ratio_p10']:.2f}× | {r['gemm_floor']['ratio_median']:.2f}× "
-                     f"| {target} |")
+    lines += _training_rows(tr, "")
     own = _load(OWN_KERNELS)
-    for key, r in (own or {}).get("models", {}).items():
-        target = r["target"]
-        target = f"≤ {target}×" if isinstance(target, (int, float)) else target
+    if own:
         kernels = own["meta"].get("blas", {}).get("kernels")
-        lines.append(f"| {NAMES.get(key, key)}, training step, OpenBLAS choosing its kernels "
-                     f"({kernels}) | {r['minigrad_ms']:.2f} ms | {r['torch_ms']:.2f} ms "
-                     f"| {r['ratio_median']:.2f}× | {r['ratio_p10']:.2f}× "
-                     f"| {r['gemm_floor']['ratio_median']:.2f}× | {target} |")
+        lines += _training_rows(own, f", OpenBLAS choosing its kernels ({kernels})")
     rec = (tr or {}).get("overhead", {}).get("record")
     if rec:
         lines.append(f"| recorded elementwise op on a tiny tensor | {rec['minigrad_us']:.2f} µs "

@@ -155,7 +155,7 @@ def _find_slots(module: Module, param) -> list[_Slot]:
 #: host scratch buffers in shared memory, per group: each wrapped module's shard packed for its
 #: all-gather and its full gradients packed for its reduce-scatter, which read them in place on
 #: one host; a prefetch in flight and the gather being waited for use two of them
-_HOST_SCRATCH = ScratchPool(lambda count, dtype, group: comm.shared_empty(count, dtype, group))
+_HOST_SCRATCH = ScratchPool(comm.shared_empty)
 
 
 class FullyShardState:
