@@ -105,7 +105,7 @@ class Gelu(Function):
     Transformer MLP). Twice differentiable: backward uses Tensor ops when it is being recorded."""
 
     def forward(self, x):
-        y, self.cdf = kernels.gelu(x._data)
+        y, self.slope = kernels.gelu(x._data)
         self.x = x
         return y
 
@@ -114,7 +114,7 @@ class Gelu(Function):
         if recording_backward():
             cdf = erf(x * _INV_SQRT2) * 0.5 + 0.5
             return dy * (cdf + x * exp(x * x * -0.5) * _INV_SQRT_2PI)
-        return kernels.gelu_grad(x._data, self.cdf, dy._data)
+        return kernels.gelu_grad(self.slope, dy._data)
 
 
 def gelu(x) -> Tensor:

@@ -70,12 +70,12 @@ def test_relu_and_its_gradient(gpu, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gelu_and_its_gradient(gpu, dtype):
     x, dy = _rand((4, 33), dtype) * 3, _rand((4, 33), dtype, 1)
-    y, cdf = gpu.gelu(_dev(gpu, x))
-    want_y, want_cdf = cpu.gelu(x)
+    y, slope = gpu.gelu(_dev(gpu, x))
+    want_y, want_slope = cpu.gelu(x)
     _close(_host(gpu, y), want_y, dtype, 1)
-    _close(_host(gpu, cdf), want_cdf, dtype, 1)
-    dx = gpu.gelu_grad(_dev(gpu, x), cdf, _dev(gpu, dy))
-    _close(_host(gpu, dx), cpu.gelu_grad(x, want_cdf, dy), dtype, 1)
+    _close(_host(gpu, slope), want_slope, dtype, 1)
+    dx = gpu.gelu_grad(slope, _dev(gpu, dy))
+    _close(_host(gpu, dx), cpu.gelu_grad(want_slope, dy), dtype, 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

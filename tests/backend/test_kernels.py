@@ -206,7 +206,7 @@ def _xp(device):
     return mg.tensor(np.zeros(1), device=device).xp
 
 
-def test_float32_exp_and_erfc_are_accurate_over_the_whole_range(device):
+def test_float32_exp_and_normal_cdf_are_accurate_over_the_whole_range(device):
     xp = _xp(device)
     x = np.linspace(-120, 90, 200_001).astype(np.float32)
     shifted = np.float64(x - x.max())  # the float32 shift, as the kernel (and NumPy) compute it
@@ -218,14 +218,19 @@ def test_float32_exp_and_erfc_are_accurate_over_the_whole_range(device):
     np.testing.assert_allclose(got[normal], want[normal], rtol=3e-6)
     if device == "cpu0":  # the numba exp flushes what would be a float32 denormal to exactly 0
         assert np.all(got[shifted < -87.34] == 0.0)
-    y, cdf = kernels.gelu(xp.asarray(np.linspace(-12, 12, 4001).astype(np.float32)))
-    cdf = cdf.get() if hasattr(cdf, "get") else cdf
-    want = np.array([math.erfc(-v / math.sqrt(2)) / 2 for v in np.linspace(-12, 12, 4001)
-                     .astype(np.float32).astype(np.float64)])
-    # float32 arithmetic on the argument -x^2/2 of erfc's exp limits the tails (as NumPy's float32)
-    np.testing.assert_allclose(cdf, want, rtol=2e-5, atol=1e-37)
-    middle = np.abs(np.linspace(-12, 12, 4001)) < 4
-    np.testing.assert_allclose(cdf[middle], want[middle], rtol=2e-6)
+    grid = np.linspace(-12, 12, 4001).astype(np.float32)
+    y, slope = kernels.gelu(xp.asarray(grid))
+    y, slope = [a.get() if hasattr(a, "get") else a for a in (y, slope)]
+    v = grid.astype(np.float64)
+    cdf = np.array([math.erfc(-u / math.sqrt(2)) / 2 for u in v])
+    want_y, want_slope = v * cdf, cdf + v * np.exp(-v * v / 2) / math.sqrt(2 * math.pi)
+    # float32 arithmetic on the argument -x^2/2 of the normal's exp limits the lower tail (as
+    # NumPy's float32); the slope's tail is a difference of two such terms
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-37)
+    middle = np.abs(v) < 4
+    np.testing.assert_allclose(y[middle], want_y[middle], rtol=1e-6, atol=1e-37)
+    np.testing.assert_allclose(slope[middle], want_slope[middle], rtol=3e-6, atol=2e-7)
+    np.testing.assert_allclose(slope, want_slope, rtol=1e-3, atol=2e-7)
 
 
 def test_softmax_of_masked_and_infinite_rows(device):
@@ -356,7 +361,7 @@ def test_registered_kernels_run_on_their_array_type_only():
     mine = _TaggedKernels()
     kernels.register_kernels(_Tagged, mine)
     try:
-        y, cdf = kernels.gelu(tagged)
+        y, slope = kernels.gelu(tagged)
         s = kernels.softmax(tagged, 0)  # the reduced axis is brought last for the backend
         plain = kernels.gelu(np.array([0.0, 1.0]))[0]  # NumPy arrays keep the built-in kernels
     finally:

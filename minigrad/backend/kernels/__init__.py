@@ -24,8 +24,8 @@ Results equal the unfused NumPy compositions up to rounding: float64 uses the C 
 
 Example::
 
-    y, cdf = kernels.gelu(x)             # forward, saving Phi(x)
-    dx = kernels.gelu_grad(x, cdf, dy)   # backward
+    y, slope = kernels.gelu(x)           # forward, saving the derivative
+    dx = kernels.gelu_grad(slope, dy)    # backward
 """
 
 from __future__ import annotations
@@ -161,14 +161,17 @@ def relu_grad(dy, mask):
 
 @_half_in_float32
 def gelu(x):
-    """Exact GELU ``x * Phi(x)``; returns ``(y, cdf)``, ``cdf = Phi(x)`` for :func:`gelu_grad`."""
+    """Exact GELU ``x * Phi(x)``; returns ``(y, slope)`` with its derivative
+    ``slope = Phi(x) + x * pdf(x)`` for :func:`gelu_grad`. The forward evaluates ``Phi`` and
+    ``pdf`` from one shared ``exp`` anyway, so saving the derivative makes the backward a
+    multiply: it neither reads ``x`` again nor computes a second ``exp``."""
     return backend_for(x).gelu(_contiguous(x))
 
 
 @_half_in_float32
-def gelu_grad(x, cdf, dy):
-    """``dy * (Phi(x) + x * pdf(x))``, the gradient of :func:`gelu`."""
-    return backend_for(x).gelu_grad(_contiguous(x), cdf, _contiguous(dy))
+def gelu_grad(slope, dy):
+    """``dy * slope``, the gradient of :func:`gelu` (``slope`` from its forward)."""
+    return backend_for(dy).gelu_grad(slope, _contiguous(dy))
 
 
 # --------------------------------------------------------------------------------------------------

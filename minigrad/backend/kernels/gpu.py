@@ -57,19 +57,16 @@ def relu_grad(dy, mask):
 # GELU
 
 _gelu_forward = cp.ElementwiseKernel(
-    "T x", "T y, T cdf", "cdf = T(0.5) * erfc(-x * T(0.70710678118654752)); y = x * cdf",
-    "minigrad_gelu_forward")
-_gelu_backward = cp.ElementwiseKernel(
-    "T x, T cdf, T dy", "T dx",
-    "dx = dy * (cdf + x * exp(T(-0.5) * x * x) * T(0.39894228040143268))", "minigrad_gelu_backward")
+    "T x", "T y, T slope",
+    "T cdf = T(0.5) * erfc(-x * T(0.70710678118654752)); y = x * cdf; "
+    "slope = cdf + x * exp(T(-0.5) * x * x) * T(0.39894228040143268)", "minigrad_gelu_forward")
 
 
 def gelu(x):
     return _gelu_forward(x)
 
 
-def gelu_grad(x, cdf, dy):
-    return _gelu_backward(x, cdf, dy)
+gelu_grad = _cpu.gelu_grad  # dy * slope
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,12 +17,13 @@ Flags:
 * ``error_model="numpy"``: division by zero gives inf/NaN as in NumPy instead of raising, which
   also removes the per-division checks that would stop loops from vectorising;
 * no ``fastmath`` in element-wise code: results keep IEEE semantics (NaN, inf, signed zeros);
-* :func:`math_kernel` (the kernels that evaluate ``exp``/``erfc`` polynomials: GELU, the softmax
-  family, attention weights) adds only ``contract``: a multiply and the add after it may become
-  one fused multiply-add, rounded once. That changes no special value and makes each step of a
-  polynomial at least as accurate, and one instruction does the work of two in loops that are
-  bound by their instruction count (float32 GELU over 512K values: 530 -> 340 us on the reference
-  AMD EPYC); the float32 ``exp``'s range reduction stays exact with a fused multiply-add;
+* :func:`math_kernel` (the kernels that evaluate ``exp`` and normal-CDF polynomials: GELU, the
+  softmax family, attention weights) adds only ``contract``: a multiply and the add after it may
+  become one fused multiply-add, rounded once. That changes no special value and makes each step
+  of a polynomial at least as accurate, and one instruction does the work of two in loops that
+  are bound by their instruction count (float32 GELU over 512K values, with the formula of that
+  time: 530 -> 340 us on the reference AMD EPYC); the float32 ``exp``'s range reduction stays
+  exact with a fused multiply-add;
 * :func:`scalar` helpers are inlined into their callers (and so compiled with the caller's
   flags, which are strict: no reduction calls them);
 * :func:`reduction` helpers (sums) get ``fastmath={"reassoc", "nsz", "contract"}`` so that LLVM
@@ -70,8 +71,8 @@ def math_kernel(fn):
 
 
 def scalar(fn):
-    """Compile a scalar helper (``exp``, ``erfc``) that is inlined into every kernel calling it, so
-    that the kernel's loop still vectorises (a call per element would stop it)."""
+    """Compile a scalar helper (``exp``, the normal CDF) that is inlined into every kernel calling
+    it, so that the kernel's loop still vectorises (a call per element would stop it)."""
     return _compile(fn, {**_STRICT, "inline": "always"})
 
 
