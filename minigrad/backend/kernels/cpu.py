@@ -189,9 +189,15 @@ def cross_entropy_rows_grad(prob, label, dy, divisor):
 
 
 def squared_error_sum(pred, label, scale):
-    # array-module generic (float16 and bfloat16 squares summed in float32)
-    diff = pred - label
-    total = float_sum(get_array_module(pred), diff * diff, tuple(range(diff.ndim)), False)
+    xp = get_array_module(pred)
+    if pred.shape == label.shape and _flat_of_one_dtype(pred, label):
+        diff, sq = np.empty_like(pred), np.empty_like(pred)
+        loops.squared_difference(pred.reshape(-1), label.reshape(-1), diff.reshape(-1),
+                                 sq.reshape(-1))
+    else:  # array-module generic (float16 and bfloat16 squares summed in float32)
+        diff = pred - label
+        sq = diff * diff
+    total = float_sum(xp, sq, tuple(range(diff.ndim)), False)  # NumPy's sum: the composition's
     return (total if scale is None else total * scale), diff
 
 
@@ -200,6 +206,10 @@ def squared_error_grad(pred, label, diff, dy, scale):
     if diff is None:
         diff = pred - label
     g = dy if scale is None else dy * scale
+    if _flat_of_one_dtype(diff) and g.dtype == diff.dtype:
+        out = np.empty_like(diff)
+        loops.doubled_product(diff.dtype.type(g), diff.reshape(-1), out.reshape(-1))
+        return out
     u = xp.broadcast_to(g.reshape((1,) * diff.ndim), diff.shape) * diff
     return u + u
 

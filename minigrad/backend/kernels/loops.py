@@ -255,6 +255,28 @@ def relu_backward(dy, mask, dx):
 
 
 # --------------------------------------------------------------------------------------------------
+# squared error: the element-wise passes (the sum stays NumPy's, so the loss keeps its bits)
+
+
+@kernel
+def squared_difference(pred, label, diff, sq):
+    """``diff = pred - label`` and ``sq = diff * diff`` in one pass."""
+    for i in range(pred.size):
+        d = pred[i] - label[i]
+        diff[i] = d
+        sq[i] = d * d
+
+
+@kernel
+def doubled_product(g, diff, out):
+    """``out = u + u`` with ``u = g * diff`` (the squared error's gradient: the square's two
+    equal halves, added as the composition adds them)."""
+    for i in range(diff.size):
+        u = g * diff[i]
+        out[i] = u + u
+
+
+# --------------------------------------------------------------------------------------------------
 # GELU (exact erf form) on flat arrays
 
 
