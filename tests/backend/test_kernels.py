@@ -233,6 +233,25 @@ def test_float32_exp_and_normal_cdf_are_accurate_over_the_whole_range(device):
     np.testing.assert_allclose(slope, want_slope, rtol=1e-3, atol=2e-7)
 
 
+def test_float32_layer_norm_keeps_its_accuracy_far_from_zero():
+    """The CPU kernel centres float32 rows in float32 with the mean split in two: rows around
+    1e4 (where one float32 ulp is 1e-3) still normalise to float32 rounding, forward and back."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((64, 128)) + 1e4).astype(np.float32)
+    w, b = rng.standard_normal((2, 128)).astype(np.float32)
+    y, xhat, rstd = kernels.layer_norm(x, w, b, 1e-5, 128)
+    x64 = x.astype(np.float64)
+    want_xhat = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(xhat, want_xhat, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(y, want_xhat * w + b, rtol=0, atol=2e-5)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    dx = kernels.layer_norm_grad(dy, xhat, rstd, w)[0]
+    g = dy * w.astype(np.float64)
+    want_dx = (g - g.mean(1, keepdims=True) - want_xhat * (g * want_xhat).mean(1, keepdims=True)
+               ) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(dx, want_dx, rtol=0, atol=1e-6 * np.abs(want_dx).max())
+
+
 def test_softmax_of_masked_and_infinite_rows(device):
     x = np.array([[0.0, -np.inf, 1.0], [-np.inf, -np.inf, -np.inf], [np.inf, 0.0, 0.0],
                   [np.nan, 0.0, 1.0]])

@@ -385,28 +385,39 @@ def attention_softmax_backward(w, dw, scale, n):
 
 @kernel
 def layer_norm_forward(x, w, b, eps, y, xhat, rstd):
-    """``xhat = (x - mean) / sqrt(var + eps)``, ``y = xhat * w + b``; the biased variance."""
+    """``xhat = (x - mean) / sqrt(var + eps)``, ``y = xhat * w + b``; the biased variance.
+
+    The statistics are float64 sums; the element-wise part runs in ``x``'s dtype (in float64 it
+    ran at half the SIMD width: float32 rows 2x slower) with the mean split into the float32
+    ``mean_hi + mean_lo``, so that data far from zero keeps its centred values (``x - mean_hi``
+    is exact near the mean): about as accurate as in float64 (1e-6 at an offset of 1e4, where a
+    float32 mean alone would give 1e-3)."""
     n = w.size
     for r in range(rstd.size):
         lo = r * n
         mean = run_sum(x, lo, lo + n) / n
         rs = 1.0 / math.sqrt(run_centered_sumsq(x, lo, lo + n, mean) / n + eps)
         rstd[r] = rs
+        t = x.dtype.type
+        mean_hi = t(mean)
+        mean_lo, rs_t = t(mean - mean_hi), t(rs)
         for c in range(n):
-            h = (x[U(lo + c)] - mean) * rs
+            h = ((x[U(lo + c)] - mean_hi) - mean_lo) * rs_t
             xhat[U(lo + c)] = h
             y[U(lo + c)] = h * w[U(c)] + b[U(c)]
 
 
 @kernel
 def layer_norm_backward(g, xhat, rstd, w, dx, dw, db):
-    """``dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat))``; ``dw += sum(g * xhat)`` and
+    """``dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat))`` (the row's means from float64
+    sums, then the element-wise part in ``g``'s dtype); ``dw += sum(g * xhat)`` and
     ``db += sum(g)`` over rows (``dw``, ``db`` are float64 accumulators)."""
     n = w.size
     for r in range(rstd.size):
         lo = r * n
         s1, s2 = run_affine_sums(g, w, xhat, lo, n)
-        m1, m2, rs = s1 / n, s2 / n, rstd[r]
+        t = g.dtype.type
+        m1, m2, rs = t(s1 / n), t(s2 / n), t(rstd[r])
         for c in range(n):
             gc, hc = g[U(lo + c)], xhat[U(lo + c)]
             dx[U(lo + c)] = rs * (gc * w[U(c)] - m1 - hc * m2)
