@@ -344,28 +344,55 @@ def log_softmax_backward(y, dy, dx, n):
 
 
 @math_kernel
+def _exp_in_place(a, lo, hi):
+    """``a[lo:hi] = exp(a[lo:hi])`` in one long loop."""
+    for i in range(lo, hi):
+        a[U(i)] = exp(a[U(i)])
+
+
+@math_kernel
 def attention_softmax(s, scale, bias, causal):
     """``s[g] <- softmax(scale * s[g] + bias[g or 0])`` over the last axis of (G, L, S); with
     ``causal`` query ``i`` sees keys ``j <= i`` only (top-left aligned; the others get weight 0,
-    as ``-inf`` would, and cost no exponential)."""
+    as ``-inf`` would).
+
+    The exponentials run as one long loop over each (L, S) matrix, not row by row: a row is too
+    short for the vectorised loop (a causal row has ``i + 1`` keys), which left most of its
+    exponentials to the loop's scalar remainder (64 x 64, causal: 195 -> 115 us, bit for bit the
+    same). Keys a row does not see enter that loop as ``-inf`` (weight 0). Where most keys are
+    hidden (causal with S > 2L) each row exponentiates only its own keys, as the long loop would
+    spend its time on zeros."""
     groups, length, src = s.shape
     flat, bflat = s.reshape(-1), bias.reshape(-1)
     sc = s.dtype.type(scale)
+    whole = not causal or 2 * length >= src
     for g in range(groups):
         boff = 0 if bias.shape[0] == 1 else g * length * src
+        glo = g * length * src
         for i in range(length):
-            lo, blo = (g * length + i) * src, boff + i * src
-            hi = lo + (min(i + 1, src) if causal else src)
-            for j in range(hi - lo):
+            lo, blo = glo + i * src, boff + i * src
+            seen = min(i + 1, src) if causal else src
+            for j in range(seen):
                 flat[U(lo + j)] = flat[U(lo + j)] * sc + bflat[U(blo + j)]
-            m = run_max(flat, lo, hi)
-            for j in range(lo, hi):  # in place, not _exp_shifted(flat, flat): an aliased
-                flat[U(j)] = exp(flat[U(j)] - m)  # call fails LLVM's overlap check (scalar loop)
-            total = s.dtype.type(run_sum(flat, lo, hi))
-            for j in range(lo, hi):
+            m = run_max(flat, lo, lo + seen)
+            if whole:
+                for j in range(seen):
+                    flat[U(lo + j)] = flat[U(lo + j)] - m
+                for j in range(seen, src):
+                    flat[U(lo + j)] = -np.inf
+            else:
+                for j in range(lo, lo + seen):  # in place, not _exp_shifted(flat, flat): an
+                    flat[U(j)] = exp(flat[U(j)] - m)  # aliased call fails LLVM's overlap check
+                for j in range(lo + seen, lo + src):
+                    flat[U(j)] = 0.0
+        if whole:
+            _exp_in_place(flat, glo, glo + length * src)
+        for i in range(length):
+            lo = glo + i * src
+            seen = min(i + 1, src) if causal else src
+            total = s.dtype.type(run_sum(flat, lo, lo + seen))
+            for j in range(lo, lo + seen):
                 flat[U(j)] = flat[U(j)] / total
-            for j in range(hi, lo + src):
-                flat[U(j)] = 0.0
 
 
 @kernel
