@@ -206,7 +206,8 @@ class _SelfAttention(Function):
     strided views of their result: NumPy's batched products take such stacks (unit stride within
     a row) at nearly the speed of contiguous ones, which saves copying ``qkv`` forward and the
     three gradients backward (0.06 ms each way on the benchmark's Transformer block). A GPU keeps
-    the contiguous copies, which its batched products want."""
+    the contiguous copies (not measured there: CuPy may copy strided stacks inside each product,
+    one launch each)."""
 
     def forward(self, qkv, heads, bias, scale, causal):
         xp, d = qkv.xp, qkv._data

@@ -128,6 +128,7 @@ ATTENTION_CASES = [  # (q shape, k shape, mask shape or None, causal)
     ((2, 3, 5, 4), (2, 3, 7, 4), None, False),
     ((2, 3, 6, 4), (2, 3, 6, 4), None, True),
     ((2, 2, 5, 3), (2, 2, 4, 3), (5, 4), True),  # causal with fewer keys than queries
+    ((2, 2, 3, 4), (2, 2, 9, 4), None, True),  # causal, most keys hidden: the row-by-row path
     ((2, 3, 4, 2), (2, 3, 4, 2), (2, 1, 4, 4), False),  # a mask per batch, broadcast over heads
     ((4, 2), (3, 2), (2, 4, 3), False),  # the mask broadcasts the scores to a larger shape
 ]
