@@ -44,6 +44,7 @@ import numpy as np
 from minigrad import seams
 from minigrad.amp.master_weights import MasterWeights
 from minigrad.autodiff.tensor import Tensor
+from minigrad.backend import kernels
 from minigrad.backend.dtypes import is_floating
 from minigrad.backend.xp import to_numpy
 from minigrad.distributed.comm.arrays import all_reduce as all_reduce_array
@@ -328,17 +329,20 @@ class GradScaler:
     def _unscale_and_check(self, pairs) -> bool:
         """Unscale ``holder.grad`` for each ``(named, holder)`` pair and check it; agree over the
         ranks; remember a report. Returns whether any rank found a non-finite gradient."""
-        inv = 1.0 / self.scale_factor
-        bad = []
+        by_device: dict = {}  # device -> [(index, named, holder)]: one check per device
         for i, (named, holder) in enumerate(pairs):
-            g = holder.grad
-            if g is None:
-                continue
-            arr = g.data if isinstance(g, Tensor) else g
-            xp = g.xp if isinstance(g, Tensor) else np
-            if not bool(xp.isfinite(arr).all()):
+            if holder.grad is not None:
+                by_device.setdefault(holder.device, []).append((i, named, holder))
+        bad = []
+        for device, items in by_device.items():
+            grads = [holder.grad for _, _, holder in items]
+            unscaled, flags = kernels.unscale_grads(
+                [g.data if isinstance(g, Tensor) else g for g in grads], 1.0 / self.scale_factor)
+            for (_, _, holder), arr in zip(items, unscaled):
+                holder.grad = Tensor(arr, device=device)
+            for k in np.flatnonzero(to_numpy(flags)):  # the one read (wait for the GPU)
+                i, named, _ = items[k]
                 bad.append(self._name(named, i))
-            holder.grad = Tensor(_times(arr, inv), device=holder.device)
         first = self._first_where()
         local = {get_rank(): (bad, first)} if bad else {}
         if is_distributed():  # every rank skips, or none: agree on the count of bad tensors
@@ -406,13 +410,6 @@ class GradScaler:
 
 def _full_like(t: Tensor, value: float) -> Tensor:
     return Tensor(np.full(t.shape, value, dtype=np.float32), dtype=t.dtype, device=t.device)
-
-
-def _times(arr, factor: float):
-    """``arr * factor`` in ``arr``'s dtype, computed in float32 for 2-byte floats."""
-    if arr.dtype.itemsize < 4:
-        return (arr.astype(np.float32) * factor).astype(arr.dtype)
-    return arr * factor
 
 
 class _NonFiniteOps:

@@ -142,7 +142,7 @@ def erf(xp):
 def scatter_add(xp, target, index, values) -> None:
     """``target[index] += values`` where repeated indices accumulate (``np.add.at`` semantics;
     a plain ``+=`` would keep only the last of the repeats)."""
-    if xp is np:
-        np.add.at(target, index, values)
+    if xp is np or not xp.__version__.startswith("13."):  # CuPy 14 deprecates cupyx.scatter_add
+        xp.add.at(target, index, values)
     else:
         _cupyx.scatter_add(target, index, values)

@@ -475,7 +475,8 @@ def test_every_kernel_of_the_gpu_module_is_read():
             "squared_error_sum", "layer_norm_forward", "layer_norm_backward",
             "layer_norm_param_grads", "column_sums")
     assert {entries: sorted(map(str, dtypes)) for entries, dtypes in modules.items()} == {
-        rows: ["float32", "float64"], ("sgd_steps", "adam_steps"): ["float32", "float64"],
+        rows: ["float32", "float64"],
+        ("sgd_steps", "adam_steps", "unscale_grads"): ["float32", "float64"],
         ("min_max_i32", "min_max_i64"): ["None"]}
 
 

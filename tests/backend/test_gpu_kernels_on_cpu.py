@@ -406,3 +406,24 @@ def test_squared_error_and_its_gradient(gpu, dtype, scale, shape):
     dy = np.asarray(0.7, dtype)
     got = gpu.squared_error_grad(_dev(gpu, pred), _dev(gpu, label), None, _dev(gpu, dy), scale)
     _close(_host(gpu, got), cpu.squared_error_grad(pred, label, want_diff, dy, scale), dtype, 1)
+
+
+def test_unscale_grads_flags_each_gradient_that_overflowed(gpu):
+    """More gradients than one launch takes (LIST_SLOTS), of three dtypes (float16 takes the
+    composed path, float64 its own lists after float32's), one non-contiguous; infs and NaNs in
+    some: the unscaled copies and the flags equal the CPU's, and the inputs are left alone."""
+    rng = np.random.default_rng(0)
+    grads = []
+    for k in range(gpu.LIST_SLOTS + 5):
+        dtype = ("float32", "float64", "float16")[k % 3]
+        g = (rng.standard_normal((3, 7)) * 1e3).astype(dtype)
+        if k in (1, 6, gpu.LIST_SLOTS + 3):
+            g[1, 2] = (np.inf, np.nan, -np.inf)[k % 3]
+        grads.append(g.T if k == 4 else g)
+    want, want_bad = cpu.unscale_grads([g.copy() for g in grads], 2.0**-10)
+    got, got_bad = gpu.unscale_grads([_dev(gpu, g) for g in grads], 2.0**-10)
+    assert _host(gpu, got_bad).tolist() == want_bad.tolist()
+    assert want_bad.tolist() == [int(k in (1, 6, gpu.LIST_SLOTS + 3)) for k in range(len(grads))]
+    for g, a, b in zip(grads, got, want):
+        assert a.dtype == b.dtype == g.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(_host(gpu, a), b)  # one rounding of one product: exact

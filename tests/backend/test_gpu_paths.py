@@ -188,6 +188,42 @@ def test_a_training_step_never_waits_for_the_gpu(cp):
     assert np.isfinite(values).all() and len(set(values)) == 3  # it trained
 
 
+def test_a_scaled_step_waits_for_the_gpu_once(cp, monkeypatch):
+    """A GradScaler's step (PyTorch's spelling) reads one array for all gradients' overflow
+    check: forward and backward never wait, ``scaler.step`` waits once (counted on the fake),
+    and an inf in one gradient still skips the step and names that parameter."""
+    import minigrad.amp as amp  # noqa: PLC0415
+
+    with _default_device("gpu0"):
+        model = M.Sequential(M.Linear(6, 8), M.ReLU(), M.Linear(8, 8), M.ReLU(), M.Linear(8, 2))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    gm = ad.GradManager().attach(model.parameters())
+    scaler = amp.GradScaler(init_scale=2.0**8, module=model)
+    x = mg.tensor(np.random.default_rng(0).standard_normal((4, 6)), "float32", device="gpu0")
+    for poison in (False, False, True):
+        with _allow_sync(cp, False):
+            with gm:
+                loss = (model(x) ** 2).mean()
+                gm.backward(scaler.scale(loss))
+        if poison:
+            g = model[2].weight.grad
+            g.data[0, 0] = float("inf")
+        before = [p.numpy() for p in model.parameters()]
+        if hasattr(cp, "syncs"):
+            cp.syncs.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", amp.OverflowWarning)
+            scaler.step(opt)
+            scaler.update()
+        if hasattr(cp, "syncs"):
+            assert len(cp.syncs) == 1, cp.syncs
+        moved = [not np.array_equal(b, p.numpy()) for b, p in zip(before, model.parameters())]
+        assert all(moved) != poison and any(moved) != poison
+        opt.clear_grad()
+    assert scaler.last_overflow.tensors == {0: ["2.weight"]}
+    assert scaler.get_scale() == 2.0**7
+
+
 def test_clipping_and_lamb_on_a_gpu_match_the_cpu(cp):
     rng = np.random.default_rng(1)
     arrays = [rng.standard_normal((4, 3)), rng.standard_normal(3)]

@@ -24,8 +24,9 @@ Steps (in this order; ``--list`` prints them):
   per step and GPU busy time, minigrad against PyTorch; the log is the report).
 * ``cpu_bench_2_cores``: ``benchmarks/bench_training.py`` and ``benchmarks/bench_blas.py`` on two
   cores of the host CPU (issue 29 wants each CPU vendor measured; the GPU machines' hosts are Intel
-  Xeons), and ``bench_training.py`` again without ``OPENBLAS_CORETYPE`` when the environment sets
-  it; results under DIR.
+  Xeons), ``bench_training.py`` again with minigrad's products through MKL (``MINIGRAD_BLAS=mkl``:
+  the mkl wheel's, else the MKL inside PyTorch's ``libtorch_cpu``) and again without
+  ``OPENBLAS_CORETYPE`` when the environment sets it; results under DIR.
 
 Output and logs go to ``--out`` (default ``$OUT``, else ``/tmp/minigrad_gpu_check``), never into
 the repository. Exit status: 0 all passed, 1 a step failed or timed out, 2 no GPU here (nothing
@@ -314,13 +315,11 @@ def step_amp_speedup() -> str:
                 with gm:
                     with amp.autocast(enabled=low):
                         loss = (block(x) ** 2).mean()
-                    if low:
+                    if low:  # MegEngine's spelling: scale, backward, unscale, check, update
                         scaler.backward(gm, loss)
                     else:
                         gm.backward(loss)
-                (scaler.step(opt) if low else opt.step()).clear_grad()
-                if low:
-                    scaler.update()
+                opt.step().clear_grad()
             mg.backend.synchronize("gpu0")
             return (time.perf_counter() - start) / n * 1e3
 
@@ -350,16 +349,27 @@ STEP_FUNCTIONS = {
 
 
 CPU_BENCH = """
-import os, subprocess, sys
+import glob, importlib.util, os, subprocess, sys
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])  # the runs below inherit it
-env = dict(os.environ, MINIGRAD_DEFAULT_DEVICE="cpu0")
+env = dict(os.environ, MINIGRAD_DEFAULT_DEVICE="cpu0", MINIGRAD_BLAS="numpy")
 own = {k: v for k, v in env.items() if k != "OPENBLAS_CORETYPE"}
 out = sys.argv[1]
 runs = [("bench_training.py", "training_cpu.json", env), ("bench_blas.py", "blas_cpu.json", env)]
 if own != env:  # the environment chose OpenBLAS's kernels: also measure the CPU's own
     runs.insert(1, ("bench_training.py", "training_cpu_kernels.json", own))
+# minigrad's products through MKL: MINIGRAD_MKL_LIBRARY's (empty: none), else the mkl wheel's,
+# else the copy inside PyTorch's libtorch_cpu
+torch = importlib.util.find_spec("torch")
+mkl = glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")) or (
+    [os.path.join(torch.submodule_search_locations[0], "lib", "libtorch_cpu.so")] if torch else [])
+if "MINIGRAD_MKL_LIBRARY" in env:
+    mkl = [env["MINIGRAD_MKL_LIBRARY"]] if env["MINIGRAD_MKL_LIBRARY"] else []
+if mkl:
+    runs.insert(1, ("bench_training.py", "training_cpu_mkl.json",
+                    dict(env, MINIGRAD_BLAS="mkl", MINIGRAD_MKL_LIBRARY=mkl[0])))
 for script, name, e in runs:
-    print("==", script, name, "OPENBLAS_CORETYPE", e.get("OPENBLAS_CORETYPE", "unset"), flush=True)
+    print("==", script, name, "OPENBLAS_CORETYPE", e.get("OPENBLAS_CORETYPE", "unset"),
+          "MINIGRAD_BLAS", e["MINIGRAD_BLAS"], flush=True)
     subprocess.run([sys.executable, "benchmarks/" + script, "--threads", "2", "--rounds", "10",
                     "--out", os.path.join(out, name)], env=e, check=True)
 """

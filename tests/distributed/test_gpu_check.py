@@ -61,6 +61,8 @@ import json, os, sys
 with open(os.path.join(os.path.dirname(__file__), "..", "calls.jsonl"), "a") as fh:
     fh.write(json.dumps({"script": os.path.basename(__file__), "argv": sys.argv[1:],
                          "coretype": os.environ.get("OPENBLAS_CORETYPE"),
+                         "blas": os.environ.get("MINIGRAD_BLAS"),
+                         "mkl": os.environ.get("MINIGRAD_MKL_LIBRARY"),
                          "cores": len(os.sched_getaffinity(0))}) + "\\n")
 """
 
@@ -77,23 +79,27 @@ def _run_cpu_bench(tmp_path, env):
     return out, [json.loads(line) for line in lines]
 
 
-def test_the_cpu_step_also_measures_the_cpus_own_blas_kernels_when_the_environment_chose(
-        tmp_path):
-    env = dict(os.environ, OPENBLAS_CORETYPE="Haswell")
+def test_the_cpu_step_also_measures_the_cpus_own_blas_kernels_and_mkl(tmp_path):
+    """With OPENBLAS_CORETYPE set and an MKL at hand: NumPy's products as set, minigrad's through
+    MKL, OpenBLAS's own kernels, then the products alone."""
+    env = dict(os.environ, OPENBLAS_CORETYPE="Haswell", MINIGRAD_MKL_LIBRARY="/x/libmkl_rt.so")
     out, calls = _run_cpu_bench(tmp_path, env)
-    assert [(c["script"], c["coretype"], c["argv"][-1]) for c in calls] == [
-        ("bench_training.py", "Haswell", str(out / "training_cpu.json")),
-        ("bench_training.py", None, str(out / "training_cpu_kernels.json")),
-        ("bench_blas.py", "Haswell", str(out / "blas_cpu.json")),
+    assert [(c["script"], c["coretype"], c["blas"], c["argv"][-1]) for c in calls] == [
+        ("bench_training.py", "Haswell", "numpy", str(out / "training_cpu.json")),
+        ("bench_training.py", "Haswell", "mkl", str(out / "training_cpu_mkl.json")),
+        ("bench_training.py", None, "numpy", str(out / "training_cpu_kernels.json")),
+        ("bench_blas.py", "Haswell", "numpy", str(out / "blas_cpu.json")),
     ]
+    assert calls[1]["mkl"] == "/x/libmkl_rt.so"
     assert all(c["cores"] <= 2 and "--threads" in c["argv"] for c in calls)
 
 
-def test_the_cpu_step_runs_each_benchmark_once_when_openblas_chooses_its_kernels(tmp_path):
+def test_the_cpu_step_runs_each_benchmark_once_when_openblas_chooses_and_no_mkl(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    env["MINIGRAD_MKL_LIBRARY"] = ""  # none
     _, calls = _run_cpu_bench(tmp_path, env)
-    assert [(c["script"], c["coretype"]) for c in calls] == [("bench_training.py", None),
-                                                             ("bench_blas.py", None)]
+    assert [(c["script"], c["coretype"], c["blas"]) for c in calls] == [
+        ("bench_training.py", None, "numpy"), ("bench_blas.py", None, "numpy")]
 
 
 class _SimulatedGpu:

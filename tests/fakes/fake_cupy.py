@@ -91,7 +91,8 @@ _NAMES = itertools.count(1)  # stream and event numbers, unique in the process
 _SIZE_FROM_DATA = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "compress",
                              "extract"})
 # kernels that write into their first operand
-_IN_PLACE = frozenset({"setitem", "scatter_add", "fill"})
+_IN_PLACE = frozenset({"setitem", "scatter_add", "fill", "add.at", "subtract.at", "maximum.at",
+                       "minimum.at"})
 # functions that only allocate memory (no kernel writes it)
 _ALLOCATION_ONLY = frozenset({"empty", "empty_like"})
 # methods that only build a view (no kernel in CuPy for contiguous arrays)
@@ -264,6 +265,26 @@ class PinnedMemoryPointer(bytearray):
         return ctypes.addressof(ctypes.c_char.from_buffer(self)) if len(self) else 0
 
 
+class Flags:
+    """What ``cupy.ndarray.flags`` has: the two contiguity flags and ``owndata``, readable as
+    attributes or as ``flags["C_CONTIGUOUS"]``; no ``writeable`` (CuPy arrays are always
+    writable), so code that asks NumPy's flags of a CuPy array fails here as on a GPU."""
+
+    __slots__ = ("c_contiguous", "f_contiguous", "owndata")
+
+    def __init__(self, numpy_flags):
+        self.c_contiguous = numpy_flags.c_contiguous
+        self.f_contiguous = numpy_flags.f_contiguous
+        self.owndata = numpy_flags.owndata
+
+    def __getitem__(self, key: str) -> bool:
+        names = {"C_CONTIGUOUS": "c_contiguous", "F_CONTIGUOUS": "f_contiguous",
+                 "OWNDATA": "owndata"}
+        if key not in names:
+            raise KeyError(key)
+        return getattr(self, names[key])
+
+
 class _MemoryPointer:
     """``ndarray.data``: the device pointer (the NumPy buffer's address) and the device."""
 
@@ -314,7 +335,7 @@ class _Array(NDArrayOperatorsMixin):
     nbytes = property(lambda self: self._a.nbytes)
     itemsize = property(lambda self: self._a.itemsize)
     strides = property(lambda self: self._a.strides)
-    flags = property(lambda self: self._a.flags)
+    flags = property(lambda self: Flags(self._a.flags))
     T = property(lambda self: self._view(self._a.T))
 
     def _view(self, array):
@@ -543,6 +564,8 @@ class _Ufunc:
     def __getattr__(self, name):
         if name not in cupy_names.UFUNC_METHODS:
             raise AttributeError(f"'cupy.ufunc' object has no attribute '{name}'")
+        if name == "at":  # in place, indices as in indexing (host arrays copied to the device)
+            return self._at
         method = getattr(self._ufunc, name)
         if not callable(method):
             return method
@@ -550,6 +573,14 @@ class _Ufunc:
         def call(*args, **kwargs):
             return self._fake._launch(f"{self.__name__}.{name}", method, args, kwargs)
         return call
+
+
+    def _at(self, a, indices, b=None):
+        def at(target, key, *value):
+            self._ufunc.at(target, _wrapped(key, target.shape), *value)
+
+        args = (a, a._index(indices)) + (() if b is None else (b,))
+        self._fake._launch(f"{self.__name__}.at", at, args, {})
 
 
 class _Namespace(types.ModuleType):

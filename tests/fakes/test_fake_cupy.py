@@ -236,6 +236,9 @@ def test_only_the_names_and_dtypes_cupy_has(fake):
         getattr(fake.linalg, "matrix_transpose")  # noqa: B009
     with pytest.raises(AttributeError, match="'cupy.ndarray' object has no attribute 'setflags'"):
         a.setflags(write=False)
+    assert a.flags.c_contiguous and a.flags["C_CONTIGUOUS"] and not a.T.flags.c_contiguous
+    with pytest.raises(AttributeError, match="'Flags' object has no attribute 'writeable'"):
+        a.flags.writeable  # noqa: B018  (CuPy arrays are always writable)
     with pytest.raises(AttributeError, match="'cupy.ufunc' object has no attribute 'signature'"):
         getattr(fake.add, "signature")  # noqa: B009
     with pytest.raises(AttributeError, match="'Generator' object has no attribute 'spawn'"):

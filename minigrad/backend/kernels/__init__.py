@@ -69,6 +69,7 @@ __all__ = [
     "squared_error_sum",
     "to_product_layout",
     "unregister_kernels",
+    "unscale_grads",
 ]
 
 _BACKENDS: dict = {}
@@ -451,3 +452,15 @@ def adam_steps(params: list, grads: list, ms: list, vs: list, lr: float, betas: 
         backend_for(params[0]).adam_steps(params, grads, ms, vs, float(lr), float(b1), float(b2),
                                           float(eps), float(weight_decay), bool(decoupled),
                                           [int(t) for t in steps])
+
+
+def unscale_grads(grads: list, factor: float) -> tuple[list, object]:
+    """A loss scaler's unscale and overflow check of gradients on one device: new arrays
+    ``g * factor`` (2-byte floats computed in float32) and an int32 array on that device, 1 where
+    a gradient held an inf or NaN, not read here. The caller reads it once for all gradients
+    (one wait for the GPU per step, where a check per gradient waited once per gradient); on a
+    GPU one launch per :data:`~minigrad.backend.kernels.gpu.LIST_SLOTS` float32/float64
+    gradients does both, where the composition is four launches per gradient."""
+    if not grads:
+        return [], np.zeros(0, np.int32)
+    return backend_for(grads[0]).unscale_grads(list(grads), float(factor))

@@ -272,3 +272,20 @@ def sgd_steps(params, grads, bufs, lr, momentum, weight_decay, nesterov):
 def adam_steps(params, grads, ms, vs, lr, b1, b2, eps, weight_decay, decoupled, steps):
     for p, g, m, v, step in zip(params, grads, ms, vs, steps):
         adam_step(p, g, m, v, lr, b1, b2, eps, weight_decay, decoupled, step)
+
+
+def unscale_grads(grads, factor):
+    xp = get_array_module(grads[0])
+    bad = xp.zeros(len(grads), np.int32)
+    outs = []
+    for k, g in enumerate(grads):
+        bad[k] = ~xp.isfinite(g).all()  # a device scalar into a device array: no read
+        outs.append(unscale_grad(g, factor))
+    return outs, bad
+
+
+def unscale_grad(g, factor):
+    """``g * factor`` in ``g``'s dtype, computed in float32 for 2-byte floats."""
+    if g.dtype.itemsize < 4:
+        return (g.astype(np.float32) * factor).astype(g.dtype)
+    return g * factor

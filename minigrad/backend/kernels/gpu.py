@@ -764,6 +764,24 @@ extern "C" __global__ void sgd_steps(TensorList t, int count, real lr, real mome
     }
 }
 
+// t.p: gradients, t.a: their unscaled copies, t.b: one int per gradient, set to 1 when it holds
+// an inf or NaN (never reset here: the caller zeroes the flags)
+extern "C" __global__ void unscale_grads(TensorList t, int count, real factor) {
+    const int k = blockIdx.y;
+    if (k >= count) return;
+    const real* g = (const real*)t.p[k];
+    real* out = (real*)t.a[k];
+    const long long n = t.n[k];
+    bool finite = true;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const real x = g[i];
+        finite = finite && isfinite(x);
+        out[i] = x * factor;
+    }
+    if (!finite) *(int*)t.b[k] = 1;
+}
+
 // t.c1, t.c2: the bias corrections 1 - b1^t and 1 - b2^t of each parameter's step t;
 // c1 = 1 - b1, c2 = 1 - b2 rounded once, as on the CPU
 extern "C" __global__ void adam_steps(TensorList t, int count, real lr, real b1, real c1,
@@ -795,7 +813,8 @@ extern "C" __global__ void adam_steps(TensorList t, int count, real lr, real b1,
 def _list_kernels(dtype_name: str) -> dict:
     module = cp.RawModule(code=f"typedef {_ROW_TYPES[dtype_name]} real;\n" + _LIST_SOURCE)
     return {"sgd_steps": module.get_function("sgd_steps"),
-            "adam_steps": module.get_function("adam_steps")}
+            "adam_steps": module.get_function("adam_steps"),
+            "unscale_grads": module.get_function("unscale_grads")}
 
 
 @functools.cache
@@ -865,3 +884,21 @@ def adam_steps(params, grads, ms, vs, lr, b1, b2, eps, weight_decay, decoupled, 
     _launch_lists("adam_steps", columns, corrections,
                   (t(lr), t(b1), t(1 - b1), t(b2), t(1 - b2), t(eps), t(weight_decay),
                    np.int32(decoupled)))
+
+
+def unscale_grads(grads, factor):
+    dtype = next((g.dtype for g in grads if _listable(g)), None)  # one dtype goes in lists
+    listed = [k for k, g in enumerate(grads) if g.dtype == dtype and _listable(g)]
+    outs = [None] * len(grads)
+    bad = cp.zeros(len(grads), np.int32)
+    for k in set(range(len(grads))) - set(listed):  # another dtype or layout: composed
+        outs[k] = _cpu.unscale_grad(grads[k], factor)
+        bad[k] = ~cp.isfinite(grads[k]).all()
+    if listed:
+        for k in listed:
+            outs[k] = cp.empty_like(grads[k])
+        _launch_lists("unscale_grads",
+                      {"p": [grads[k] for k in listed], "a": [outs[k] for k in listed],
+                       "b": [bad[k:k + 1] for k in listed]},
+                      {}, (dtype.type(factor),))
+    return outs, bad

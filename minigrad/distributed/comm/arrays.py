@@ -364,7 +364,7 @@ def all_gather_into(out, x, group: Group | None = None, async_op: bool = False, 
             f"all_gather_into: out must hold {n} x {x.size} = {n * x.size} elements of "
             f"{dtype_name(x.dtype)} (the input on {n} ranks), got {out.size} of "
             f"{dtype_name(out.dtype)}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
+    if not out.flags.c_contiguous or not getattr(out.flags, "writeable", True):  # CuPy: always
         raise ValueError("all_gather_into: out must be a writable C-contiguous array")
     c = _Call("all_gather_into", group, [x, out], async_op=async_op, check=check)
     buf, out_buf = c.buffer(x), c.buffer(out)  # out itself unless staged from the GPU
