@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 import minigrad.functional as F
+from minigrad.backend import blas
 from minigrad.optimizer import SGD
 
 import gemms
@@ -240,13 +241,14 @@ def alternate(fn_mg, fn_torch, rounds: int, steps: int) -> dict:
 
 
 def gemm_floor(products: list, rounds: int, steps: int) -> dict:
-    """The model's matrix products alone: NumPy (minigrad's BLAS) vs PyTorch, alternating."""
+    """The model's matrix products alone, minigrad's (``blas.matmul``: NumPy's BLAS, or MKL where
+    ``minigrad.backend.blas`` chose it) vs PyTorch's, alternating."""
     cases = [(a, b, torch.from_numpy(a), torch.from_numpy(b), trans_b)
              for a, b, trans_b in gemms.operands(products)]
 
     def run_numpy():
         for a, b, _, _, tb in cases:
-            np.matmul(a, np.swapaxes(b, -1, -2) if tb else b)
+            blas.matmul(a, np.swapaxes(b, -1, -2) if tb else b)
 
     def run_torch():
         for _, _, ta, tb_, tb in cases:
@@ -337,12 +339,13 @@ def main(argv=None) -> None:
                                 "torch (intra-op)": torch.get_num_threads()},
         "rounds": args.rounds, "steps_per_round": args.steps,
         "python": sys.version.split()[0], "numpy": np.__version__, "torch": torch.__version__,
-        "blas": blas_info(),
+        "blas": blas_info(), "products": blas.library(),
         "load_average_start": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     print(f"{cpu['model']} ({', '.join(cpu['simd'])}), {cpu['cores']} cores; threads: minigrad "
           f"{mg.get_num_threads()}, torch {torch.get_num_threads()}; numpy {np.__version__}, "
-          f"torch {torch.__version__}; NumPy's BLAS {blas_name(meta['blas'])}; "
+          f"torch {torch.__version__}; NumPy's BLAS {blas_name(meta['blas'])}; minigrad's "
+          f"products: {meta['products']}; "
           f"{args.rounds} rounds x {args.steps} steps; "
           f"load average {meta['load_average_start']:.2f}")
     header = (f"{'model':<36} {'minigrad ms':>11} {'torch ms':>9} {'ratio':>6} {'p10':>6} "

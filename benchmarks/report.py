@@ -177,6 +177,15 @@ def _training_rows(tr, label: str) -> list[str]:
     return lines
 
 
+def _tiny_op_row(tr) -> list[str]:
+    rec = (tr or {}).get("overhead", {}).get("record")
+    if not rec:
+        return []
+    return [f"| recorded elementwise op on a tiny tensor | {rec['minigrad_us']:.2f} µs "
+            f"| {rec['torch_us']:.2f} µs | {rec['ratio_median']:.2f}× "
+            f"| {rec['ratio_p10']:.2f}× |  | ≤ 2.5 µs |"]
+
+
 def readme_table() -> str:
     """The README's "Benchmarks" table from the results at hand (the lead pastes it in)."""
     lines = ["| measurement | minigrad | PyTorch | ratio (median) | ratio p10 | GEMM floor "
@@ -187,11 +196,7 @@ def readme_table() -> str:
     if own:
         kernels = own["meta"].get("blas", {}).get("kernels")
         lines += _training_rows(own, f", OpenBLAS choosing its kernels ({kernels})")
-    rec = (tr or {}).get("overhead", {}).get("record")
-    if rec:
-        lines.append(f"| recorded elementwise op on a tiny tensor | {rec['minigrad_us']:.2f} µs "
-                     f"| {rec['torch_us']:.2f} µs | {rec['ratio_median']:.2f}× "
-                     f"| {rec['ratio_p10']:.2f}× |  | ≤ 2.5 µs |")
+    lines += _tiny_op_row(tr)
     co = _load("collectives.json")
     if co:
         big = co["seconds_per_call"]
@@ -245,10 +250,11 @@ def readme_table() -> str:
     return "\n".join(lines)
 
 
-def blas_table() -> list[str]:
-    """``bench_blas.py``'s result as README lines: each model's products under each BLAS (time,
-    and ratio to OpenBLAS as NumPy loaded it), or nothing without results."""
-    bl = _load("blas.json")
+def blas_table(name: str = "blas.json") -> list[str]:
+    """``bench_blas.py``'s result (``results/<name>``) as README lines: each model's products
+    under each BLAS (time, and ratio to OpenBLAS as NumPy loaded it), or nothing without
+    results."""
+    bl = _load(name)
     if not bl:
         return []
     names = list(next(iter(bl["models"].values())))
@@ -263,6 +269,20 @@ def blas_table() -> list[str]:
     meta = bl["meta"]
     return lines + ["", f"{meta['cpu']['model']}, {meta['threads']} threads, {meta['rounds']} "
                         f"alternating rounds; {about}"]
+
+
+def gpu_host_table() -> str:
+    """The README's table of the GPU machine's host CPU (an Intel Xeon), from the files
+    ``gpu_check.py``'s ``cpu_bench_2_cores`` step writes (``training_cpu.json`` and
+    ``blas_cpu.json``, kept as ``results/gpu_host_training.json`` and ``gpu_host_blas.json``),
+    or "" without them."""
+    tr = _load("gpu_host_training.json")
+    if not tr:
+        return ""
+    lines = ["| measurement | minigrad | PyTorch | ratio (median) | ratio p10 | GEMM floor "
+             "| target |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += _training_rows(tr, "") + _tiny_op_row(tr) + ["", _cpu_line(tr)]
+    return "\n".join(lines + blas_table("gpu_host_blas.json"))
 
 
 def gpu_table() -> str:
@@ -363,6 +383,10 @@ def main(argv=None) -> None:
     if gpu:
         (RESULTS / "gpu_table.md").write_text(gpu + "\n")
         print("\nGPU table (benchmarks/results/gpu_table.md):\n\n" + gpu)
+    host = gpu_host_table()
+    if host:
+        (RESULTS / "gpu_host_table.md").write_text(host + "\n")
+        print("\nGPU machine's host CPU (benchmarks/results/gpu_host_table.md):\n\n" + host)
     for path in plots():
         print(f"wrote {path}")
 

@@ -20,6 +20,7 @@ import pytest
 from fakes import cuda_on_cpu, fake_cupy
 
 import minigrad as mg
+from minigrad.backend import blas
 from minigrad.backend.device import probe_gpus
 from minigrad.testing import check_double_grad
 
@@ -34,6 +35,14 @@ if _FAKE_GPU and not _HAS_CUDA:
     DEVICES.append(_FAKE_GPU)
     if os.environ.get("MINIGRAD_TEST_CUDA_ON_CPU") == "1":
         cuda_on_cpu.use_gpu_kernels(_FAKE)
+# The CPU's products: NumPy's matmul, whatever the machine (MKL where installed would change the
+# last bits some tests compare); MINIGRAD_TEST_BLAS=mkl sends every product MKL takes through MKL,
+# however small (tests/backend/test_blas.py runs the op tests so).
+if os.environ.get("MINIGRAD_TEST_BLAS") == "mkl":
+    blas.select("mkl")
+    blas.MIN_WORK = 0
+else:
+    blas.select("numpy")
 # Tests place tensors on the GPU explicitly (the ``device`` fixture); everything else stays on the
 # CPU on GPU machines too (there the default would be gpu0).
 mg.set_default_device("cpu0")

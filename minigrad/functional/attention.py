@@ -17,7 +17,7 @@ import numpy as np
 from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function, dispatches
 from minigrad.autodiff.tensor import Tensor
-from minigrad.backend import kernels
+from minigrad.backend import blas, kernels
 from minigrad.functional._util import autocast_low, recording_backward
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import linear, matmul
@@ -123,13 +123,13 @@ class _Attention(Function):
 
 def _attention_arrays(xp, q, k, v, bias, scale, causal):
     """``(softmax(q k^T * scale + bias) v, the weights)`` on arrays (bias: an array or None)."""
-    w = xp.matmul(q, _transposed(xp, k))
+    w = blas.matmul(q, _transposed(xp, k))
     if bias is not None:
         shape = np.broadcast_shapes(w.shape, bias.shape)
         if shape != w.shape:
             w = xp.ascontiguousarray(xp.broadcast_to(w, shape))
     w = kernels.attention_softmax(w, scale, bias, causal)
-    return xp.matmul(w, v), w
+    return blas.matmul(w, v), w
 
 
 def _attention_grad_arrays(xp, q, k, v, w, g, scale, need, outs) -> None:
@@ -137,13 +137,13 @@ def _attention_grad_arrays(xp, q, k, v, w, g, scale, need, outs) -> None:
     ``outs[i]`` is None (a new array is put there) or an array the product is written into."""
     def product(i, a, b):
         if outs[i] is None:
-            outs[i] = xp.matmul(a, b)
+            outs[i] = blas.matmul(a, b)
         else:
-            xp.matmul(a, b, out=outs[i])
+            blas.matmul(a, b, out=outs[i])
 
     if need[2]:
         product(2, xp.swapaxes(w, -1, -2), g)
-    ds = kernels.attention_softmax_grad(w, xp.matmul(g, _transposed(xp, v)), scale)
+    ds = kernels.attention_softmax_grad(w, blas.matmul(g, _transposed(xp, v)), scale)
     if need[0]:
         product(0, ds, k)
     if need[1]:

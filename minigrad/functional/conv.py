@@ -26,7 +26,7 @@ import numpy as np
 from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function
 from minigrad.autodiff.tensor import Tensor
-from minigrad.backend import kernels
+from minigrad.backend import blas, kernels
 from minigrad.functional._util import autocast_low, compute_mode_inputs
 from minigrad.functional.elementwise import _f
 from minigrad.functional.linalg import matmul
@@ -94,8 +94,8 @@ def _weight_grad(xp, dmat, cols):
         slabs = next((s for s in range(-(-p // _SLAB), 4 * -(-p // _SLAB)) if p % s == 0), 1)
         d = dmat.reshape(g, o, slabs, p // slabs).swapaxes(1, 2)
         c = cols.reshape(g, k, slabs, p // slabs).transpose(0, 2, 3, 1)
-        return xp.matmul(d, c).sum(axis=1)
-    return xp.matmul(dmat, cols.swapaxes(-1, -2))
+        return blas.matmul(d, c).sum(axis=1)
+    return blas.matmul(dmat, cols.swapaxes(-1, -2))
 
 
 def _crop(x, ph: int, pw: int, h: int, w: int):
@@ -124,7 +124,7 @@ class Conv2d(Function):
         ow = _out_size(wid, kw, stride[1], padding[1], dilation[1])
         geometry = ((kh, kw), stride, padding, dilation, (oh, ow))
         cols = kernels.im2col(xd, *geometry).reshape(groups, cg * kh * kw, -1)
-        out = xp.matmul(wd.reshape(groups, o // groups, cg * kh * kw), cols)
+        out = blas.matmul(wd.reshape(groups, o // groups, cg * kh * kw), cols)
         self.cols, self.wd, self.has_bias = cols, wd, b is not None
         self.args = (xd.shape, geometry, groups)
         out = kernels.from_product_layout(out.reshape(o, -1), n, None if b is None else b._data)
@@ -140,7 +140,7 @@ class Conv2d(Function):
         if self.needs_input_grad(1):
             dw = _weight_grad(xp, dmat, cols).reshape(wd.shape)
         if self.needs_input_grad(0):
-            dcols = xp.matmul(wd.reshape(g, o // g, cg * kh * kw).swapaxes(-1, -2), dmat)
+            dcols = blas.matmul(wd.reshape(g, o // g, cg * kh * kw).swapaxes(-1, -2), dmat)
             dx = kernels.col2im(dcols.reshape(-1, dcols.shape[-1]), xshape, *geometry)
         return dx, dw, db if self.has_bias else None, None, None, None, None
 
@@ -152,7 +152,7 @@ class ConvTranspose2d(Function):
         xp, xd, wd, (n, cin, h, wid), (_, og, kh, kw) = _operands(x, w)
         xmat = xp.ascontiguousarray(xd.transpose(1, 0, 2, 3)).reshape(groups, cin // groups, -1)
         wmat = wd.reshape(groups, cin // groups, og * kh * kw)
-        cols = xp.matmul(wmat.swapaxes(-1, -2), xmat)  # (g, Cout/g*kh*kw, N*H*W)
+        cols = blas.matmul(wmat.swapaxes(-1, -2), xmat)  # (g, Cout/g*kh*kw, N*H*W)
         geometry = ((kh, kw), stride, padding, dilation, (h, wid))
         self.xmat, self.wd, self.args = xmat, wd, (xd.shape, geometry, groups)
         return kernels.col2im(cols.reshape(-1, cols.shape[-1]), (n, og * groups) + out_hw,
@@ -167,7 +167,7 @@ class ConvTranspose2d(Function):
         cols = kernels.im2col(dy._data, *geometry).reshape(g, og * kh * kw, -1)
         dx = dw = None
         if self.needs_input_grad(0):
-            dxm = xp.matmul(wd.reshape(g, cin // g, og * kh * kw), cols)
+            dxm = blas.matmul(wd.reshape(g, cin // g, og * kh * kw), cols)
             dx = kernels.from_product_layout(dxm.reshape(cin, -1), n).reshape(xshape)
         if self.needs_input_grad(1):
             dw = _weight_grad(xp, xmat, cols).reshape(wd.shape)

@@ -11,7 +11,7 @@ import numpy as np
 from minigrad.autodiff.autocast import AUTOCAST
 from minigrad.autodiff.function import Function, dispatches
 from minigrad.autodiff.tensor import Tensor
-from minigrad.backend import kernels
+from minigrad.backend import blas, kernels
 from minigrad.functional._util import (
     autocast_low,
     binary_args,
@@ -39,7 +39,7 @@ class MatMul(Function):
 
     def forward(self, a, b):
         self.a, self.b = a, b
-        return a.xp.matmul(a._data, b._data)
+        return blas.matmul(a._data, b._data)
 
     def backward(self, dy):
         a, b = self.a, self.b
@@ -246,7 +246,7 @@ class Linear(Function):
         if d.ndim != 2:
             d = d.reshape(math.prod(d.shape[:-1]), d.shape[-1])
         self.x2d = d
-        out = x.xp.matmul(d, w._data.T)
+        out = blas.matmul(d, w._data.T)
         if b is not None:
             out += b._data
         if x._data.ndim != 2:
@@ -270,10 +270,10 @@ class Linear(Function):
         g = dy._data
         if flat:
             g = g.reshape(math.prod(g.shape[:-1]), g.shape[-1])
-        dx = g @ self.w._data if need_x else None
+        dx = blas.matmul(g, self.w._data) if need_x else None
         if flat and dx is not None:
             dx = dx.reshape(x.shape)
-        dw = g.T @ self.x2d if need_w else None
+        dw = blas.matmul(g.T, self.x2d) if need_w else None
         return dx, dw, kernels.column_sums(g) if need_b else None
 
 
