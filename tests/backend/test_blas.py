@@ -19,15 +19,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture
-def mkl(monkeypatch):
-    """MKL selected, taking every product however small; NumPy again afterwards (conftest's)."""
+def mkl_selected():
+    """MKL selected (skip where none is installed); NumPy again afterwards (conftest's)."""
     try:
         blas.select("mkl")
     except RuntimeError as exc:
         pytest.skip(str(exc))
-    monkeypatch.setattr(blas, "MIN_WORK", 0)
     yield blas
     blas.select("numpy")
+
+
+@pytest.fixture
+def mkl(mkl_selected, monkeypatch):
+    """MKL selected, taking every product however small."""
+    monkeypatch.setattr(blas, "MIN_WORK", 0)
+    return blas
 
 
 def _reference(a, b):
@@ -104,18 +110,11 @@ def test_what_mkl_does_not_take_goes_to_numpy(mkl):
         blas.matmul(a, rng.standard_normal((5, 6)))  # NumPy's own error
 
 
-def test_small_products_stay_with_numpy(monkeypatch):
+def test_small_products_stay_with_numpy(mkl_selected):
     """Below MIN_WORK multiply-adds a ctypes call costs more than MKL gains: NumPy's bits."""
-    try:
-        blas.select("mkl")
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-    try:
-        a = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
-        assert 8 * 8 * 8 < blas.MIN_WORK
-        np.testing.assert_array_equal(blas.matmul(a, a), np.matmul(a, a))
-    finally:
-        blas.select("numpy")
+    a = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
+    assert 8 * 8 * 8 < blas.MIN_WORK
+    np.testing.assert_array_equal(blas.matmul(a, a), np.matmul(a, a))
 
 
 def test_the_choice_of_library(monkeypatch):
@@ -134,32 +133,19 @@ def test_the_choice_of_library(monkeypatch):
     assert blas.library() == "numpy"
 
 
-def test_auto_takes_mkl_on_intel_cpus_only(monkeypatch):
+def test_auto_takes_mkl_on_intel_cpus_only(mkl_selected, monkeypatch):
     """Measured: MKL 0.48-0.79x OpenBLAS's time on an Intel Xeon, 1.03-1.32x on an AMD EPYC."""
-    try:
-        blas.select("mkl")
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-    try:
-        monkeypatch.setattr(blas, "_intel_cpu", lambda: False)
-        assert blas.select("auto") == "numpy"
-        monkeypatch.setattr(blas, "_intel_cpu", lambda: True)
-        assert blas.select("auto").startswith("mkl ")
-    finally:
-        blas.select("numpy")
+    monkeypatch.setattr(blas, "_intel_cpu", lambda: False)
+    assert blas.select("auto") == "numpy"
+    monkeypatch.setattr(blas, "_intel_cpu", lambda: True)
+    assert blas.select("auto").startswith("mkl ")
 
 
-def test_the_op_tests_pass_with_every_product_through_mkl():
+def test_the_op_tests_pass_with_every_product_through_mkl(mkl_selected):
     """The products' op tests (matmul, linear, convolutions, attention, the layers and the
     autodiff checks) with MINIGRAD_TEST_BLAS=mkl: every product MKL takes goes through it, and
     each test's own tolerance (NumPy references, finite differences, bitwise fused-vs-composed
     comparisons) holds."""
-    try:
-        blas.select("mkl")
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-    finally:
-        blas.select("numpy")
     tests = ["tests/functional/test_linalg.py", "tests/functional/test_nn_conv.py",
              "tests/functional/test_nn_attention.py", "tests/functional/test_nn.py",
              "tests/module", "tests/autodiff"]
