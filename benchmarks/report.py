@@ -59,10 +59,11 @@ def _blas(meta) -> str:
 def _cpu_line(tr) -> str:
     meta = tr["meta"]
     cpu, threads = meta["cpu"], meta["threads"]
+    products = f"; minigrad's products: {meta['products']}" if "products" in meta else ""
     return (f"{cpu['model']} ({', '.join(cpu['simd']) or 'no AVX'}), {cpu['cores']} cores; threads "
             f"{', '.join(f'{k} {v}' for k, v in threads.items())}; NumPy {meta['numpy']}, "
-            f"PyTorch {meta['torch']}; NumPy's BLAS {_blas(meta)}; {meta['rounds']} alternating "
-            f"rounds of {meta['steps_per_round']} steps; load average "
+            f"PyTorch {meta['torch']}; NumPy's BLAS {_blas(meta)}{products}; {meta['rounds']} "
+            f"alternating rounds of {meta['steps_per_round']} steps; load average "
             f"{meta['load_average_start']:.2f} at the start, {meta['load_average_end']:.2f} at "
             "the end")
 
