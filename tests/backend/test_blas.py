@@ -155,3 +155,18 @@ def test_the_op_tests_pass_with_every_product_through_mkl(mkl_selected):
                          timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " passed" in run.stdout.splitlines()[-1]
+
+
+def test_mkls_threads_follow_set_num_threads(mkl_selected):
+    import threadpoolctl  # noqa: PLC0415
+
+    import minigrad as mg  # noqa: PLC0415
+
+    before = mg.get_num_threads()
+    try:
+        for n in (1, 2):
+            mg.set_num_threads(n)
+            pools = {p["internal_api"]: p["num_threads"] for p in threadpoolctl.threadpool_info()}
+            assert pools.get("mkl") == n, pools
+    finally:
+        mg.set_num_threads(before)
