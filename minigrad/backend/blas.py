@@ -24,9 +24,9 @@ batch axes that broadcast and any strides, is one ``?gemm_batch_`` call, its mat
 computed by NumPy from the strides; ``(..., m, k) @ (k, n)`` with a C-contiguous left side is one
 ``(M, k) @ (k, n)`` product (NumPy makes it one product per batch item). Everything else - other
 dtypes, a matrix without a unit stride, products too small to gain (fewer than ``MIN_WORK``
-multiply-adds in all), an ``out`` that overlaps an input - goes to NumPy. MKL's threads follow
-:func:`minigrad.set_num_threads` (``threadpoolctl`` sees MKL once it is loaded; the count in force
-is applied when it loads).
+multiply-adds in all), an ``out`` that overlaps an input or is read-only - goes to NumPy.
+MKL's threads follow :func:`minigrad.set_num_threads` (``threadpoolctl`` sees MKL once it is
+loaded; the count in force is applied when it loads).
 
 Example::
 
@@ -138,8 +138,9 @@ def _gemm(a, b, out):
         return None
     if out is None:
         result = np.empty(shape, dtype)
-    elif (out.shape != shape or out.dtype != dtype or 0 in out.strides[:-2]
-          or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+    elif (out.shape != shape or out.dtype != dtype or not out.flags.writeable
+          or 0 in out.strides[:-2] or np.may_share_memory(out, a)
+          or np.may_share_memory(out, b)):
         return None
     else:
         result = out
@@ -150,12 +151,14 @@ def _gemm(a, b, out):
     a, b = np.broadcast_to(a, batch + a.shape[-2:]), np.broadcast_to(b, batch + b.shape[-2:])
     first = (0,) * len(batch)
     flags = _matrix(a[first]), _matrix(b[first]), _matrix(result[first])
-    if None in flags or flags[2][0] != "N" or max(m, n, k, *(f[1] for f in flags)) > _INT32_MAX:
+    count = math.prod(batch)
+    if (None in flags or flags[2][0] != "N"
+            or max(m, n, k, count, *(f[1] for f in flags)) > _INT32_MAX):
         return None
     (fa, lda), (fb, ldb), (_, ldc) = flags
     lib = _state["lib"]
     fn = lib.sgemm_batch_ if dtype == np.float32 else lib.dgemm_batch_
-    ints = np.array([n, m, k, ldb, lda, ldc, 1, math.prod(batch)], np.int32)
+    ints = np.array([n, m, k, ldb, lda, ldc, 1, count], np.int32)
     p = [ints.ctypes.data + 4 * i for i in range(len(ints))]
     pointers = [_addresses(x) for x in (b, a, result)]
     fn(_ADDRESS[fb], _ADDRESS[fa], p[0], p[1], p[2], _ADDRESS[f"{dtype.name} 1"],

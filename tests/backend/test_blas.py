@@ -106,6 +106,11 @@ def test_what_mkl_does_not_take_goes_to_numpy(mkl):
         np.testing.assert_array_equal(blas.matmul(x, y), np.matmul(x, y))
     out = a.copy()
     np.testing.assert_allclose(blas.matmul(out, a, out=out), _reference(a, a), rtol=1e-12)
+    frozen = np.zeros((6, 6))
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        blas.matmul(a, a, out=frozen)  # NumPy's refusal, not a write through a pointer
+    assert not frozen.any()
     with pytest.raises(ValueError, match="matmul: Input operand 1 has a mismatch"):
         blas.matmul(a, rng.standard_normal((5, 6)))  # NumPy's own error
 
