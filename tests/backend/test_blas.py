@@ -115,8 +115,9 @@ def test_what_mkl_does_not_take_goes_to_numpy(mkl):
         blas.matmul(a, rng.standard_normal((5, 6)))  # NumPy's own error
 
 
-def test_small_products_stay_with_numpy(mkl_selected):
+def test_small_products_stay_with_numpy(mkl_selected, monkeypatch):
     """Below MIN_WORK multiply-adds a ctypes call costs more than MKL gains: NumPy's bits."""
+    monkeypatch.setattr(blas, "MIN_WORK", 1 << 15)  # (MINIGRAD_TEST_BLAS=mkl zeroes it)
     a = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
     assert 8 * 8 * 8 < blas.MIN_WORK
     np.testing.assert_array_equal(blas.matmul(a, a), np.matmul(a, a))
