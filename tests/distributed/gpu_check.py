@@ -22,6 +22,10 @@ Steps (in this order; ``--list`` prints them):
 * ``bench_gpu``: ``benchmarks/bench_gpu.py --rounds 5 --steps 10`` (results written under DIR).
 * ``profile_gpu_step``: ``benchmarks/profile_gpu_step.py`` (dispatch against wall time, kernels
   per step and GPU busy time, minigrad against PyTorch; the log is the report).
+* ``mkl_tests``: ``tests/backend/test_blas.py``, deterministic data parallelism's bitwise tests and
+  the matmul and attention op tests with every product through MKL (``MINIGRAD_TEST_BLAS=mkl``;
+  the mkl wheel's, else PyTorch's copy): whether MKL keeps minigrad's bits reproducible on the
+  host's Intel CPU, where it runs other kernels than on an AMD one.
 * ``cpu_bench_2_cores``: ``benchmarks/bench_training.py`` and ``benchmarks/bench_blas.py`` on two
   cores of the host CPU (issue 29 wants each CPU vendor measured; the GPU machines' hosts are Intel
   Xeons), ``bench_training.py`` again with minigrad's products through MKL (``MINIGRAD_BLAS=mkl``:
@@ -348,8 +352,19 @@ STEP_FUNCTIONS = {
 # ------------------------------------------------------------------------------------- driver
 
 
-CPU_BENCH = """
-import glob, importlib.util, os, subprocess, sys
+# The start of the two MKL scripts below: the MKL for minigrad's products, MINIGRAD_MKL_LIBRARY's
+# (empty: none), else the mkl wheel's, else the copy inside PyTorch's libtorch_cpu
+FIND_MKL = """
+import glob, importlib.util, os, sys
+torch = importlib.util.find_spec("torch")
+mkl = glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")) or (
+    [os.path.join(torch.submodule_search_locations[0], "lib", "libtorch_cpu.so")] if torch else [])
+if "MINIGRAD_MKL_LIBRARY" in os.environ:
+    mkl = [os.environ["MINIGRAD_MKL_LIBRARY"]] if os.environ["MINIGRAD_MKL_LIBRARY"] else []
+"""
+
+CPU_BENCH = FIND_MKL + """
+import subprocess
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])  # the runs below inherit it
 env = dict(os.environ, MINIGRAD_DEFAULT_DEVICE="cpu0", MINIGRAD_BLAS="numpy")
 own = {k: v for k, v in env.items() if k != "OPENBLAS_CORETYPE"}
@@ -357,13 +372,6 @@ out = sys.argv[1]
 runs = [("bench_training.py", "training_cpu.json", env), ("bench_blas.py", "blas_cpu.json", env)]
 if own != env:  # the environment chose OpenBLAS's kernels: also measure the CPU's own
     runs.insert(1, ("bench_training.py", "training_cpu_kernels.json", own))
-# minigrad's products through MKL: MINIGRAD_MKL_LIBRARY's (empty: none), else the mkl wheel's,
-# else the copy inside PyTorch's libtorch_cpu
-torch = importlib.util.find_spec("torch")
-mkl = glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")) or (
-    [os.path.join(torch.submodule_search_locations[0], "lib", "libtorch_cpu.so")] if torch else [])
-if "MINIGRAD_MKL_LIBRARY" in env:
-    mkl = [env["MINIGRAD_MKL_LIBRARY"]] if env["MINIGRAD_MKL_LIBRARY"] else []
 if mkl:
     runs.insert(1, ("bench_training.py", "training_cpu_mkl.json",
                     dict(env, MINIGRAD_BLAS="mkl", MINIGRAD_MKL_LIBRARY=mkl[0])))
@@ -372,6 +380,19 @@ for script, name, e in runs:
           "MINIGRAD_BLAS", e["MINIGRAD_BLAS"], flush=True)
     subprocess.run([sys.executable, "benchmarks/" + script, "--threads", "2", "--rounds", "10",
                     "--out", os.path.join(out, name)], env=e, check=True)
+"""
+
+
+MKL_TESTS = FIND_MKL + """
+import subprocess
+if not mkl:
+    sys.exit("no MKL here (neither the mkl wheel nor PyTorch's libtorch_cpu)")
+env = dict(os.environ, MINIGRAD_DEFAULT_DEVICE="cpu0", MINIGRAD_TEST_BLAS="mkl",
+           MINIGRAD_MKL_LIBRARY=mkl[0])
+tests = ["tests/backend/test_blas.py", "tests/distributed/test_deterministic_dp.py",
+         "tests/functional/test_linalg.py", "tests/functional/test_nn_attention.py"]
+sys.exit(subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                        env=env).returncode)
 """
 
 
@@ -395,6 +416,7 @@ def plan(out_dir: str) -> list[tuple[str, list[str], float]]:
                                        "transformer", "mlp"], 90))
     # not a GPU check: the GPU machine's host CPU (an Intel Xeon with AVX-512 where the project's
     # own machines are AMD) measured as issue 29 asks, on two cores, minigrad on the CPU
+    steps.append(("mkl_tests", [py, "-c", MKL_TESTS], 120))
     steps.append(("cpu_bench_2_cores", [py, "-c", CPU_BENCH, out_dir], 240))
     return steps
 

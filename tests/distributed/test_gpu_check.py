@@ -102,6 +102,29 @@ def test_the_cpu_step_runs_each_benchmark_once_when_openblas_chooses_and_no_mkl(
         ("bench_training.py", None, "numpy"), ("bench_blas.py", None, "numpy")]
 
 
+def test_the_mkl_step_runs_the_op_tests_through_mkl_or_says_there_is_none(tmp_path):
+    """The MKL tests step: the product op tests with MINIGRAD_TEST_BLAS=mkl on the MKL found
+    (here a stand-in pytest that logs its environment), or a failure that says no MKL is here."""
+    (tmp_path / "pytest").mkdir()
+    (tmp_path / "pytest" / "__init__.py").write_text("")  # first on the path: found before pytest
+    (tmp_path / "pytest" / "__main__.py").write_text(
+        "import json, os, sys\n"
+        "print(json.dumps([os.environ.get(k) for k in ('MINIGRAD_TEST_BLAS', "
+        "'MINIGRAD_MKL_LIBRARY')] + sys.argv[1:]))\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), MINIGRAD_MKL_LIBRARY="/x/libmkl_rt.so")
+    run = subprocess.run([sys.executable, "-c", gpu_check.MKL_TESTS], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    blas, library, *argv = json.loads(run.stdout)
+    assert run.returncode == 0 and (blas, library) == ("mkl", "/x/libmkl_rt.so")
+    assert {"tests/backend/test_blas.py", "tests/distributed/test_deterministic_dp.py"} <= set(argv)
+    env["MINIGRAD_MKL_LIBRARY"] = ""
+    run = subprocess.run([sys.executable, "-c", gpu_check.MKL_TESTS], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "no MKL here" in run.stderr
+    names = [name for name, _, _ in gpu_check.plan(str(tmp_path))]
+    assert names.index("mkl_tests") == names.index("cpu_bench_2_cores") - 1
+
+
 class _SimulatedGpu:
     """Just enough of CuPy for ``SyncDetector``: one queue, kernels of ``cycles`` at 1e9 per
     second, events that are done when the queue reaches them; ``wait()`` is a host
