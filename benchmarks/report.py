@@ -274,15 +274,20 @@ def blas_table(name: str = "blas.json") -> list[str]:
 
 def gpu_host_table() -> str:
     """The README's table of the GPU machine's host CPU (an Intel Xeon), from the files
-    ``gpu_check.py``'s ``cpu_bench_2_cores`` step writes (``training_cpu.json`` and
-    ``blas_cpu.json``, kept as ``results/gpu_host_training.json`` and ``gpu_host_blas.json``),
-    or "" without them."""
+    ``gpu_check.py``'s ``cpu_bench_2_cores`` step writes (``training_cpu.json``,
+    ``training_cpu_mkl.json`` when MKL was at hand and ``blas_cpu.json``, kept as
+    ``results/gpu_host_training.json``, ``gpu_host_training_mkl.json`` and
+    ``gpu_host_blas.json``), or "" without them."""
     tr = _load("gpu_host_training.json")
     if not tr:
         return ""
     lines = ["| measurement | minigrad | PyTorch | ratio (median) | ratio p10 | GEMM floor "
              "| target |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lines += _training_rows(tr, "") + _tiny_op_row(tr) + ["", _cpu_line(tr)]
+    lines += _training_rows(tr, "")
+    mkl = _load("gpu_host_training_mkl.json")
+    if mkl:
+        lines += _training_rows(mkl, f", minigrad's products through {mkl['meta']['products']}")
+    lines += _tiny_op_row(tr) + ["", _cpu_line(tr)]
     return "\n".join(lines + blas_table("gpu_host_blas.json"))
 
 
