@@ -69,11 +69,8 @@ def select(choice: str) -> str:
     not found) or ``"numpy"``. Returns :func:`library`'s answer."""
     if choice not in CHOICES:
         raise ValueError(f"blas.select: expected one of {', '.join(CHOICES)}, got {choice!r}")
-    lib = None
-    if choice != "numpy":
-        lib = _load_mkl(required=choice == "mkl")
-        if choice == "auto" and not _intel_cpu():
-            lib = None
+    wanted = choice == "mkl" or (choice == "auto" and _intel_cpu())
+    lib = _load_mkl(required=choice == "mkl") if wanted else None
     _state.update(choice=choice, lib=lib)
     return library()
 
@@ -150,16 +147,14 @@ def _gemm(a, b, out):
         return None if _gemm_2d(a, b, result.reshape(-1, n)) is None else result
     a, b = np.broadcast_to(a, batch + a.shape[-2:]), np.broadcast_to(b, batch + b.shape[-2:])
     first = (0,) * len(batch)
-    flags = _matrix(a[first]), _matrix(b[first]), _matrix(result[first])
     count = math.prod(batch)
-    if (None in flags or flags[2][0] != "N"
-            or max(m, n, k, count, *(f[1] for f in flags)) > _INT32_MAX):
+    layouts = _layouts(a[first], b[first], result[first], count)
+    if layouts is None:
         return None
-    (fa, lda), (fb, ldb), (_, ldc) = flags
+    (fa, lda), (fb, ldb), ldc = layouts
     lib = _state["lib"]
     fn = lib.sgemm_batch_ if dtype == np.float32 else lib.dgemm_batch_
-    ints = np.array([n, m, k, ldb, lda, ldc, 1, count], np.int32)
-    p = [ints.ctypes.data + 4 * i for i in range(len(ints))]
+    held, p = _by_reference([n, m, k, ldb, lda, ldc, 1, count])
     pointers = [_addresses(x) for x in (b, a, result)]
     fn(_ADDRESS[fb], _ADDRESS[fa], p[0], p[1], p[2], _ADDRESS[f"{dtype.name} 1"],
        pointers[0].ctypes.data, p[3], pointers[1].ctypes.data, p[4],
@@ -169,19 +164,34 @@ def _gemm(a, b, out):
 
 def _gemm_2d(a, b, c):
     """``c = a @ b`` for 2-D operands through ``?gemm_``; None when a layout does not fit."""
-    flags = _matrix(a), _matrix(b), _matrix(c)
-    if None in flags or flags[2][0] != "N":
+    layouts = _layouts(a, b, c)
+    if layouts is None:
         return None
-    (fa, lda), (fb, ldb), (_, ldc) = flags
-    ints = np.array([c.shape[1], c.shape[0], a.shape[1], ldb, lda, ldc], np.int32)
-    if max(c.shape + a.shape + (ldb, lda, ldc)) > _INT32_MAX:
-        return None
+    (fa, lda), (fb, ldb), ldc = layouts
     lib, dtype = _state["lib"], a.dtype
     fn = lib.sgemm_ if dtype == np.float32 else lib.dgemm_
-    p = [ints.ctypes.data + 4 * i for i in range(len(ints))]
+    held, p = _by_reference([c.shape[1], c.shape[0], a.shape[1], ldb, lda, ldc])
     fn(_ADDRESS[fb], _ADDRESS[fa], p[0], p[1], p[2], _ADDRESS[f"{dtype.name} 1"], b.ctypes.data,
        p[3], a.ctypes.data, p[4], _ADDRESS[f"{dtype.name} 0"], c.ctypes.data, p[5])
     return c
+
+
+def _layouts(a, b, c, *counts):
+    """``((flag, ld) of a, (flag, ld) of b, ld of c)`` for one matrix of each, or None when one
+    has no unit stride, ``c`` is not row-major, or a size passes MKL_INT."""
+    flags = _matrix(a), _matrix(b), _matrix(c)
+    if None in flags or flags[2][0] != "N":
+        return None
+    if max(*a.shape, *b.shape, *counts, *(f[1] for f in flags)) > _INT32_MAX:
+        return None
+    return flags[0], flags[1], flags[2][1]
+
+
+def _by_reference(values: list) -> tuple:
+    """``values`` as an int32 array (kept alive by the caller for the call) and the address of
+    each: Fortran takes its integers by reference."""
+    held = np.array(values, np.int32)
+    return held, [held.ctypes.data + 4 * i for i in range(len(values))]
 
 
 def _addresses(x):

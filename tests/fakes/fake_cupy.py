@@ -91,8 +91,7 @@ _NAMES = itertools.count(1)  # stream and event numbers, unique in the process
 _SIZE_FROM_DATA = frozenset({"nonzero", "flatnonzero", "argwhere", "unique", "compress",
                              "extract"})
 # kernels that write into their first operand
-_IN_PLACE = frozenset({"setitem", "scatter_add", "fill", "add.at", "subtract.at", "maximum.at",
-                       "minimum.at"})
+_IN_PLACE = frozenset({"setitem", "scatter_add", "fill"})  # and every ufunc's ``.at``
 # functions that only allocate memory (no kernel writes it)
 _ALLOCATION_ONLY = frozenset({"empty", "empty_like"})
 # methods that only build a view (no kernel in CuPy for contiguous arrays)
@@ -895,7 +894,7 @@ class FakeCupy(_Namespace):
             self.sync(name)  # the output's size depends on the values: CuPy reads it back
         out = kwargs.get("out")
         reads = list(_arrays((args, [v for k, v in kwargs.items() if k != "out"])))
-        if name in _IN_PLACE:  # the first operand is written, not read
+        if name in _IN_PLACE or name.endswith(".at"):  # the first operand is written, not read
             writes, reads = reads[:1], reads[1:]
         else:
             writes = list(_arrays(out))
