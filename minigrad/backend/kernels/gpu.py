@@ -891,9 +891,10 @@ def unscale_grads(grads, factor):
     listed = [k for k, g in enumerate(grads) if g.dtype == dtype and _listable(g)]
     outs = [None] * len(grads)
     bad = cp.zeros(len(grads), np.int32)
-    for k in set(range(len(grads))) - set(listed):  # another dtype or layout: composed
-        outs[k] = _cpu.unscale_grad(grads[k], factor)
-        bad[k] = ~cp.isfinite(grads[k]).all()
+    for k, g in enumerate(grads):
+        if k not in listed:  # another dtype or layout: composed
+            outs[k] = _cpu.unscale_grad(g, factor)
+            bad[k] = ~cp.isfinite(g).all()
     if listed:
         for k in listed:
             outs[k] = cp.empty_like(grads[k])
