@@ -25,11 +25,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+# first: jit sets numba's tuning (NUMBA_CPU_NAME) before numba loads
+from minigrad.backend.kernels.jit import kernel, math_kernel, reduction, scalar  # isort: split
+
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
-
-from minigrad.backend.kernels.jit import kernel, math_kernel, reduction, scalar
 
 F32 = np.float32
 I32 = np.int32
