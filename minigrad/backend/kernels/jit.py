@@ -35,7 +35,8 @@ LLVM's tuning for :data:`TUNING_CPU` (``x86-64-v3``: the Haswell cost model and 
 whatever the host is. numba's default, tuning for the host's own model, made the same loops up
 to 4.8x slower on an Intel Xeon (Emerald Rapids): ``max_pool2d`` at LeNet's shape took 365 us
 tuned for that CPU and 76-86 us tuned for Haswell, GELU over 512K values 672 vs 529 us, and
-LeNet's training step went from 1.25x PyTorch's time to 0.88x; on an AMD EPYC (Zen 5) both
+LeNet's training step took 0.88x PyTorch's time with Haswell's tuning where the runs around it
+with the host's took 1.05-1.25x; on an AMD EPYC (Zen 5) both
 tunings give the same times. So the code no longer depends on which vendor's tuning LLVM picks.
 It is numba's ``NUMBA_CPU_NAME``, set here before numba loads unless the user set it (their
 value wins, and ``generic`` gives the most portable code); being an environment variable it
