@@ -3,8 +3,8 @@
 Every kernel in minigrad is written once against an array module ``xp``; this package decides which
 module that is for a given device or array, and keeps the CuPy import optional so that CPU-only
 installs never touch CUDA. On the CPU, ``blas`` decides which library multiplies matrices (MKL
-where the ``[mkl]`` extra is installed and faster, else NumPy's BLAS) and ``threads`` how many
-threads it uses.
+where the ``[mkl]`` extra is installed and the CPU is Intel's, else NumPy's BLAS) and
+``threads`` how many threads it uses.
 """
 
 from minigrad.backend.threads import configure_blas_waiting

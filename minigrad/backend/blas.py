@@ -3,9 +3,11 @@ MKL is the faster library for this CPU; NumPy's ``matmul`` everywhere else.
 
 NumPy multiplies matrices with the BLAS it was built with (OpenBLAS in the wheels from PyPI).
 ``benchmarks/bench_blas.py`` times the products of one training step of each benchmark model
-under both, each in its own process, on 2 threads: on an Intel Xeon (AVX-512) MKL took 0.48-0.79x
-OpenBLAS's time, on an AMD EPYC (Zen 5) 1.03-1.44x (1.8-1.9x OpenBLAS's own AVX-512 kernels). So
-the choice, made once at the first product (``auto``):
+under both, each in its own process, on 2 threads: on an Intel Xeon (AVX-512) MKL took 0.47-0.79x
+OpenBLAS's time, on an AMD EPYC (Zen 5) 1.03-1.44x (1.8-1.9x OpenBLAS's own AVX-512 kernels). In
+whole training steps on that Xeon (with PyTorch's copy of MKL) only the MLP gained; LeNet's and
+the Transformer block's steps were slower, their products no faster between the other kernels
+(README, "The GPU machine's Intel host"). The choice, made once at the first product (``auto``):
 
 * MKL when ``pip install "minigrad[mkl]"`` put ``libmkl_rt`` beside the interpreter and the CPU's
   vendor is Intel;

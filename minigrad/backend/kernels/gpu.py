@@ -890,14 +890,14 @@ def unscale_grads(grads, factor):
     dtype = next((g.dtype for g in grads if _listable(g)), None)  # one dtype goes in lists
     listed = [k for k, g in enumerate(grads) if g.dtype == dtype and _listable(g)]
     outs = [None] * len(grads)
+    for k in listed:
+        outs[k] = cp.empty_like(grads[k])
     bad = cp.zeros(len(grads), np.int32)
     for k, g in enumerate(grads):
-        if k not in listed:  # another dtype or layout: composed
+        if outs[k] is None:  # another dtype or layout: composed
             outs[k] = _cpu.unscale_grad(g, factor)
             bad[k] = ~cp.isfinite(g).all()
     if listed:
-        for k in listed:
-            outs[k] = cp.empty_like(grads[k])
         _launch_lists("unscale_grads",
                       {"p": [grads[k] for k in listed], "a": [outs[k] for k in listed],
                        "b": [bad[k:k + 1] for k in listed]},
