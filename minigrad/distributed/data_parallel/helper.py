@@ -126,9 +126,10 @@ class AllreduceCallback:
             gm.register_after_backward_callback(self._flush)
             self._flush_registered = True
         placeholder = grad.detach()  # pointed at its slice of the reduced bucket at flush
-        key = (str(grad.dtype), str(grad.device))
-        self._buckets.setdefault(key, []).append((placeholder, grad.data))
-        self._bucket_bytes[key] = self._bucket_bytes.get(key, 0) + grad.data.nbytes
+        data = grad.data
+        key = (data.dtype, grad.device)  # (str(grad.dtype) would cost 2 us a gradient)
+        self._buckets.setdefault(key, []).append((placeholder, data))
+        self._bucket_bytes[key] = self._bucket_bytes.get(key, 0) + data.nbytes
         if self._bucket_bytes[key] >= self.bucket_bytes:
             self._start(key)
         return placeholder
@@ -143,14 +144,15 @@ class AllreduceCallback:
         arrays = [a for _, a in items]
         cast = self._cast_to(arrays[0].dtype)
         if cast is not None:  # a new buffer in reduce_dtype: the casts copy anyway
-            flat = FlatBuffer.of([a.astype(cast) for a in arrays])
-        else:  # this bucket's buffer of an earlier step when no gradient views it any more
-            flat = self._pool.get((key, nth), arrays)
+            arrays = [a.astype(cast) for a in arrays]
+        # this bucket's buffer of an earlier step when no gradient views it any more; the
+        # all-reduce packs it (on one host, only the parts the other ranks read)
+        flat = self._pool.get((key, nth), arrays, fill=False)
         op = "avg" if self.reduce_method == "mean" else "sum"
+        work = comm.all_reduce_packed(arrays, flat.data, op, self.group, async_op=async_op,
+                                      backend=self.backend)
         if not async_op:
-            comm.all_reduce(flat.data, op, self.group, backend=self.backend)
             return None, items, flat
-        work = comm.all_reduce(flat.data, op, self.group, async_op=True, backend=self.backend)
         self._works.append((work, items, flat))
         return work, items, flat
 
