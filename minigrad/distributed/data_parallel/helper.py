@@ -143,7 +143,7 @@ class AllreduceCallback:
         self._started[key] = nth + 1
         arrays = [a for _, a in items]
         cast = self._cast_to(arrays[0].dtype)
-        if cast is not None:  # a new buffer in reduce_dtype: the casts copy anyway
+        if cast is not None:  # reduced in reduce_dtype: the casts' copies are what is packed
             arrays = [a.astype(cast) for a in arrays]
         # this bucket's buffer of an earlier step when no gradient views it any more; the
         # all-reduce packs it (on one host, only the parts the other ranks read)

@@ -222,7 +222,8 @@ class CpuBackend(Backend):
         transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
         flat = x.reshape(-1)
         bounds = [flat.size * j // n for j in range(n + 1)]
-        own = []  # (start, stop, this member's values) of its part, when not packed
+        part = flat[bounds[me] : bounds[me + 1]]
+        own = [(bounds[me], bounds[me + 1], part)]  # (start, stop, this member's values)
         if sources is not None:
             for j in range(n):
                 pieces = pieces_between(sources, bounds[j], bounds[j + 1])
@@ -233,20 +234,17 @@ class CpuBackend(Backend):
                     flat[start:stop] = values
         offsets = self._shared_offsets(fp, [x], ("all_reduce/where",) + key)
         if offsets is None:
-            for start, stop, values in own:
-                flat[start:stop] = values
+            if sources is not None:
+                pack_into(sources, x)
             return False
         what = self._what(fp)
         with self._aborting():
             arrays = [flat if j == me else
                       transport.peer_array(j, int(offsets[j][0]), x.dtype, x.size, what)
                       for j in range(n)]
-            if sources is None:
-                own = [(bounds[me], bounds[me + 1], flat[bounds[me] : bounds[me + 1]])]
             for start, stop, values in own:
                 reduce_in_order([values if j == me else a[start:stop]
                                  for j, a in enumerate(arrays)], ufunc, flat[start:stop])
-            part = flat[bounds[me] : bounds[me + 1]]
             if divisor:
                 divide_by_count(part, divisor)
             transport.sync(what)  # every part is reduced
