@@ -188,25 +188,26 @@ class CpuBackend(Backend):
         (``out`` in the shared heap) only the parts the other members reduce are copied in."""
         self.all_reduce(out, op, seq, check, sources=arrays)
 
-    def _shared_offsets(self, fp: dict, arrays: list, key) -> list | None:
+    def _shared_offsets(self, fp: dict, arrays: list, key) -> np.ndarray | None:
         """Round 1 of the zero-copy paths (fingerprints checked as in every exchange): each
-        member tells where each of ``arrays`` lies in its shared heap (:mod:`.shared_heap`), -1
-        where one is private (or where this rank cannot map its peers' heaps). Every member's
-        offsets (an int64 array each), or None when some member sent a -1: every member sees
-        the same and falls back alike."""
-        transport, n = self.transport, len(self.ctx.ranks)
+        member tells where each of ``arrays`` lies in its shared heap (:mod:`.shared_heap`).
+        Every member's offsets (row j: member j's), or None when some member has one of them
+        in private memory (or cannot map its peers' heaps): every member sees the same and
+        falls back alike.
+
+        The round is the transport's one-round all-reduce (a sum) of a table in which each
+        member fills its own row with offset + 1 (0: private) and leaves the others' at 0,
+        which gives every member the whole table."""
+        transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
         where = [transport.heap.locate(a) for a in arrays]
         if None not in where and not transport.peer_heaps_mapped():
             where = [None] * len(arrays)  # it cannot read the peers' arrays: everyone copies
-        slot = np.array([-1 if w is None else w for w in where], np.int64)
-        offsets: list = [None] * n
-
-        def consume(pieces):
-            for src, (_, mv) in pieces.items():
-                offsets[src] = np.frombuffer(mv, np.int64).copy()
-
-        self._run(fp, [slot] * n, None, consume, key)
-        return None if min(int(o.min()) for o in offsets) < 0 else offsets
+        table = np.zeros((n, len(arrays)), np.int64)
+        table[me] = [0 if w is None else w + 1 for w in where]
+        fp.setdefault("backend", self.name)
+        with self._aborting():
+            transport.all_reduce(table, np.add, fp["seq"], key, lambda: fp, self._check_headers)
+        return table - 1 if table.all() else None
 
     def _all_reduce_shared(self, x, ufunc, fp, key, divisor, sources=None) -> bool:
         """The zero-copy all-reduce, when every member's ``x`` lies in its shared heap
