@@ -149,17 +149,13 @@ def _reduce_dtype_worker(reduce_dtype, wrapper):
 
     rank = dist.get_rank()
     sent = []
-    real, real_packed = arrays.all_reduce, arrays.all_reduce_packed
+    real = arrays.all_reduce
 
     def recording(x, *args, **kwargs):
         sent.append(np.dtype(x.dtype).name)
         return real(x, *args, **kwargs)
 
-    def recording_packed(parts, out, *args, **kwargs):
-        sent.append(np.dtype(out.dtype).name)
-        return real_packed(parts, out, *args, **kwargs)
-
-    arrays.all_reduce, arrays.all_reduce_packed = recording, recording_packed
+    arrays.all_reduce = recording
     try:
         c = mg.tensor(_grad_values(rank))
         if wrapper == "ddp":
@@ -183,7 +179,7 @@ def _reduce_dtype_worker(reduce_dtype, wrapper):
             with gm:
                 gm.backward((w * c).sum())
     finally:
-        arrays.all_reduce, arrays.all_reduce_packed = real, real_packed
+        arrays.all_reduce = real
     return w.grad.numpy(), sent
 
 

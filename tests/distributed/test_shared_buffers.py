@@ -230,59 +230,6 @@ def test_averaging_waited_and_async_members_agree():
         assert np.array_equal(got, ref)
 
 
-def _packed(shared_ranks, packed_ranks):
-    # arrays of uneven sizes laid end to end (pieces straddle the members' parts); members in
-    # packed_ranks call all_reduce_packed (rank 1 asynchronously), the others pack and all-reduce
-    r = dist.get_rank()
-    taken = count_zero_copy()
-    out = {}
-    for c, dtype in enumerate(["float32", "float64", "float16", "int32"]):
-        for op in ["sum", "avg", "max"]:
-            for size in (SIZE, SMALL):
-                whole = values(r, c, dtype, size)
-                cuts = [0, 7, size // 3 + 5, size // 2 - 1, size - 2, size]
-                arrays = [whole[a:b].reshape(-1, 1) if i % 2 else whole[a:b]
-                          for i, (a, b) in enumerate(zip(cuts, cuts[1:]))]
-                kept = [a.copy() for a in arrays]
-                x = comm.shared_empty(size, dtype) if r in shared_ranks else np.empty(size, dtype)
-                if r not in packed_ranks:
-                    x[:] = whole
-                    comm.all_reduce(x, op)
-                elif r == 1:
-                    comm.all_reduce_packed(arrays, x, op, async_op=True).wait()
-                else:
-                    assert comm.all_reduce_packed(arrays, x, op) is x
-                assert all(np.array_equal(a, k) for a, k in zip(arrays, kept))  # untouched
-                out[dtype, op, size] = x.copy()
-    return out, taken
-
-
-@pytest.mark.parametrize("n, shared, packed", [
-    (2, {0, 1}, {0, 1}), (2, {0, 1}, {0}), (3, {0, 1, 2}, {0, 2}), (3, {0, 1, 2}, {0, 1, 2}),
-    (2, {1}, {0, 1}),
-])
-def test_packed_all_reduce_equals_packing_then_all_reducing(n, shared, packed):
-    res = run_workers(_packed, n, shared, packed, timeout=120)
-    for out, taken in res:
-        assert taken == [shared == set(range(n))] * 12  # the large arrays: zero-copy when all share
-        for c, dtype in enumerate(["float32", "float64", "float16", "int32"]):
-            for op in ["sum", "avg", "max"]:
-                for size in (SIZE, SMALL):
-                    ref = in_member_order([values(j, c, dtype, size) for j in range(n)], op)
-                    got = out[dtype, op, size]
-                    assert np.array_equal(got.view(np.uint8), ref.view(np.uint8)), (dtype, op)
-
-
-def test_packed_all_reduce_refuses_a_bad_output():
-    arrays = [np.ones(3, np.float32), np.ones((2, 2), np.float32)]
-    with pytest.raises(ValueError, match=r"all_reduce_packed: out must be 1-D with the arrays' 7 "
-                                         r"elements, got shape \[8\]"):
-        comm.all_reduce_packed(arrays, np.empty(8, np.float32))
-    with pytest.raises(TypeError, match="all_reduce_packed: arrays\\[1\\] is float64, out is "
-                                        "float32"):
-        comm.all_reduce_packed([arrays[0], np.ones(4)], np.empty(7, np.float32))
-
-
 def _mismatch(kind):
     r = dist.get_rank()
     x = comm.shared_empty(SIZE, "float32")

@@ -60,7 +60,6 @@ from minigrad.distributed.comm.providers.base import (
     contiguous,
     divide_by_count,
     dtype_name,
-    pack_into,
 )
 
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
@@ -73,7 +72,6 @@ __all__ = [
     "all_gather_along",
     "all_gather_into",
     "all_reduce",
-    "all_reduce_packed",
     "all_to_all",
     "all_to_all_along",
     "barrier",
@@ -264,46 +262,6 @@ def _all_reduce_host(x: np.ndarray, op, group: Group | None, check: str | None) 
         divide_by_count(x, ctx.size)
     recorder.finish(record)
     return x
-
-
-def all_reduce_packed(arrays, out, op=ReduceOp.SUM, group: Group | None = None,
-                      async_op: bool = False, backend: str | None = None, *,
-                      check: str | None = None):
-    """:func:`all_reduce` of ``arrays`` laid end to end, written into ``out`` (1-D, their total
-    size and dtype); ``arrays`` stay unchanged; returns ``out`` (or a Work).
-
-    Bitwise what packing ``out`` and all-reducing it gives, and the same collective to the other
-    members (each may call either). What it saves: on one host, with ``out`` from
-    :func:`shared_empty`, each rank copies into ``out`` only the parts the other ranks reduce and
-    reduces its own part straight from ``arrays`` (the data-parallel gradient buckets: half the
-    packing on 2 ranks). Elsewhere it packs ``out`` and all-reduces it.
-    """
-    arrays = list(arrays)
-    check_array("all_reduce_packed", out)
-    total = sum(int(a.size) for a in arrays)
-    if out.ndim != 1 or out.size != total:
-        raise ValueError(f"all_reduce_packed: out must be 1-D with the arrays' {total} elements, "
-                         f"got shape {list(out.shape)}")
-    for i, a in enumerate(arrays):
-        if a.dtype != out.dtype:
-            raise TypeError(f"all_reduce_packed: arrays[{i}] is {dtype_name(a.dtype)}, out is "
-                            f"{dtype_name(out.dtype)}")
-    if not (type(out) is np.ndarray and out.flags.c_contiguous
-            and all(type(a) is np.ndarray for a in arrays)):
-        pack_into(arrays, out)  # device arrays: packed here, on the caller's stream
-        return all_reduce(out, op, group, async_op, backend, check=check)
-    op, native = _reduction_op("all_reduce", op, out)
-    c = _Call("all_reduce", group, [out], backend=backend, async_op=async_op, check=check)
-    if op is ReduceOp.AVG and c.backend.averages:
-        native = op
-
-    def finish(_):
-        if op is not native:
-            divide_by_count(out, c.ctx.size)
-        return out
-
-    return c.execute(lambda: c.backend.all_reduce_packed(arrays, out, native, c.seq, c.check),
-                     finish, async_op)
 
 
 def shared_empty(count: int, dtype, group: Group | None = None) -> np.ndarray:

@@ -145,12 +145,10 @@ class AllreduceCallback:
         cast = self._cast_to(arrays[0].dtype)
         if cast is not None:  # reduced in reduce_dtype: the casts' copies are what is packed
             arrays = [a.astype(cast) for a in arrays]
-        # this bucket's buffer of an earlier step when no gradient views it any more; the
-        # all-reduce packs it (on one host, only the parts the other ranks read)
-        flat = self._pool.get((key, nth), arrays, fill=False)
+        # this bucket's buffer of an earlier step when no gradient views it any more
+        flat = self._pool.get((key, nth), arrays)
         op = "avg" if self.reduce_method == "mean" else "sum"
-        work = comm.all_reduce_packed(arrays, flat.data, op, self.group, async_op=async_op,
-                                      backend=self.backend)
+        work = comm.all_reduce(flat.data, op, self.group, async_op=async_op, backend=self.backend)
         if not async_op:
             return None, items, flat
         self._works.append((work, items, flat))

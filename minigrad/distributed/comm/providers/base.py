@@ -30,8 +30,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minigrad.backend.xp import get_array_module
-
 
 class CollectiveError(RuntimeError):
     """A collective failed (peer aborted or died, connection lost, bad arguments)."""
@@ -92,25 +90,6 @@ def divide_by_count(x, n: int) -> None:
         x *= 1.0 / n
     else:
         x /= n
-
-
-def pack_into(arrays: list, out) -> None:
-    """Copy ``arrays`` into the flat array ``out``, one after the other (one concatenation)."""
-    get_array_module(out).concatenate([a.reshape(-1) for a in arrays], out=out)
-
-
-def pieces_between(arrays: list, lo: int, hi: int) -> list[tuple[int, int, np.ndarray]]:
-    """``(start, stop, elements)`` for each of ``arrays`` (laid end to end, flattened) that has
-    elements in positions ``[lo, hi)`` of the concatenation: where they go and a view of them."""
-    pieces, start = [], 0
-    for a in arrays:
-        flat = a.reshape(-1)
-        stop = start + flat.size
-        first, last = max(lo, start), min(hi, stop)
-        if first < last:
-            pieces.append((first, last, flat[first - start : last - start]))
-        start = stop
-    return pieces
 
 
 def reduce_in_order(arrays: list[np.ndarray], ufunc, out: np.ndarray) -> np.ndarray:
@@ -369,15 +348,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def all_reduce(self, x, op: ReduceOp, seq: int, check: str | None = None) -> None:
         """Reduce ``x`` over the group, in place (every member's ``x`` holds the result)."""
-
-    def all_reduce_packed(self, arrays: list, out, op: ReduceOp, seq: int,
-                          check: str | None = None) -> None:
-        """:meth:`all_reduce` of ``arrays`` laid end to end, into ``out`` (a flat array of their
-        total size; ``arrays`` stay unchanged): here ``out`` is packed, then reduced in place. A
-        backend that reads its members' buffers in place overrides it to pack only the parts
-        that the other members read."""
-        pack_into(arrays, out)
-        self.all_reduce(out, op, seq, check)
 
     @abc.abstractmethod
     def broadcast(self, x, root: int, seq: int, check: str | None = None):

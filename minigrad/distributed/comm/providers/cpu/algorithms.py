@@ -6,10 +6,7 @@ With more than two members and more than :data:`RS_AG_MIN_BYTES`, all-reduce run
 then all-gather: each rank reads ``2 (n-1) / n`` of the array instead of ``n - 1`` whole copies.
 Arrays that every member holds in its shared heap (``comm.shared_empty``) are not copied through
 the exchange at all: all-reduce and reduce-scatter read them in place (``_all_reduce_shared``,
-``_reduce_scatter_shared``), after one round in which the members tell where they lie. The packed
-all-reduce (of arrays laid end to end into such an array: the data-parallel gradient buckets)
-copies in only the parts the other members read, and reduces this rank's part straight from the
-arrays: on 2 ranks half the packing.
+``_reduce_scatter_shared``), after one round in which the members tell where they lie.
 """
 
 from __future__ import annotations
@@ -30,8 +27,6 @@ from minigrad.distributed.comm.providers.base import (
     divide_by_count,
     dtype_name,
     fingerprint,
-    pack_into,
-    pieces_between,
     reduce_in_order,
 )
 from minigrad.distributed.comm.providers.cpu.p2p import PeerChannels
@@ -145,11 +140,9 @@ class CpuBackend(Backend):
         block = self.transport.heap.allocate(count * dtype.itemsize)
         return None if block is None else np.frombuffer(block, dtype, count)
 
-    def all_reduce(self, x: np.ndarray, op: ReduceOp, seq: int, check: str | None = None,
-                   sources: list | None = None) -> None:
+    def all_reduce(self, x: np.ndarray, op: ReduceOp, seq: int, check: str | None = None) -> None:
         """In place. ``ReduceOp.AVG`` (``averages``) divides as the reduction's last step: on
-        the zero-copy path each member divides only its own part. ``sources``: the arrays whose
-        concatenation ``x`` stands for (:meth:`all_reduce_packed`; ``x``'s values are ignored)."""
+        the zero-copy path each member divides only its own part."""
         transport, n = self.transport, len(self.ctx.ranks)
         divisor = n if op is ReduceOp.AVG else None
         ufunc = UFUNCS[ReduceOp.SUM if divisor else op]
@@ -159,12 +152,8 @@ class CpuBackend(Backend):
             return dict(fingerprint("all_reduce", seq, None, sig, check), backend=self.name)
 
         key = (x.shape, x.dtype, op, check)
-        one_round = transport.kind == "shm" and 0 < x.nbytes <= transport.chunk and (
-            n <= 2 or x.nbytes <= RS_AG_MIN_BYTES)
-        if sources is not None and (one_round or transport.kind != "shm"):
-            pack_into(sources, x)  # every other path reads all of x
-            sources = None
-        if one_round:
+        if transport.kind == "shm" and 0 < x.nbytes <= transport.chunk and (
+                n <= 2 or x.nbytes <= RS_AG_MIN_BYTES):
             # one round of shared memory: the transport's own all-reduce (see ShmTransport); the
             # fingerprint is built only when the transport needs it (first call of a shape, a
             # mismatch, a wait long enough to warn)
@@ -172,8 +161,7 @@ class CpuBackend(Backend):
                 transport.all_reduce(x, ufunc, seq, key, header, self._check_headers)
         else:
             fp = header()
-            if transport.kind == "shm" and self._all_reduce_shared(x, ufunc, fp, key, divisor,
-                                                                   sources):
+            if transport.kind == "shm" and self._all_reduce_shared(x, ufunc, fp, key, divisor):
                 return
             if n > 2 and x.nbytes > RS_AG_MIN_BYTES and x.size >= n:
                 self._all_reduce_rs_ag(x, ufunc, fp)
@@ -181,12 +169,6 @@ class CpuBackend(Backend):
                 self._all_reduce_direct(x, ufunc, fp, key)
         if divisor:
             divide_by_count(x, divisor)
-
-    def all_reduce_packed(self, arrays: list, out: np.ndarray, op: ReduceOp, seq: int,
-                          check: str | None = None) -> None:
-        """:meth:`all_reduce` of ``arrays`` laid end to end, into ``out``: on the zero-copy path
-        (``out`` in the shared heap) only the parts the other members reduce are copied in."""
-        self.all_reduce(out, op, seq, check, sources=arrays)
 
     def _shared_offsets(self, fp: dict, arrays: list, key) -> np.ndarray | None:
         """Round 1 of the zero-copy paths (fingerprints checked as in every exchange): each
@@ -209,45 +191,29 @@ class CpuBackend(Backend):
             transport.all_reduce(table, np.add, fp["seq"], key, lambda: fp, self._check_headers)
         return table - 1 if table.all() else None
 
-    def _all_reduce_shared(self, x, ufunc, fp, key, divisor, sources=None) -> bool:
+    def _all_reduce_shared(self, x, ufunc, fp, key, divisor) -> bool:
         """The zero-copy all-reduce, when every member's ``x`` lies in its shared heap
-        (:func:`~minigrad.distributed.comm.arrays.shared_empty`); else False, nothing done but
-        packing ``sources`` (when given) into ``x``.
+        (:func:`~minigrad.distributed.comm.arrays.shared_empty`); else False, nothing done.
 
         After round 1 (:meth:`_shared_offsets`), member i reduces part i of the array, reading
         that part of every member's array in place, in group order (bitwise what the other
         paths give), and divides it for AVG; after round 2 each member copies the other parts
-        from their owners; round 3 keeps every array unchanged until all members have copied.
-        With ``sources`` (the arrays ``x`` packs), only the other members' parts are packed
-        before round 1: this member's own values for its part are read from ``sources``."""
-        transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
-        flat = x.reshape(-1)
-        bounds = [flat.size * j // n for j in range(n + 1)]
-        part = flat[bounds[me] : bounds[me + 1]]
-        own = [(bounds[me], bounds[me + 1], part)]  # (start, stop, this member's values)
-        if sources is not None:
-            for j in range(n):
-                pieces = pieces_between(sources, bounds[j], bounds[j + 1])
-                if j == me:
-                    own = pieces
-                    continue
-                for start, stop, values in pieces:
-                    flat[start:stop] = values
+        from their owners; round 3 keeps every array unchanged until all members have copied."""
         offsets = self._shared_offsets(fp, [x], ("all_reduce/where",) + key)
         if offsets is None:
-            if sources is not None:
-                pack_into(sources, x)
             return False
+        transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
         what = self._what(fp)
+        flat = x.reshape(-1)
+        bounds = [flat.size * j // n for j in range(n + 1)]
         with self._aborting():
             arrays = [flat if j == me else
                       transport.peer_array(j, int(offsets[j][0]), x.dtype, x.size, what)
                       for j in range(n)]
-            for start, stop, values in own:
-                reduce_in_order([values if j == me else a[start:stop]
-                                 for j, a in enumerate(arrays)], ufunc, flat[start:stop])
+            part = slice(bounds[me], bounds[me + 1])
+            reduce_in_order([a[part] for a in arrays], ufunc, flat[part])
             if divisor:
-                divide_by_count(part, divisor)
+                divide_by_count(flat[part], divisor)
             transport.sync(what)  # every part is reduced
             for j in range(n):
                 if j != me:
