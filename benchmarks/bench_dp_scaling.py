@@ -8,9 +8,9 @@ For minigrad it also times the two ranks without the gradient all-reduce (a barr
 backward keeps them in step): the ratio communication-free data parallelism would reach, and what
 the all-reduce of the 2.7 MB of gradients costs per step (its rate is the cores' rate of reading
 each other's memory, which bounds the ratio from below 1 on a small machine).
-Prints the table and writes benchmarks/results/dp_scaling.json.
+Prints the table and writes benchmarks/results/dp_scaling.json (or ``--out``).
 
-    python benchmarks/bench_dp_scaling.py [--rounds 7] [--steps 40]
+    python benchmarks/bench_dp_scaling.py [--rounds 7] [--steps 40] [--out FILE]
 """
 
 from __future__ import annotations
@@ -163,6 +163,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--out", type=Path, default=RESULTS / "dp_scaling.json")
     args = p.parse_args(argv)
     runs = {"minigrad": [], "torch": []}
     for i in range(args.rounds):
@@ -190,8 +191,8 @@ def main(argv=None) -> dict:
         print(f"minigrad without the gradient all-reduce: 2x64 {r['no_comm_s'] * 1e3:.2f} ms, "
               f"ratio {r['ratio_no_comm']:.2f}; the all-reduce of {r['rounds'][0]['grad_bytes']} B "
               f"adds {r['allreduce_s'] * 1e3:.2f} ms per step ({rate})")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "dp_scaling.json").write_text(json.dumps(results, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
     return results
 
 

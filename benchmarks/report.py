@@ -187,6 +187,58 @@ def _tiny_op_row(tr) -> list[str]:
             f"| {rec['ratio_p10']:.2f}× |  | ≤ 2.5 µs |"]
 
 
+def _collective_rows(co) -> list[str]:
+    """``bench_collectives.py``'s result as table rows (all-reduce against gloo and raw mpi4py,
+    each with its target), or nothing without one."""
+    if not co:
+        return []
+    lines = []
+    big = co["seconds_per_call"]
+    mine, gloo = big.get("minigrad-cpu", {}), big.get("torch-gloo", {})
+    mpi, raw = big.get("minigrad-mpi", {}), big.get("mpi4py", {})
+    size = str(16 << 20)
+    if size in mine and size in gloo:
+        lines.append(f"| all-reduce 16 MiB float32, 2 processes, bandwidth "
+                     f"| {(16 << 20) / mine[size] / 1e9:.2f} GB/s "
+                     f"| {(16 << 20) / gloo[size] / 1e9:.2f} GB/s (gloo) "
+                     f"| {gloo[size] / mine[size]:.1f}× |  |  | ≥ 2.5× |")
+    if "4096" in mine and "4096" in gloo:
+        lines.append(f"| all-reduce 4 KiB, 2 processes, latency | {mine['4096'] * 1e6:.0f} µs "
+                     f"| {gloo['4096'] * 1e6:.0f} µs (gloo) "
+                     f"| {mine['4096'] / gloo['4096']:.2f}× |  |  | ≤ 0.5× |")
+    if "4096" in mine and "4096" in raw:
+        lines.append(f"| all-reduce 4 KiB, cpu backend vs raw mpi4py, time per call "
+                     f"| {mine['4096'] * 1e6:.1f} µs | {raw['4096'] * 1e6:.1f} µs (mpi4py) "
+                     f"| {mine['4096'] / raw['4096']:.2f}× |  |  | ≤ 2× |")
+    if size in mine and size in raw:
+        lines.append(f"| all-reduce 16 MiB, cpu backend vs raw mpi4py, bandwidth "
+                     f"| {(16 << 20) / mine[size] / 1e9:.2f} GB/s "
+                     f"| {(16 << 20) / raw[size] / 1e9:.2f} GB/s (mpi4py) "
+                     f"| {raw[size] / mine[size]:.2f}× |  |  | ≥ 1× |")
+    shared = big.get("minigrad-cpu shared", {})
+    if size in shared and size in raw:
+        lines.append(f"| all-reduce 16 MiB on shared buffers (`comm.shared_empty`), "
+                     f"bandwidth | {(16 << 20) / shared[size] / 1e9:.2f} GB/s "
+                     f"| {(16 << 20) / raw[size] / 1e9:.2f} GB/s (mpi4py) "
+                     f"| {raw[size] / shared[size]:.2f}× |  |  |  |")
+    for size, label in ((str(16 << 20), "16 MiB"), ("4096", "4 KiB")):
+        if size in mpi and size in raw:
+            lines.append(f"| all-reduce {label}, mpi backend vs raw mpi4py, time per call "
+                         f"| {_us(mpi[size])} | {_us(raw[size])} (mpi4py) "
+                         f"| {mpi[size] / raw[size]:.2f}× |  |  | ≤ 1.10× |")
+    return lines
+
+
+def _dp_row(dp) -> list[str]:
+    """``bench_dp_scaling.py``'s result as a table row, or nothing without one."""
+    if not (dp and dp.get("minigrad")):
+        return []
+    torch_dp = f"{dp['torch']['ratio']:.2f} (DDP)" if dp.get("torch") else ""
+    return [f"| data-parallel MLP throughput, 2 ranks × 64 / 1 process × 128 "
+            f"| {dp['minigrad']['ratio']:.2f} | {torch_dp} |  "
+            f"| {dp['minigrad'].get('ratio_p10', float('nan')):.2f} |  | ≥ 0.9 |"]
+
+
 def readme_table() -> str:
     """The README's "Benchmarks" table from the results at hand (the lead pastes it in)."""
     lines = ["| measurement | minigrad | PyTorch | ratio (median) | ratio p10 | GEMM floor "
@@ -198,47 +250,7 @@ def readme_table() -> str:
         kernels = own["meta"].get("blas", {}).get("kernels")
         lines += _training_rows(own, f", OpenBLAS choosing its kernels ({kernels})")
     lines += _tiny_op_row(tr)
-    co = _load("collectives.json")
-    if co:
-        big = co["seconds_per_call"]
-        mine, gloo = big.get("minigrad-cpu", {}), big.get("torch-gloo", {})
-        mpi, raw = big.get("minigrad-mpi", {}), big.get("mpi4py", {})
-        size = str(16 << 20)
-        if size in mine and size in gloo:
-            lines.append(f"| all-reduce 16 MiB float32, 2 processes, bandwidth "
-                         f"| {(16 << 20) / mine[size] / 1e9:.2f} GB/s "
-                         f"| {(16 << 20) / gloo[size] / 1e9:.2f} GB/s (gloo) "
-                         f"| {gloo[size] / mine[size]:.1f}× |  |  | ≥ 2.5× |")
-        if "4096" in mine and "4096" in gloo:
-            lines.append(f"| all-reduce 4 KiB, 2 processes, latency | {mine['4096'] * 1e6:.0f} µs "
-                         f"| {gloo['4096'] * 1e6:.0f} µs (gloo) "
-                         f"| {mine['4096'] / gloo['4096']:.2f}× |  |  | ≤ 0.5× |")
-        if "4096" in mine and "4096" in raw:
-            lines.append(f"| all-reduce 4 KiB, cpu backend vs raw mpi4py, time per call "
-                         f"| {mine['4096'] * 1e6:.1f} µs | {raw['4096'] * 1e6:.1f} µs (mpi4py) "
-                         f"| {mine['4096'] / raw['4096']:.2f}× |  |  | ≤ 2× |")
-        if size in mine and size in raw:
-            lines.append(f"| all-reduce 16 MiB, cpu backend vs raw mpi4py, bandwidth "
-                         f"| {(16 << 20) / mine[size] / 1e9:.2f} GB/s "
-                         f"| {(16 << 20) / raw[size] / 1e9:.2f} GB/s (mpi4py) "
-                         f"| {raw[size] / mine[size]:.2f}× |  |  | ≥ 1× |")
-        shared = big.get("minigrad-cpu shared", {})
-        if size in shared and size in raw:
-            lines.append(f"| all-reduce 16 MiB on shared buffers (`comm.shared_empty`), "
-                         f"bandwidth | {(16 << 20) / shared[size] / 1e9:.2f} GB/s "
-                         f"| {(16 << 20) / raw[size] / 1e9:.2f} GB/s (mpi4py) "
-                         f"| {raw[size] / shared[size]:.2f}× |  |  |  |")
-        for size, label in ((str(16 << 20), "16 MiB"), ("4096", "4 KiB")):
-            if size in mpi and size in raw:
-                lines.append(f"| all-reduce {label}, mpi backend vs raw mpi4py, time per call "
-                             f"| {_us(mpi[size])} | {_us(raw[size])} (mpi4py) "
-                             f"| {mpi[size] / raw[size]:.2f}× |  |  | ≤ 1.10× |")
-    dp = _load("dp_scaling.json")
-    if dp and dp.get("minigrad"):
-        torch_dp = f"{dp['torch']['ratio']:.2f} (DDP)" if dp.get("torch") else ""
-        lines.append(f"| data-parallel MLP throughput, 2 ranks × 64 / 1 process × 128 "
-                     f"| {dp['minigrad']['ratio']:.2f} | {torch_dp} |  "
-                     f"| {dp['minigrad'].get('ratio_p10', float('nan')):.2f} |  | ≥ 0.9 |")
+    lines += _collective_rows(_load("collectives.json")) + _dp_row(_load("dp_scaling.json"))
     dl = _load("dataloader.json")
     if dl:
         rates = " / ".join(f"{r['best']:,.0f}" for r in dl["samples_per_s"].values())
@@ -275,9 +287,10 @@ def blas_table(name: str = "blas.json") -> list[str]:
 def gpu_host_table() -> str:
     """The README's table of the GPU machine's host CPU (an Intel Xeon), from the files
     ``gpu_check.py``'s ``cpu_bench_2_cores`` step writes (``training_cpu.json``,
-    ``training_cpu_mkl.json`` when MKL was at hand and ``blas_cpu.json``, kept as
-    ``results/gpu_host_training.json``, ``gpu_host_training_mkl.json`` and
-    ``gpu_host_blas.json``), or "" without them."""
+    ``training_cpu_mkl.json`` when MKL was at hand, ``blas_cpu.json``, ``collectives_cpu.json`` and
+    ``dp_scaling_cpu.json``, kept as ``results/gpu_host_training.json``,
+    ``gpu_host_training_mkl.json``, ``gpu_host_blas.json``, ``gpu_host_collectives.json`` and
+    ``gpu_host_dp_scaling.json``), or "" without them."""
     tr = _load("gpu_host_training.json")
     if not tr:
         return ""
@@ -287,7 +300,8 @@ def gpu_host_table() -> str:
     mkl = _load("gpu_host_training_mkl.json")
     if mkl:
         lines += _training_rows(mkl, f", minigrad's products through {mkl['meta']['products']}")
-    lines += _tiny_op_row(tr) + ["", _cpu_line(tr)]
+    lines += _tiny_op_row(tr) + _collective_rows(_load("gpu_host_collectives.json"))
+    lines += _dp_row(_load("gpu_host_dp_scaling.json")) + ["", _cpu_line(tr)]
     return "\n".join(lines + blas_table("gpu_host_blas.json"))
 
 

@@ -26,11 +26,12 @@ Steps (in this order; ``--list`` prints them):
   the matmul and attention op tests with every product through MKL (``MINIGRAD_TEST_BLAS=mkl``;
   the mkl wheel's, else PyTorch's copy): whether MKL keeps minigrad's bits reproducible on the
   host's Intel CPU, where it runs other kernels than on an AMD one.
-* ``cpu_bench_2_cores``: ``benchmarks/bench_training.py`` and ``benchmarks/bench_blas.py`` on two
-  cores of the host CPU (issue 29 wants each CPU vendor measured; the GPU machines' hosts are Intel
-  Xeons), ``bench_training.py`` again with minigrad's products through MKL (``MINIGRAD_BLAS=mkl``:
-  the mkl wheel's, else the MKL inside PyTorch's ``libtorch_cpu``) and again without
-  ``OPENBLAS_CORETYPE`` when the environment sets it; results under DIR.
+* ``cpu_bench_2_cores``: ``benchmarks/bench_training.py``, ``bench_blas.py``,
+  ``bench_collectives.py`` and ``bench_dp_scaling.py`` on two cores of the host CPU (issue 29 wants
+  each CPU vendor measured; the GPU machines' hosts are Intel Xeons), ``bench_training.py`` again
+  with minigrad's products through MKL (``MINIGRAD_BLAS=mkl``: the mkl wheel's, else the MKL
+  inside PyTorch's ``libtorch_cpu``) and again without ``OPENBLAS_CORETYPE`` when the environment
+  sets it; results under DIR.
 
 Output and logs go to ``--out`` (default ``$OUT``, else ``/tmp/minigrad_gpu_check``), never into
 the repository. Exit status: 0 all passed, 1 a step failed or timed out, 2 no GPU here (nothing
@@ -369,16 +370,20 @@ os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])  # the runs below i
 env = dict(os.environ, MINIGRAD_DEFAULT_DEVICE="cpu0", MINIGRAD_BLAS="numpy")
 own = {k: v for k, v in env.items() if k != "OPENBLAS_CORETYPE"}
 out = sys.argv[1]
-runs = [("bench_training.py", "training_cpu.json", env), ("bench_blas.py", "blas_cpu.json", env)]
+two = ["--threads", "2", "--rounds", "10"]
+runs = [("bench_training.py", two, "training_cpu.json", env),
+        ("bench_blas.py", two, "blas_cpu.json", env),
+        ("bench_collectives.py", ["--rounds", "9"], "collectives_cpu.json", env),
+        ("bench_dp_scaling.py", ["--rounds", "5"], "dp_scaling_cpu.json", env)]
 if own != env:  # the environment chose OpenBLAS's kernels: also measure the CPU's own
-    runs.insert(1, ("bench_training.py", "training_cpu_kernels.json", own))
+    runs.insert(1, ("bench_training.py", two, "training_cpu_kernels.json", own))
 if mkl:
-    runs.insert(1, ("bench_training.py", "training_cpu_mkl.json",
+    runs.insert(1, ("bench_training.py", two, "training_cpu_mkl.json",
                     dict(env, MINIGRAD_BLAS="mkl", MINIGRAD_MKL_LIBRARY=mkl[0])))
-for script, name, e in runs:
+for script, args, name, e in runs:
     print("==", script, name, "OPENBLAS_CORETYPE", e.get("OPENBLAS_CORETYPE", "unset"),
           "MINIGRAD_BLAS", e["MINIGRAD_BLAS"], flush=True)
-    subprocess.run([sys.executable, "benchmarks/" + script, "--threads", "2", "--rounds", "10",
+    subprocess.run([sys.executable, "benchmarks/" + script, *args,
                     "--out", os.path.join(out, name)], env=e, check=True)
 """
 
@@ -417,7 +422,7 @@ def plan(out_dir: str) -> list[tuple[str, list[str], float]]:
     # not a GPU check: the GPU machine's host CPU (an Intel Xeon with AVX-512 where the project's
     # own machines are AMD) measured as issue 29 asks, on two cores, minigrad on the CPU
     steps.append(("mkl_tests", [py, "-c", MKL_TESTS], 120))
-    steps.append(("cpu_bench_2_cores", [py, "-c", CPU_BENCH, out_dir], 240))
+    steps.append(("cpu_bench_2_cores", [py, "-c", CPU_BENCH, out_dir], 300))
     return steps
 
 

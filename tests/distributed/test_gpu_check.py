@@ -70,7 +70,8 @@ with open(os.path.join(os.path.dirname(__file__), "..", "calls.jsonl"), "a") as 
 def _run_cpu_bench(tmp_path, env):
     """Run the step's script in a folder whose benchmarks only log how they were called."""
     (tmp_path / "benchmarks").mkdir()
-    for name in ("bench_training.py", "bench_blas.py"):
+    for name in ("bench_training.py", "bench_blas.py", "bench_collectives.py",
+                 "bench_dp_scaling.py"):
         (tmp_path / "benchmarks" / name).write_text(_FAKE_BENCH)
     out = tmp_path / "out"
     subprocess.run([sys.executable, "-c", gpu_check.CPU_BENCH, str(out)], cwd=tmp_path, env=env,
@@ -81,7 +82,7 @@ def _run_cpu_bench(tmp_path, env):
 
 def test_the_cpu_step_also_measures_the_cpus_own_blas_kernels_and_mkl(tmp_path):
     """With OPENBLAS_CORETYPE set and an MKL at hand: NumPy's products as set, minigrad's through
-    MKL, OpenBLAS's own kernels, then the products alone."""
+    MKL, OpenBLAS's own kernels, the products alone, then the collectives and data parallelism."""
     env = dict(os.environ, OPENBLAS_CORETYPE="Haswell", MINIGRAD_MKL_LIBRARY="/x/libmkl_rt.so")
     out, calls = _run_cpu_bench(tmp_path, env)
     assert [(c["script"], c["coretype"], c["blas"], c["argv"][-1]) for c in calls] == [
@@ -89,9 +90,12 @@ def test_the_cpu_step_also_measures_the_cpus_own_blas_kernels_and_mkl(tmp_path):
         ("bench_training.py", "Haswell", "mkl", str(out / "training_cpu_mkl.json")),
         ("bench_training.py", None, "numpy", str(out / "training_cpu_kernels.json")),
         ("bench_blas.py", "Haswell", "numpy", str(out / "blas_cpu.json")),
+        ("bench_collectives.py", "Haswell", "numpy", str(out / "collectives_cpu.json")),
+        ("bench_dp_scaling.py", "Haswell", "numpy", str(out / "dp_scaling_cpu.json")),
     ]
     assert calls[1]["mkl"] == "/x/libmkl_rt.so"
-    assert all(c["cores"] <= 2 and "--threads" in c["argv"] for c in calls)
+    assert all(c["cores"] <= 2 for c in calls)
+    assert all("--threads" in c["argv"] for c in calls[:4])  # the others take the cores given
 
 
 def test_the_cpu_step_runs_each_benchmark_once_when_openblas_chooses_and_no_mkl(tmp_path):
@@ -99,7 +103,8 @@ def test_the_cpu_step_runs_each_benchmark_once_when_openblas_chooses_and_no_mkl(
     env["MINIGRAD_MKL_LIBRARY"] = ""  # none
     _, calls = _run_cpu_bench(tmp_path, env)
     assert [(c["script"], c["coretype"], c["blas"]) for c in calls] == [
-        ("bench_training.py", None, "numpy"), ("bench_blas.py", None, "numpy")]
+        ("bench_training.py", None, "numpy"), ("bench_blas.py", None, "numpy"),
+        ("bench_collectives.py", None, "numpy"), ("bench_dp_scaling.py", None, "numpy")]
 
 
 def test_the_mkl_step_runs_the_op_tests_through_mkl_or_says_there_is_none(tmp_path):
