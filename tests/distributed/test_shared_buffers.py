@@ -230,6 +230,23 @@ def test_averaging_waited_and_async_members_agree():
         assert np.array_equal(got, ref)
 
 
+def _offsets_in_more_than_one_round():
+    # rounds of 16 bytes: 3 members' offsets (24 bytes) do not fit one, so all of them copy
+    WORLD.context().host_backend().transport.chunk = 16
+    taken = count_zero_copy()
+    x = comm.shared_empty(1000, "float32")
+    x[:] = values(dist.get_rank(), 0, "float32", 1000)
+    return comm.all_reduce(x, "avg").copy(), taken
+
+
+def test_offsets_too_large_for_one_round_make_every_member_copy():
+    res = run_workers(_offsets_in_more_than_one_round, 3)
+    ref = in_member_order([values(j, 0, "float32", 1000) for j in range(3)], "avg")
+    for got, taken in res:
+        assert taken == [False]
+        assert np.array_equal(got, ref)
+
+
 def _mismatch(kind):
     r = dist.get_rank()
     x = comm.shared_empty(SIZE, "float32")

@@ -181,6 +181,8 @@ class CpuBackend(Backend):
         member fills its own row with offset + 1 (0: private) and leaves the others' at 0,
         which gives every member the whole table."""
         transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
+        if n * len(arrays) * 8 > transport.chunk:  # the table needs more than one round (a
+            return None  # tiny MINIGRAD_DIST_SHM_CHUNK): every member copies, as all decide so
         where = [transport.heap.locate(a) for a in arrays]
         if None not in where and not transport.peer_heaps_mapped():
             where = [None] * len(arrays)  # it cannot read the peers' arrays: everyone copies
