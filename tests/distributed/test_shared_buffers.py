@@ -259,17 +259,23 @@ def _mismatch(kind):
         else:
             comm.all_reduce(comm.shared_empty(SIZE + 1, "float32"))
     except CollectiveError as exc:
-        return type(exc).__name__, str(exc)
+        try:  # the group is unusable now: the next call says so, and why
+            comm.all_reduce(x)
+        except RuntimeError as later:
+            return type(exc).__name__, str(exc), str(later)
     return None
 
 
 @pytest.mark.parametrize("kind", ["broadcast", "shape"])
 def test_mismatched_calls_raise_on_every_rank(kind):
     res = run_workers(_mismatch, 2, kind, timeout=60)
-    for name, message in res:
+    for rank, (name, message, later) in enumerate(res):
         assert name == "CollectiveMismatchError"
         assert "all_reduce" in message and "float32" in message
         assert ("broadcast" in message) if kind == "broadcast" else (str(SIZE + 1) in message)
+        assert later == (f"group [0, 1] is unusable after an earlier collective error on rank "
+                         f"{rank} (CollectiveMismatchError: {message}); create the process "
+                         f"group again")
 
 
 def world_heap():

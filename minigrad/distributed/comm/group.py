@@ -115,7 +115,7 @@ class GroupContext:
         self.client, self.secret, self.job, self.hosts = st.client, st.secret, st.job, st.hosts
         self.prefix = f"s{st.session}/g{gid}"
         self.seq = 0
-        self.broken = False
+        self.broken: str | None = None  # the error that made the group unusable, once one did
         self._backends: dict[str, Backend] = {}
         self._peer_workers: dict[tuple, OrderedWorker] = {}
         self._routes: dict[bool, str] = {}
@@ -156,7 +156,7 @@ class GroupContext:
         if self.broken:
             raise RuntimeError(
                 f"group {self.ranks} is unusable after an earlier collective error on rank "
-                f"{self.global_rank}; create the process group again"
+                f"{self.global_rank} ({self.broken}); create the process group again"
             )
         self.seq += 1
         return self.seq

@@ -221,8 +221,9 @@ class MpiBackend(Backend):
         try:
             while not request.Test():
                 waiter.pause()
-        except BaseException:
-            ctx.broken = True  # the request may still be pending: the communicator is unusable
+        except BaseException as exc:
+            # the request may still be pending: the communicator is unusable
+            ctx.broken = f"{type(exc).__name__}: {exc}"
             raise
 
     def _agree(self, fp: dict, key=None) -> list[dict]:

@@ -81,9 +81,9 @@ class CpuBackend(Backend):
         group broken (every member then raises instead of waiting), then re-raise."""
         try:
             yield
-        except BaseException:
+        except BaseException as exc:
             self.transport.abort()
-            self.ctx.broken = True
+            self.ctx.broken = f"{type(exc).__name__}: {exc}"
             raise
 
     def _what(self, fp: dict):
