@@ -151,6 +151,11 @@ class GroupContext:
             be = self._host_backend = self.backend(self.route(False))
         return be
 
+    def mark_broken(self, exc: BaseException) -> None:
+        """Make the group unusable after ``exc`` interrupted one of its collectives: every later
+        call raises, naming ``exc`` (its data may be half moved, its peers gone)."""
+        self.broken = f"{type(exc).__name__}: {exc}"
+
     def next_seq(self) -> int:
         """The next call's sequence number (every member counts the same calls)."""
         if self.broken:

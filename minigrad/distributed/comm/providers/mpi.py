@@ -222,8 +222,7 @@ class MpiBackend(Backend):
             while not request.Test():
                 waiter.pause()
         except BaseException as exc:
-            # the request may still be pending: the communicator is unusable
-            ctx.broken = f"{type(exc).__name__}: {exc}"
+            ctx.mark_broken(exc)  # the request may still be pending: the communicator is unusable
             raise
 
     def _agree(self, fp: dict, key=None) -> list[dict]:

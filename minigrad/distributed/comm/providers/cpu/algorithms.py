@@ -83,7 +83,7 @@ class CpuBackend(Backend):
             yield
         except BaseException as exc:
             self.transport.abort()
-            self.ctx.broken = f"{type(exc).__name__}: {exc}"
+            self.ctx.mark_broken(exc)
             raise
 
     def _what(self, fp: dict):
@@ -181,12 +181,12 @@ class CpuBackend(Backend):
         member fills its own row with offset + 1 (0: private) and leaves the others' at 0,
         which gives every member the whole table."""
         transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
-        if n * len(arrays) * 8 > transport.chunk:  # the table needs more than one round (a
-            return None  # tiny MINIGRAD_DIST_SHM_CHUNK): every member copies, as all decide so
+        table = np.zeros((n, len(arrays)), np.int64)
+        if table.nbytes > transport.chunk:  # more than one round (a tiny MINIGRAD_DIST_SHM_CHUNK):
+            return None  # every member copies, as all of them decide so
         where = [transport.heap.locate(a) for a in arrays]
         if None not in where and not transport.peer_heaps_mapped():
             where = [None] * len(arrays)  # it cannot read the peers' arrays: everyone copies
-        table = np.zeros((n, len(arrays)), np.int64)
         table[me] = [0 if w is None else w + 1 for w in where]
         fp.setdefault("backend", self.name)
         with self._aborting():
