@@ -16,8 +16,9 @@ keeps its own device (``Copy``'s output lives on the target device).
 Calling a Function records a graph node when a GradManager is recording and some input needs a
 gradient (or, for a ``records_always`` op, whenever a GradManager is recording): the node keeps one
 *edge* per input (the producing node and output index, the attached leaf tensor, or None), the
-inputs' shapes, dtypes and devices, a creation number ``_seq`` (a topological order) and the tape
-of recordings it belongs to (see ``minigrad.autodiff.recording``).
+shape, dtype and device of each input that has an edge (None for the others), a creation number
+``_seq`` (a topological order) and the tape of recordings it belongs to (see
+``minigrad.autodiff.recording``).
 
 Outside every GradManager (recording enabled, ``STATE.tape`` empty), a call whose inputs include
 a tensor with ``_eager_grad`` (a trainable parameter, a tensor given ``requires_grad=True``, the
@@ -124,12 +125,13 @@ class Function:
                             node._tape is tape or shares_recording(node._tape, tape)
                         ):
                             edges.append((node, x._out_idx))
-                            record = True
                         elif x._requires_grad:
                             edges.append((x, 0))
-                            record = True
-                        else:
+                        else:  # a constant: no edge, and no metadata (only edges use it)
                             edges.append(None)
+                            meta.append(None)
+                            continue
+                        record = True
                         meta.append((data.shape, dtype, x_device))
                         continue
                 elif x._eager_grad:
@@ -158,11 +160,16 @@ class Function:
             outs = tuple(_wrap(o._data, o._device) if isinstance(o, Tensor)
                          else _wrap(o, device) for o in out)
             if record:
-                self._record(edges, meta, outs, tape)
+                self._record(edges, meta, tape, len(outs))
+                for i, t in enumerate(outs):
+                    if t._data.dtype.kind == "f" or is_floating(t._data.dtype):
+                        t._node, t._out_idx, t._eager_grad = self, i, tape is EAGER_TAPE
             return outs
         y = _wrap(out._data, out._device) if isinstance(out, Tensor) else _wrap(out, device)
         if record:
-            self._record(edges, meta, (y,), tape)
+            self._record(edges, meta, tape, 1)
+            if y._data.dtype.kind == "f" or is_floating(y._data.dtype):
+                y._node, y._eager_grad = self, tape is EAGER_TAPE  # _out_idx is 0 (_wrap)
         return y
 
     def _device_mismatch(self, inputs) -> RuntimeError:
@@ -188,27 +195,16 @@ class Function:
             finally:
                 STATE.enabled = True
 
-    def _record(self, edges, meta, outputs, tape):
+    def _record(self, edges, meta, tape, n_out: int):
         """Make this call a node of the graph recorded for ``tape`` (``STATE.tape``, or
-        ``EAGER_TAPE``), with the inputs' edges and metadata that ``__call__`` collected."""
+        ``EAGER_TAPE``), with the inputs' edges and metadata that ``__call__`` collected and
+        ``n_out`` outputs (which ``__call__`` then points at this node: its float ones)."""
         state = STATE
         self._edges = edges
         self._in_meta = meta
         self._seq = state.seq = state.seq + 1
         self._tape = tape
-        eager = tape is EAGER_TAPE
-        n_out = self._n_out = len(outputs)
-        if n_out == 1:
-            y = outputs[0]
-            if y._data.dtype.kind == "f" or is_floating(y._data.dtype):
-                y._node = self  # its _out_idx is 0 already (_wrap)
-                y._eager_grad = eager
-            return
-        for i, t in enumerate(outputs):
-            if t._data.dtype.kind == "f" or is_floating(t._data.dtype):
-                t._node = self
-                t._out_idx = i
-                t._eager_grad = eager
+        self._n_out = n_out
 
     def _free(self):
         """Drop everything saved for backward and the edges into the graph."""
@@ -235,6 +231,8 @@ def _eager_edges(inputs) -> tuple[list, list]:
                     edges.append((x, 0))
                 else:
                     edges.append(None)
+                    meta.append(None)
+                    continue
                 meta.append((data.shape, data.dtype, x._device))
                 continue
         edges.append(None)
