@@ -11,8 +11,6 @@ the exchange at all: all-reduce and reduce-scatter read them in place (``_all_re
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from minigrad.distributed.comm.providers.base import (
@@ -53,6 +51,28 @@ def _ignore(pieces) -> None:
     """The consume step of an exchange that moves no data."""
 
 
+class _Aborting:
+    """``with backend._aborting:`` around a collective's transport work: on any error inside,
+    tell the peers this rank abandoned the collective and mark the group broken (every member
+    then raises instead of waiting), then let the error go on. A class rather than a
+    ``contextlib.contextmanager``: entering and leaving a generator-based one cost 0.6 us, a
+    tenth of a 4 KiB all-reduce (5.5 -> 4.9 us a call, 2 ranks of an AMD EPYC)."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if exc is not None:
+            self.backend.transport.abort()
+            self.backend.ctx.mark_broken(exc)
+        return False  # re-raise
+
+
 class CpuBackend(Backend):
     """Collectives on NumPy arrays for one group, over shared memory or TCP."""
 
@@ -67,6 +87,7 @@ class CpuBackend(Backend):
         self.peers = PeerChannels(ctx, ctx.hosts) if ctx.gid == 0 else None
         ranks = ctx.ranks
         self._check_headers = lambda headers: check_fingerprints(headers, ranks)
+        self._aborting = _Aborting(self)
 
     def close(self) -> None:
         super().close()
@@ -75,17 +96,6 @@ class CpuBackend(Backend):
         self.transport.close()
 
     # --- plumbing
-    @contextlib.contextmanager
-    def _aborting(self):
-        """On any error inside: tell the peers this rank abandoned the collective and mark the
-        group broken (every member then raises instead of waiting), then re-raise."""
-        try:
-            yield
-        except BaseException as exc:
-            self.transport.abort()
-            self.ctx.mark_broken(exc)
-            raise
-
     def _what(self, fp: dict):
         """``what()``: the call of fingerprint ``fp`` in this group, for error messages (built
         only when one is written)."""
@@ -102,7 +112,7 @@ class CpuBackend(Backend):
             if on_headers is not None:
                 on_headers(headers)
 
-        with self._aborting():
+        with self._aborting:
             return self.transport.exchange(
                 fp, sends, headers_hook, consume or _ignore, what, key
             )
@@ -157,7 +167,7 @@ class CpuBackend(Backend):
             # one round of shared memory: the transport's own all-reduce (see ShmTransport); the
             # fingerprint is built only when the transport needs it (first call of a shape, a
             # mismatch, a wait long enough to warn)
-            with self._aborting():
+            with self._aborting:
                 transport.all_reduce(x, ufunc, seq, key, header, self._check_headers)
         else:
             fp = header()
@@ -189,7 +199,7 @@ class CpuBackend(Backend):
             where = [None] * len(arrays)  # it cannot read the peers' arrays: everyone copies
         table[me] = [0 if w is None else w + 1 for w in where]
         fp.setdefault("backend", self.name)
-        with self._aborting():
+        with self._aborting:
             transport.all_reduce(table, np.add, fp["seq"], key, lambda: fp, self._check_headers)
         return table - 1 if table.all() else None
 
@@ -212,7 +222,7 @@ class CpuBackend(Backend):
         what = self._what(fp)
         flat = x.reshape(-1)
         piece = max(transport.chunk // x.itemsize, 1) * n
-        with self._aborting():
+        with self._aborting:
             arrays = [flat if j == me else
                       transport.peer_array(j, int(offsets[j][0]), x.dtype, x.size, what)
                       for j in range(n)]
@@ -261,7 +271,7 @@ class CpuBackend(Backend):
             return False
         transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
         what = self._what(fp)
-        with self._aborting():
+        with self._aborting:
             for j in [(me + i) % n for i in range(n)]:
                 parts[j][...] = flat if j == me else transport.peer_array(
                     j, int(offsets[j][0]), flat.dtype, flat.size, what)
@@ -370,7 +380,7 @@ class CpuBackend(Backend):
         transport, n, me = self.transport, len(self.ctx.ranks), self.ctx.rank
         what = self._what(fp)
         mine = chunks[me]
-        with self._aborting():
+        with self._aborting:
             parts = [mine if j == me else
                      transport.peer_array(j, int(offsets[j][me]), mine.dtype, mine.size, what)
                      .reshape(mine.shape) for j in range(n)]
