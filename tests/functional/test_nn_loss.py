@@ -136,6 +136,36 @@ def test_square_loss_node_is_bitwise_the_composition(reduction, dtype, shape, de
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cross_entropy_node_is_bitwise_the_composition(reduction, dtype, device, rng):
+    """The (N, C) cross entropy is one node: its loss equals, bit for bit, the composition
+    ``-indexing_one_hot(logsoftmax(x), y)`` reduced, and its gradient is ``softmax(x) -
+    one_hot(y)`` scaled by the upstream gradient (divided by N for the mean), from the bits of
+    ``F.softmax``. On a GPU one kernel each way: equal there to rounding."""
+    x = (rng.standard_normal((37, 11)) * 4).astype(dtype)
+    y = rng.integers(0, 11, 37).astype(np.int32)
+    p, label = mg.Parameter(x, device=device), _t(y, device, "int32")
+    gm = mg.GradManager().attach(p)
+    with gm:
+        loss = F.cross_entropy(p, label, reduction=reduction)
+        gm.backward(loss)
+    composed = _red(-F.indexing_one_hot(F.logsoftmax(_t(x, device, dtype), 1), label, 1),
+                    reduction)
+    want_grad = F.softmax(_t(x, device, dtype), 1).numpy()
+    want_grad[np.arange(37), y] -= 1
+    if reduction == "mean":
+        want_grad *= np.asarray(1, dtype) / 37
+    exact = device.startswith("cpu")
+    for got, want in ((loss.numpy(), composed.numpy()), (p.grad.numpy(), want_grad)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if exact:
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12,
+                                       atol=1e-7 if dtype == "float32" else 1e-15)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_square_loss_is_twice_differentiable(reduction, device, rng, double_grad):
     a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))

@@ -174,8 +174,12 @@ def _label_index(xp, label, n: int):
 
 
 def cross_entropy_rows(x, label):
-    # array-module generic (the GPU's path for the dtypes its kernel does not take); the same
-    # operations, so the same bits, as the cross entropy composed of log-softmax and indexing
+    if type(x) is np.ndarray and x.dtype in (np.float32, np.float64) and x.shape[1]:
+        nll, prob = np.empty(x.shape[0], x.dtype), np.empty_like(x)
+        loops.cross_entropy_forward(x.reshape(-1), label, nll, prob.reshape(-1), x.shape[1])
+        return nll, prob
+    # array-module generic: other dtypes, and the GPU's path for the dtypes its kernel does not
+    # take (NumPy's exp, so not the numba loops' bits)
     xp = get_array_module(x)
     z = x - x.max(axis=1, keepdims=True)
     e = xp.exp(z)
@@ -186,6 +190,11 @@ def cross_entropy_rows(x, label):
 
 
 def cross_entropy_rows_grad(prob, label, dy, divisor):
+    if type(prob) is np.ndarray and prob.dtype in (np.float32, np.float64) and (
+            dy.dtype == prob.dtype and prob.shape[1]):
+        scale = np.ascontiguousarray(dy if dy.ndim else (dy / divisor).reshape(1))
+        loops.cross_entropy_backward(prob.reshape(-1), label, scale, dy.ndim > 0, prob.shape[1])
+        return prob
     xp = get_array_module(prob)
     prob[_label_index(xp, label, prob.shape[1])] -= 1
     prob *= dy[:, None] if dy.ndim else dy / divisor

@@ -341,6 +341,41 @@ def log_softmax_backward(y, dy, dx, n):
             dx[U(i)] = dy[U(i)] - exp(y[U(i)]) * s
 
 
+@kernel
+def cross_entropy_forward(x, label, nll, prob, n):
+    """Per row of ``n`` logits: ``prob`` = the row's softmax and ``nll = shift - x[label]`` with
+    ``shift = max + log(sum(exp(x - max)))``: the operations of :func:`log_softmax_forward` and
+    :func:`softmax_forward`, so the bits of ``-log_softmax(x)[label]`` and ``softmax(x)``.
+    Labels out of [0, n) (which the caller reports) are clipped: nothing outside a row is read."""
+    one_less = n - 1
+    for r in range(nll.size):
+        lo = r * n
+        m = run_max(x, lo, lo + n)
+        total = _exp_shifted(x, prob, lo, lo + n, m)
+        shift = m + prob.dtype.type(math.log(total))
+        k = min(max(label[U(r)], 0), one_less)
+        nll[U(r)] = -(x[U(lo + k)] - shift)
+        t = prob.dtype.type(total)
+        for i in range(lo, lo + n):
+            prob[U(i)] = prob[U(i)] / t
+
+
+@kernel
+def cross_entropy_backward(prob, label, scale, per_row, n):
+    """``prob = (prob - one_hot(label)) * s`` in place per row of ``n`` (``s = scale[r]`` when
+    ``per_row``, else ``scale[0]``): NumPy's ``prob[rows, label] -= 1; prob *= s``, bit for bit.
+    Labels clipped as in :func:`cross_entropy_forward`."""
+    one = prob.dtype.type(1)
+    one_less = n - 1
+    for r in range(label.size):
+        lo = r * n
+        k = U(lo + min(max(label[U(r)], 0), one_less))
+        prob[k] = prob[k] - one
+        s = scale[U(r)] if per_row else scale[0]
+        for i in range(lo, lo + n):
+            prob[U(i)] = prob[U(i)] * s
+
+
 # --------------------------------------------------------------------------------------------------
 # attention weights: softmax(scale * scores + bias) in place over (G, L, S), causal masking
 
