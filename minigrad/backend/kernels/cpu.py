@@ -174,7 +174,7 @@ def _label_index(xp, label, n: int):
 
 
 def cross_entropy_rows(x, label):
-    if type(x) is np.ndarray and x.dtype in (np.float32, np.float64) and x.shape[1]:
+    if x.shape[1] and _flat_of_one_dtype(x):
         nll, prob = np.empty(x.shape[0], x.dtype), np.empty_like(x)
         loops.cross_entropy_forward(x.reshape(-1), label, nll, prob.reshape(-1), x.shape[1])
         return nll, prob
@@ -190,10 +190,9 @@ def cross_entropy_rows(x, label):
 
 
 def cross_entropy_rows_grad(prob, label, dy, divisor):
-    if type(prob) is np.ndarray and prob.dtype in (np.float32, np.float64) and (
-            dy.dtype == prob.dtype and prob.shape[1]):
-        scale = np.ascontiguousarray(dy if dy.ndim else (dy / divisor).reshape(1))
-        loops.cross_entropy_backward(prob.reshape(-1), label, scale, dy.ndim > 0, prob.shape[1])
+    if prob.shape[1] and _flat_of_one_dtype(prob, dy):
+        scale = dy if dy.ndim else (dy / divisor).reshape(1)
+        loops.cross_entropy_backward(prob.reshape(-1), label, scale, prob.shape[1])
         return prob
     xp = get_array_module(prob)
     prob[_label_index(xp, label, prob.shape[1])] -= 1

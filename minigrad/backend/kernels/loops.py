@@ -361,12 +361,13 @@ def cross_entropy_forward(x, label, nll, prob, n):
 
 
 @kernel
-def cross_entropy_backward(prob, label, scale, per_row, n):
-    """``prob = (prob - one_hot(label)) * s`` in place per row of ``n`` (``s = scale[r]`` when
-    ``per_row``, else ``scale[0]``): NumPy's ``prob[rows, label] -= 1; prob *= s``, bit for bit.
-    Labels clipped as in :func:`cross_entropy_forward`."""
+def cross_entropy_backward(prob, label, scale, n):
+    """``prob = (prob - one_hot(label)) * s`` in place per row of ``n``, ``s`` the row's entry of
+    ``scale`` (one per row) or its only one: NumPy's ``prob[rows, label] -= 1; prob *= s``, bit
+    for bit. Labels clipped as in :func:`cross_entropy_forward`."""
     one = prob.dtype.type(1)
     one_less = n - 1
+    per_row = scale.size == label.size
     for r in range(label.size):
         lo = r * n
         k = U(lo + min(max(label[U(r)], 0), one_less))
