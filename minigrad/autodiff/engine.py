@@ -58,14 +58,19 @@ class ConsumedGraphError(RuntimeError):
     discovers the graph, before any node's backward has run)."""
 
 
-def run_backward(roots, rec: Recording, on_leaf, retain: bool = False) -> None:
+def run_backward(roots, rec: Recording, on_leaf, retain: bool = False,
+                 grad_buffer=None) -> None:
     """One pass over everything of ``rec``'s graph reachable from ``roots``.
 
     ``roots``: ``((target, idx), grad)`` pairs (target a node or a leaf Tensor, grad a Tensor);
     ``on_leaf(tensor, grad)``: a leaf's gradient is final. ``retain=True`` keeps every node for
-    another backward (PyTorch's ``retain_graph``) instead of releasing it.
+    another backward (PyTorch's ``retain_graph``) instead of releasing it. ``grad_buffer(leaf)``
+    (optional): an array to compute the leaf's gradient into, or None; ops ask for it through
+    ``Function.grad_buffer``, and get it only for the last contribution to that leaf's gradient
+    (an earlier one written there would be overwritten by a later one before they are summed).
     """
-    _Walk(rec, on_leaf=on_leaf, keep=_keep_all if retain else None).run(roots, [])
+    _Walk(rec, on_leaf=on_leaf, keep=_keep_all if retain else None,
+          grad_buffer=grad_buffer).run(roots, [])
 
 
 class WeightPass:
@@ -147,13 +152,13 @@ class _Walk:
     mask)`` may claim the node for a later pass; otherwise it is released.
     """
 
-    __slots__ = ("rec", "follow", "stops", "keep", "on_leaf", "waiting", "masks", "heap",
-                 "collected")
+    __slots__ = ("rec", "follow", "stops", "keep", "on_leaf", "grad_buffer", "waiting", "masks",
+                 "heap", "collected")
 
     def __init__(self, rec: Recording, follow=None, on_leaf=None, keep=None, stops=None,
-                 n_stops: int = 0):
+                 n_stops: int = 0, grad_buffer=None):
         self.rec, self.follow, self.on_leaf, self.keep = rec, follow, on_leaf, keep
-        self.stops = stops
+        self.stops, self.grad_buffer = stops, grad_buffer
         # node or leaf id -> [deliveries still to come, its gradients summed so far (or None)]
         self.waiting: dict[int, list] = {}
         self.masks: dict[int, list] = {}     # node id -> its wanted edges
@@ -172,11 +177,17 @@ class _Walk:
             deliver(target, idx, g)
         call_backward, send_input_grads = self.call_backward, self.send_input_grads
         keep, rec, masks = self.keep, self.rec, self.masks
+        offer = None if self.grad_buffer is None else self.offer_buffer
         while heap:
             _, key, node, grads = heapq.heappop(heap)
             mask = masks[key]
             edges, in_meta = node._edges, node._in_meta  # read before release frees them
-            in_grads = call_backward(node, edges, grads, mask)
+            if offer is None:
+                in_grads = call_backward(node, edges, grads, mask)
+            else:
+                node._offer = offer
+                in_grads = call_backward(node, edges, grads, mask)
+                node._offer = None
             if keep is None or not keep(node, grads, mask):
                 _release(node, rec)
             send_input_grads(node, edges, in_meta, in_grads, mask)
@@ -236,6 +247,16 @@ class _Walk:
                         entry[0] += 1
                     if not isinstance(target, Tensor):
                         stack.append(target)
+
+    def offer_buffer(self, node, i: int):
+        """``Function.grad_buffer``'s source during this walk: ``grad_buffer(leaf)`` when input
+        ``i`` of ``node`` is a leaf Tensor awaiting one last gradient contribution (this node's),
+        else None."""
+        edge = node._edges[i]
+        if edge is None or not isinstance(edge[0], Tensor):
+            return None
+        entry = self.waiting.get(id(edge[0]))
+        return None if entry is None or entry[0] != 1 else self.grad_buffer(edge[0])
 
     def deliver(self, target, idx: int, grad) -> None:
         """Add ``grad`` (or nothing, when None) to an edge target; once the target has all its

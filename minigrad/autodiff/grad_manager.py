@@ -63,6 +63,7 @@ class GradManager(_WithRecords):
         self._backward_done = False
         self._after_backward: list[Callable[[], None]] = []
         self._extra_roots: list = []  # add_backward_root tensors not back-propagated yet
+        self._offers_buffers = False  # some attached callback has ``grad_buffer``
 
     # -- attaching -------------------------------------------------------------------------------
     def attach(self, tensors, callbacks=None) -> "GradManager":
@@ -70,6 +71,8 @@ class GradManager(_WithRecords):
 
         A callback is ``cb(tensor, grad) -> grad``; a tensor's callbacks run in attach order as
         soon as its gradient is final, and what the last returns is accumulated into ``.grad``.
+        A tensor's first callback may also have ``grad_buffer(tensor) -> array | None``: where
+        the op producing the tensor's gradient may compute it (see ``Function.grad_buffer``).
         """
         if isinstance(tensors, Tensor):
             tensors = [tensors]
@@ -78,6 +81,7 @@ class GradManager(_WithRecords):
         elif callable(callbacks):
             callbacks = [callbacks]
         callbacks = list(callbacks)
+        self._offers_buffers |= any(hasattr(cb, "grad_buffer") for cb in callbacks)
         for t in tensors:
             if not isinstance(t, Tensor):
                 raise TypeError(f"GradManager.attach: expected Tensors, got {type(t).__name__}")
@@ -174,7 +178,9 @@ class GradManager(_WithRecords):
         rec = self._live_recording("backward")
         roots = self._roots(rec, "backward", y, dy, take_extra=release or y is None)
         try:
-            self._leaf_pass(rec, lambda on_leaf: run_backward(roots, rec, on_leaf))
+            offer = self._grad_buffer if self._offers_buffers else None
+            self._leaf_pass(rec, lambda on_leaf: run_backward(roots, rec, on_leaf,
+                                                              grad_buffer=offer))
         finally:
             if release:
                 self._backward_done = True
@@ -298,6 +304,15 @@ class GradManager(_WithRecords):
     def _is_attached(self, t: Tensor) -> bool:
         entry = self._attached.get(id(t))
         return entry is not None and entry[0]() is t
+
+    def _grad_buffer(self, tensor):
+        """The engine's ``grad_buffer``: the array the first callback attached to ``tensor``
+        offers to hold its gradient (its ``grad_buffer(tensor)``), or None."""
+        entry = self._attached.get(id(tensor))
+        if entry is None or entry[0]() is not tensor or not entry[1] or is_frozen(tensor):
+            return None
+        offer = getattr(entry[1][0], "grad_buffer", None)
+        return None if offer is None else offer(tensor)
 
     def _leaf_pass(self, rec: Recording, run) -> None:
         """Run ``run(on_leaf)`` (a pass that reaches the attached tensors) inside this manager's

@@ -273,7 +273,10 @@ class Linear(Function):
         dx = blas.matmul(g, self.w._data) if need_x else None
         if flat and dx is not None:
             dx = dx.reshape(x.shape)
-        dw = blas.matmul(g.T, self.x2d) if need_w else None
+        dw = None
+        if need_w:  # into the gradient bucket of data parallelism when it offers one
+            out = self.grad_buffer(1, self.w.shape, np.result_type(g.dtype, self.x2d.dtype))
+            dw = blas.matmul(g.T, self.x2d, out=out)
         return dx, dw, kernels.column_sums(g) if need_b else None
 
 

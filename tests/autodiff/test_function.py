@@ -178,3 +178,58 @@ def test_call_pair_links_to_the_outer_graph_of_nested_recordings():
     x = np.array([1.5, -2.0])
     np.testing.assert_allclose(results[0][0], 3 * x**2)  # d(x^3)/dx
     np.testing.assert_allclose(results[0][1], 2 * (3 * x**2) * 6 * x, rtol=1e-6)
+
+
+# -- Function.grad_buffer: gradients computed where a callback offers -----------------------------
+class _Offering:
+    """A GradManager callback that offers a buffer (filled with NaN, so a gradient not written
+    whole shows) of ``dtype`` (default: the tensor's) for every gradient, and records them."""
+
+    def __init__(self, dtype=None):
+        self.dtype, self.offered = dtype, []
+
+    def grad_buffer(self, tensor):
+        buf = np.full(tensor.shape, np.nan, self.dtype or tensor.dtype)
+        self.offered.append(buf)
+        return buf
+
+    def __call__(self, tensor, grad):
+        return grad
+
+
+def _linear_grads(callback, tied: bool):
+    rng = np.random.default_rng(3)
+    w = mg.Parameter(rng.standard_normal((3, 4)).astype(np.float32))
+    x1 = mg.tensor(rng.standard_normal((5, 4)).astype(np.float32))
+    x2 = mg.tensor(rng.standard_normal((6, 4)).astype(np.float32))
+    gm = ad.GradManager().attach(w, callbacks=[] if callback is None else [callback])
+    with gm:
+        loss = (mg.functional.linear(x1, w) ** 2).sum()
+        if tied:  # a second use of w: two contributions to its gradient
+            loss = loss + (mg.functional.linear(x2, w) ** 3).sum()
+        gm.backward(loss)
+    return w.grad.numpy()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_grad_buffer_gets_the_last_contribution_only(tied):
+    """The weight gradient lands in the offered buffer, bitwise as computed elsewhere; with two
+    contributions only the last is offered one (the first would be overwritten before the sum)."""
+    ref = _linear_grads(None, tied)
+    cb = _Offering()
+    got = _linear_grads(cb, tied)
+    assert np.array_equal(got, ref)
+    assert len(cb.offered) == 1
+    buf = cb.offered[0]  # NaN where nothing was written
+    if tied:  # it holds the last contribution, written whole; the sum is elsewhere
+        assert not np.isnan(buf).any() and not np.array_equal(buf, ref)
+    else:  # it holds the gradient
+        assert np.array_equal(buf, ref)
+
+
+def test_grad_buffer_of_another_dtype_is_not_used():
+    ref = _linear_grads(None, False)
+    cb = _Offering(np.float64)
+    got = _linear_grads(cb, False)
+    assert np.array_equal(got, ref) and got.dtype == np.float32
+    assert len(cb.offered) == 1 and np.isnan(cb.offered[0]).all()

@@ -206,3 +206,91 @@ def test_reduce_dtype_must_be_floating():
     pytest.importorskip("ml_dtypes")
     with pytest.raises(ValueError, match="reduce_dtype bfloat16: the collectives cannot reduce"):
         dist.make_allreduce_cb("mean", reduce_dtype="bfloat16")
+
+
+# -- gradients computed in the bucket (make_allreduce_cb.grad_buffer) ------------------------------
+def _linear_model(seed):
+    mg.random.seed(seed)
+    import minigrad.module as M  # noqa: PLC0415
+
+    return M.Linear(IN, HID), M.Linear(IN, HID)  # alike: a swapped order keeps the shapes
+
+
+def _in_bucket_worker(n_ranks, offers: bool, bucket_mb: float, reorder: bool, reference=False):
+    """Linear layers trained over STEPS steps; with ``reorder`` the two layers' graphs are built
+    in alternating order (the buckets' parameter order changes every step) and step 2 keeps the
+    gradients of step 1 (no clearing: the bucket is still viewed, nothing may be offered).
+    ``offers=False`` puts a pass-through callback first, so the GradManager asks no callback for
+    a buffer. Returns the parameters, the offered buffers and which weight products got one."""
+    from minigrad.backend import blas  # noqa: PLC0415
+
+    x_all, _ = _data(n_ranks)
+    x_all = x_all.astype(np.float32)
+    first, second = _linear_model(1)
+    params = list(first.parameters()) + list(second.parameters())
+    rank = 0 if reference else dist.get_rank()
+    offered, into = [], []
+    cbs = []
+    if not reference:
+        cb = dist.make_allreduce_cb("mean", bucket_size_mb=bucket_mb)
+        real = cb.grad_buffer
+
+        def spy_offer(param):
+            view = real(param)
+            offered.append(view is not None)
+            return view
+
+        cb.grad_buffer = spy_offer
+        cbs = [cb] if offers else [lambda p, g: g, cb]
+    real_matmul = blas.matmul
+
+    def spy_matmul(a, b, out=None):
+        result = real_matmul(a, b, out=out)
+        if out is not None:
+            into.append(result is out)
+        return result
+
+    blas.matmul = spy_matmul
+    gm = ad.GradManager().attach(params, callbacks=cbs)
+    for step in range(STEPS):
+        sl = slice(None) if reference else slice(rank * B, (rank + 1) * B)
+        x = mg.tensor(x_all[step, sl])
+        with gm:
+            if reorder and step % 2:
+                b_out = (F.tanh(second(F.ones((x.shape[0], IN)) * 0.1)) ** 2).mean()
+                a_out = (first(x) ** 2).mean()
+            else:
+                a_out = (first(x) ** 2).mean()
+                b_out = (F.tanh(second(F.ones((x.shape[0], IN)) * 0.1)) ** 2).mean()
+            gm.backward(a_out + b_out)
+        if not (reorder and step == 1):
+            for p in params:
+                p.set_value(p - LR * p.grad)
+                p.grad = None
+    blas.matmul = real_matmul
+    return [p.numpy() for p in params], offered, into
+
+
+@pytest.mark.parametrize("bucket_mb", [10.0, 1e-4])
+def test_gradients_computed_in_the_bucket_equal_copied_ones(bucket_mb):
+    """From the second step on, Linear computes its weight gradient straight into the slot the
+    callback offers; the parameters are bitwise those of a run where nothing is offered."""
+    with_offers = run_workers(_in_bucket_worker, 2, 2, True, bucket_mb, False)
+    without = run_workers(_in_bucket_worker, 2, 2, False, bucket_mb, False)
+    for (params, offered, into), (ref_params, ref_offered, ref_into) in zip(with_offers, without):
+        for p, q in zip(params, ref_params):
+            assert np.array_equal(p, q)
+        assert not ref_offered and not ref_into  # a callback first that offers nothing
+        # each step after the first: both weights offered a slot, and computed into it
+        assert sum(offered) == 2 * (STEPS - 1) and into == [True] * (2 * (STEPS - 1))
+
+
+def test_gradients_in_the_bucket_with_changing_order_and_held_gradients():
+    """The buckets' parameter order changes every step, and one step's gradients are kept into
+    the next: buffers still viewed are never lent, a bucket filled in another order is packed
+    anew, and training matches one process over the whole batch."""
+    ref, _, _ = _in_bucket_worker(2, True, 10.0, True, reference=True)
+    for bucket_mb in (10.0, 1e-4):
+        for params, _, _ in run_workers(_in_bucket_worker, 2, 2, True, bucket_mb, True):
+            for p, q in zip(params, ref):
+                np.testing.assert_allclose(p, q, rtol=2e-5, atol=1e-6)

@@ -223,6 +223,10 @@ class BufferPool:
                                                   empty=empty)
         return buf.pack(arrays) if fill else buf
 
+    def kept(self, key: Hashable) -> FlatBuffer | None:
+        """The buffer kept under ``key`` (free or not), or None."""
+        return self._buffers.get(key)
+
     def clear(self) -> None:
         """Drop every kept buffer."""
         self._buffers = {}

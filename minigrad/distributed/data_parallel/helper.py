@@ -12,6 +12,13 @@ reused on a later step once no gradient views it any more (fresh multi-megabyte 
 page fault per 4 KiB every step). Host buckets are allocated with ``comm.shared_empty``: on one
 host the all-reduce reads every rank's bucket in place instead of copying it through exchange
 buffers. "mean" is the collective's ``ReduceOp.AVG``.
+
+Gradients computed in place (PyTorch DDP's ``gradient_as_bucket_view``, DeepSpeed's contiguous
+gradients): from the second step on, the callback offers each parameter's slot in the bucket it
+filled the step before (``grad_buffer``, which the GradManager hands to the ops, see
+``Function.grad_buffer``): ``Linear`` computes its weight gradient there, and packing the bucket
+copies only the gradients that are not in place already. A bucket whose parameters arrive in
+another order than the step before is packed into a new buffer, as without the offer.
 """
 
 from __future__ import annotations
@@ -106,7 +113,7 @@ class AllreduceCallback:
         self.backend = backend
         self.group = resolve_group(group)
         self.bucket_bytes = int(bucket_size_mb * 1024 * 1024)
-        self._buckets: dict = {}  # key -> list of (placeholder, array)
+        self._buckets: dict = {}  # key -> list of (id(param), placeholder, array)
         self._bucket_bytes: dict = {}
         self._works: list = []
         self._flush_registered = False
@@ -114,25 +121,60 @@ class AllreduceCallback:
         # memory, which the all-reduce reads in place (comm.shared_empty)
         self._pool = BufferPool(host_empty=self._shared_empty)
         self._started: dict = {}  # key -> buckets started in this backward
+        # gradients computed in place: each bucket's parameter ids in the last step (and this
+        # step's so far), id(param) -> (bucket, index) from the last step, the buffers whose
+        # slots this backward offered, and the slots offered (id(param) -> view)
+        self._layouts: dict = {}
+        self._next_layouts: dict = {}
+        self._slots: dict = {}
+        self._lent: dict = {}
+        self._offered: dict = {}
 
     def __call__(self, param: Tensor, grad: Tensor) -> Tensor:
         n = self.group.size if is_distributed() else 1
         if n == 1:
             return grad
+        self._register_flush()
+        placeholder = grad.detach()  # pointed at its slice of the reduced bucket at flush
+        data = grad.data
+        key = (data.dtype, grad.device)  # (str(grad.dtype) would cost 2 us a gradient)
+        self._buckets.setdefault(key, []).append((id(param), placeholder, data))
+        self._bucket_bytes[key] = self._bucket_bytes.get(key, 0) + data.nbytes
+        if self._bucket_bytes[key] >= self.bucket_bytes:
+            self._start(key)
+        return placeholder
+
+    def grad_buffer(self, param: Tensor):
+        """Where ``param``'s gradient may be computed (the GradManager asks, see
+        ``Function.grad_buffer``): its slot in the bucket it filled the step before, when that
+        bucket's buffer is free (no gradient of that step views it) and its all-reduce has not
+        started in this backward; else None. Not offered when buckets are reduced in
+        ``reduce_dtype`` (a cast copy is packed anyway)."""
+        slot = self._slots.get(id(param))
+        if slot is None or self.reduce_dtype is not None:
+            return None
+        bucket, index = slot
+        key, nth = bucket
+        if self._started.get(key, 0) > nth:
+            return None
+        flat = self._lent.get(bucket)
+        if flat is None:
+            flat = self._pool.kept(bucket)
+            if flat is None or not flat.is_free():
+                return None
+            self._register_flush()  # resets the offers, whatever the callbacks receive
+            self._lent[bucket] = flat
+        view = self._offered[id(param)] = flat.view(index)
+        return view
+
+    def _register_flush(self) -> None:
+        """Have the backward in progress call ``_flush`` at its end (once)."""
         if not self._flush_registered:
             gm = get_backwarding_grad_manager()
             if gm is None:
                 raise RuntimeError("allreduce callback: must be called from GradManager.backward")
             gm.register_after_backward_callback(self._flush)
             self._flush_registered = True
-        placeholder = grad.detach()  # pointed at its slice of the reduced bucket at flush
-        data = grad.data
-        key = (data.dtype, grad.device)  # (str(grad.dtype) would cost 2 us a gradient)
-        self._buckets.setdefault(key, []).append((placeholder, data))
-        self._bucket_bytes[key] = self._bucket_bytes.get(key, 0) + data.nbytes
-        if self._bucket_bytes[key] >= self.bucket_bytes:
-            self._start(key)
-        return placeholder
 
     def _start(self, key, async_op: bool = True) -> tuple:
         """All-reduce the bucket ``key`` (asynchronously, or now); returns ``(work or None,
@@ -141,12 +183,24 @@ class AllreduceCallback:
         self._bucket_bytes.pop(key)
         nth = self._started.get(key, 0)
         self._started[key] = nth + 1
-        arrays = [a for _, a in items]
+        bucket = (key, nth)
+        ids = tuple(pid for pid, _, _ in items)
+        self._next_layouts[bucket] = ids
+        arrays = [a for _, _, a in items]
         cast = self._cast_to(arrays[0].dtype)
         if cast is not None:  # reduced in reduce_dtype: the casts' copies are what is packed
             arrays = [a.astype(cast) for a in arrays]
-        # this bucket's buffer of an earlier step when no gradient views it any more
-        flat = self._pool.get((key, nth), arrays)
+        flat = self._lent.get(bucket)
+        if (flat is not None and self._layouts.get(bucket) == ids
+                and flat.shapes == [a.shape for a in arrays]):
+            # the buffer whose slots were offered, the same parameters in the same order: copy
+            # in only the gradients that were not computed in place
+            offered = self._offered
+            for i, (pid, _, a) in enumerate(items):
+                if offered.get(pid) is not a:
+                    flat.view(i)[...] = a
+        else:  # this bucket's buffer of an earlier step when no gradient views it any more
+            flat = self._pool.get(bucket, arrays)
         op = "avg" if self.reduce_method == "mean" else "sum"
         work = comm.all_reduce(flat.data, op, self.group, async_op=async_op, backend=self.backend)
         if not async_op:
@@ -170,6 +224,7 @@ class AllreduceCallback:
         return rd
 
     def _flush(self) -> None:
+        layouts = {}  # after a failure: no offers on the next step
         try:
             for work, items, flat in self._works:
                 work.wait()  # reduced in place: the views below see the result
@@ -179,18 +234,23 @@ class AllreduceCallback:
             # thread switches, 0.1 to 1 ms on a busy machine
             for key in list(self._buckets):
                 self._deliver(*self._start(key, async_op=False)[1:])
+            layouts = self._next_layouts
         finally:
             self._works = []
             self._buckets = {}
             self._bucket_bytes = {}
             self._started = {}
             self._flush_registered = False
+            self._layouts, self._next_layouts = layouts, {}
+            self._slots = {pid: (bucket, i) for bucket, ids in layouts.items()
+                           for i, pid in enumerate(ids)}
+            self._lent, self._offered = {}, {}
 
     @staticmethod
     def _deliver(items, flat) -> None:
         """Point each gradient's placeholder at its slice of the reduced bucket (cast back to the
         gradient's dtype when the bucket was reduced in ``reduce_dtype``)."""
-        for (placeholder, grad), value in zip(items, flat.views()):
+        for (_, placeholder, grad), value in zip(items, flat.views()):
             placeholder.set_(value if value.dtype == grad.dtype else value.astype(grad.dtype))
 
 
