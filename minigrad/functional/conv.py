@@ -86,16 +86,17 @@ _SLAB = 1024
 _SMALL_RESULT = 1024
 
 
-def _weight_grad(xp, dmat, cols):
-    """``dmat (g, O, P) @ cols (g, K, P)^T``, summed over slabs of P when that is faster."""
+def _weight_grad(xp, dmat, cols, out=None):
+    """``dmat (g, O, P) @ cols (g, K, P)^T`` (into ``out`` when given), summed over slabs of P
+    when that is faster."""
     g, o, p = dmat.shape
     k = cols.shape[1]
     if xp is np and o * k <= _SMALL_RESULT and p > _SLAB:
         slabs = next((s for s in range(-(-p // _SLAB), 4 * -(-p // _SLAB)) if p % s == 0), 1)
         d = dmat.reshape(g, o, slabs, p // slabs).swapaxes(1, 2)
         c = cols.reshape(g, k, slabs, p // slabs).transpose(0, 2, 3, 1)
-        return blas.matmul(d, c).sum(axis=1)
-    return blas.matmul(dmat, cols.swapaxes(-1, -2))
+        return blas.matmul(d, c).sum(axis=1, out=out)
+    return blas.matmul(dmat, cols.swapaxes(-1, -2), out=out)
 
 
 def _crop(x, ph: int, pw: int, h: int, w: int):
@@ -137,8 +138,13 @@ class Conv2d(Function):
         dmat, db = kernels.to_product_layout(dy._data)
         dmat = dmat.reshape(g, o // g, -1)
         dx = dw = None
-        if self.needs_input_grad(1):
-            dw = _weight_grad(xp, dmat, cols).reshape(wd.shape)
+        if self.needs_input_grad(1):  # into data parallelism's gradient bucket when offered
+            buf = self.grad_buffer(1, wd.shape, np.result_type(dmat.dtype, cols.dtype))
+            if buf is None:
+                dw = _weight_grad(xp, dmat, cols).reshape(wd.shape)
+            else:  # the buffer itself is the gradient (the bucket recognises it)
+                dw = buf
+                _weight_grad(xp, dmat, cols, out=buf.reshape(g, o // g, -1))
         if self.needs_input_grad(0):
             dcols = blas.matmul(wd.reshape(g, o // g, cg * kh * kw).swapaxes(-1, -2), dmat)
             dx = kernels.col2im(dcols.reshape(-1, dcols.shape[-1]), xshape, *geometry)

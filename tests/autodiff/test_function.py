@@ -233,3 +233,22 @@ def test_grad_buffer_of_another_dtype_is_not_used():
     got = _linear_grads(cb, False)
     assert np.array_equal(got, ref) and got.dtype == np.float32
     assert len(cb.offered) == 1 and np.isnan(cb.offered[0]).all()
+
+
+def _conv_grads(callback, batch: int):
+    rng = np.random.default_rng(5)
+    w = mg.Parameter(rng.standard_normal((4, 2, 3, 3)).astype(np.float32))
+    x = mg.tensor(rng.standard_normal((batch, 2, 9, 9)).astype(np.float32))
+    gm = ad.GradManager().attach(w, callbacks=[] if callback is None else [callback])
+    with gm:
+        gm.backward((mg.functional.conv2d(x, w, padding=1) ** 2).sum())
+    return w.grad.numpy()
+
+
+@pytest.mark.parametrize("batch", [1, 64])  # one product, or slabs of it summed
+def test_conv2d_weight_gradient_in_the_offered_buffer(batch):
+    ref = _conv_grads(None, batch)
+    cb = _Offering()
+    got = _conv_grads(cb, batch)
+    assert np.array_equal(got, ref) and len(cb.offered) == 1
+    assert np.array_equal(cb.offered[0], ref)  # written there, whole

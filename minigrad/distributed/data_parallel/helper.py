@@ -16,9 +16,10 @@ buffers. "mean" is the collective's ``ReduceOp.AVG``.
 Gradients computed in place (PyTorch DDP's ``gradient_as_bucket_view``, DeepSpeed's contiguous
 gradients): from the second step on, the callback offers each parameter's slot in the bucket it
 filled the step before (``grad_buffer``, which the GradManager hands to the ops, see
-``Function.grad_buffer``): ``Linear`` computes its weight gradient there, and packing the bucket
-copies only the gradients that are not in place already. A bucket whose parameters arrive in
-another order than the step before is packed into a new buffer, as without the offer.
+``Function.grad_buffer``): ``Linear`` and ``conv2d`` compute their weight gradients there, and
+packing the bucket copies only the gradients that are not in place already. A bucket whose
+parameters arrive in another order than the step before is packed into a new buffer, as without
+the offer.
 """
 
 from __future__ import annotations
