@@ -71,8 +71,9 @@ class GradManager(_WithRecords):
 
         A callback is ``cb(tensor, grad) -> grad``; a tensor's callbacks run in attach order as
         soon as its gradient is final, and what the last returns is accumulated into ``.grad``.
-        A tensor's first callback may also have ``grad_buffer(tensor) -> array | None``: where
-        the op producing the tensor's gradient may compute it (see ``Function.grad_buffer``).
+        The first function a tensor's gradient goes through (its first callback, else its first
+        hook, see :func:`register_grad_hook`) may also have ``grad_buffer(tensor) -> array |
+        None``: where the op producing the gradient may compute it (``Function.grad_buffer``).
         """
         if isinstance(tensors, Tensor):
             tensors = [tensors]
@@ -178,7 +179,7 @@ class GradManager(_WithRecords):
         rec = self._live_recording("backward")
         roots = self._roots(rec, "backward", y, dy, take_extra=release or y is None)
         try:
-            offer = self._grad_buffer if self._offers_buffers else None
+            offer = self._grad_buffer if self._offers_buffers or _offering_hooks else None
             self._leaf_pass(rec, lambda on_leaf: run_backward(roots, rec, on_leaf,
                                                               grad_buffer=offer))
         finally:
@@ -306,12 +307,19 @@ class GradManager(_WithRecords):
         return entry is not None and entry[0]() is t
 
     def _grad_buffer(self, tensor):
-        """The engine's ``grad_buffer``: the array the first callback attached to ``tensor``
-        offers to hold its gradient (its ``grad_buffer(tensor)``), or None."""
+        """The engine's ``grad_buffer``: the array that the first function ``tensor``'s gradient
+        goes through (its first callback here, else its first hook) offers to hold it (its
+        ``grad_buffer(tensor)``), or None."""
         entry = self._attached.get(id(tensor))
-        if entry is None or entry[0]() is not tensor or not entry[1] or is_frozen(tensor):
+        if entry is None or entry[0]() is not tensor or is_frozen(tensor):
             return None
-        offer = getattr(entry[1][0], "grad_buffer", None)
+        first = entry[1][0] if entry[1] else None
+        if first is None:
+            hooks = _GRAD_HOOKS.get(id(tensor))
+            if hooks is None or hooks[0]() is not tensor or not hooks[1]:
+                return None
+            first = hooks[1][0]
+        offer = getattr(first, "grad_buffer", None)
         return None if offer is None else offer(tensor)
 
     def _leaf_pass(self, rec: Recording, run) -> None:
@@ -457,6 +465,7 @@ def get_backwarding_grad_manager():
 
 
 _GRAD_HOOKS: dict[int, tuple[weakref.ref, list]] = {}
+_offering_hooks = False  # True once a hook with ``grad_buffer`` was registered
 
 
 class GradHookHandle:
@@ -482,7 +491,10 @@ def has_grad_hooks(tensor) -> bool:
 def register_grad_hook(tensor, hook: Callable) -> GradHookHandle:
     """Run ``hook(tensor, grad) -> grad`` whenever any GradManager finalises ``tensor``'s gradient,
     after that manager's own callbacks (how ``DistributedDataParallel`` syncs gradients without
-    the user attaching a callback). Returns a handle with ``remove()``."""
+    the user attaching a callback). Returns a handle with ``remove()``. A hook may offer where
+    the gradient is computed, as a callback may (``grad_buffer``, see ``GradManager.attach``)."""
+    global _offering_hooks
+    _offering_hooks = _offering_hooks or hasattr(hook, "grad_buffer")
     key = id(tensor)
     entry = _GRAD_HOOKS.get(key)
     if entry is None or entry[0]() is not tensor:

@@ -1,5 +1,7 @@
 """DistributedDataParallel (incl. no_sync) and SyncBatchNorm against single-process references."""
 
+import contextlib
+
 import numpy as np
 
 import minigrad as mg
@@ -108,3 +110,41 @@ def test_sync_batch_norm_equals_batch_norm_on_the_whole_batch():
         np.testing.assert_allclose(gx, gx_ref[sl], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(rm, bn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(rv, bn.running_var.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _ddp_steps_worker(offers: bool):
+    """Three DDP steps (SGD, gradients cleared), a no_sync step before them: with ``offers`` the
+    reducer lends its bucket slots to the weight products (through the DDP gradient hook); else
+    a pass-through callback comes first and nothing is offered."""
+    rank = dist.get_rank()
+    ddp = dist.DistributedDataParallel(_model())
+    lent = []
+    real = ddp._reducer.grad_buffer
+
+    def spy(param):
+        view = real(param)
+        lent.append(view is not None)
+        return view
+
+    ddp._reducer.grad_buffer = spy
+    gm = ad.GradManager().attach(ddp.parameters(), callbacks=None if offers else [lambda p, g: g])
+    opt = mg.optimizer.SGD(ddp.parameters(), lr=0.1)
+    sl = slice(rank * B, (rank + 1) * B)
+    for seed in range(4):
+        x, y = _data(seed)
+        with contextlib.nullcontext() if seed else ddp.no_sync():
+            with gm:
+                gm.backward(F.nn.cross_entropy(ddp(mg.tensor(x[sl])), mg.tensor(y[sl])))
+        if seed:
+            opt.step().clear_grad()
+    return [p.numpy() for p in ddp.parameters()], sum(lent)
+
+
+def test_ddp_computes_weight_gradients_in_its_buckets():
+    with_offers = run_workers(_ddp_steps_worker, N, True)
+    without = run_workers(_ddp_steps_worker, N, False)
+    for (params, lent), (ref, ref_lent) in zip(with_offers, without):
+        for p, q in zip(params, ref):
+            assert np.array_equal(p, q)
+        assert ref_lent == 0
+        assert lent == 2 * 2  # both weights, in the two steps after the bucket's first fill

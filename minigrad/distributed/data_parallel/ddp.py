@@ -4,7 +4,9 @@ The wrapper broadcasts the root's parameters and buffers once, re-broadcasts buf
 forward (``broadcast_buffers``), and registers a gradient hook on every parameter that feeds the
 same bucketed, overlapped all-reduce as ``make_allreduce_cb("mean")``. Whatever GradManager
 the training loop uses, gradients come out averaged over the group. Inside ``no_sync()`` gradients
-accumulate locally; the next synchronised backward all-reduces the accumulated sum.
+accumulate locally; the next synchronised backward all-reduces the accumulated sum. Outside
+``no_sync()`` the hook also offers the reducer's bucket slots, so that ``Linear`` and ``conv2d``
+compute weight gradients in the bucket (``make_allreduce_cb``'s ``grad_buffer``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class DistributedDataParallel(Module):
                                           reduce_dtype=reduce_dtype)
         self._sync = True
         bcast_list_(list(module.tensors()), self._group)
-        self._hooks = [register_grad_hook(p, self._grad_hook) for p in module.parameters()]
+        hook = _SyncHook(self)
+        self._hooks = [register_grad_hook(p, hook) for p in module.parameters()]
 
     def _grad_hook(self, param, grad):
         if not self._sync:
@@ -77,3 +80,22 @@ class DistributedDataParallel(Module):
             yield
         finally:
             self._sync = prev
+
+
+class _SyncHook:
+    """The gradient hook of a :class:`DistributedDataParallel`'s parameters: its
+    ``_grad_hook``, and the bucket slot its reducer offers for the gradient (``grad_buffer``,
+    as with ``make_allreduce_cb``) while gradients are synchronised."""
+
+    __slots__ = ("ddp",)
+
+    def __init__(self, ddp: DistributedDataParallel):
+        self.ddp = ddp
+
+    def __call__(self, param, grad):
+        return self.ddp._grad_hook(param, grad)
+
+    def grad_buffer(self, param):
+        """The reducer's offer, outside ``no_sync()`` (where the gradient stays local)."""
+        ddp = self.ddp
+        return ddp._reducer.grad_buffer(param) if ddp._sync else None
