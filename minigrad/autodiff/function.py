@@ -96,10 +96,11 @@ class Function:
     def grad_buffer(self, i: int, shape, dtype):
         """Inside ``backward``: an array of ``shape`` and ``dtype`` to compute the gradient of
         input ``i`` into (``out=``), or None. The engine offers one when input ``i`` is a leaf
-        awaiting its last gradient contribution and the GradManager's first callback for it
-        keeps gradients in a buffer of its own (data parallelism's gradient bucket, see
-        ``make_allreduce_cb``): the product then lands where the all-reduce reads it instead of
-        being copied there. Writing the gradient elsewhere is always correct."""
+        awaiting its last gradient contribution and the first function its gradient goes through
+        (a GradManager callback, else a gradient hook) keeps gradients in a buffer of its own
+        (data parallelism's gradient bucket, see ``make_allreduce_cb``): the product then lands
+        where the all-reduce reads it instead of being copied there. Writing the gradient
+        elsewhere is always correct."""
         offer = getattr(self, "_offer", None)
         if offer is None or not self.needs_input_grad(i):
             return None
