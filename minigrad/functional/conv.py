@@ -139,7 +139,8 @@ class Conv2d(Function):
         dmat = dmat.reshape(g, o // g, -1)
         dx = dw = None
         if self.needs_input_grad(1):  # into data parallelism's gradient bucket when offered
-            buf = self.grad_buffer(1, wd.shape, np.result_type(dmat.dtype, cols.dtype))
+            dtype = dmat.dtype
+            buf = self.grad_buffer(1, wd.shape, dtype) if dtype == cols.dtype else None
             if buf is None:
                 dw = _weight_grad(xp, dmat, cols).reshape(wd.shape)
             else:  # the buffer itself is the gradient (the bucket recognises it)

@@ -274,8 +274,9 @@ class Linear(Function):
         if flat and dx is not None:
             dx = dx.reshape(x.shape)
         dw = None
-        if need_w:  # into the gradient bucket of data parallelism when it offers one
-            out = self.grad_buffer(1, self.w.shape, np.result_type(g.dtype, self.x2d.dtype))
+        if need_w:  # into data parallelism's gradient bucket when it offers one (one dtype)
+            dtype = g.dtype
+            out = self.grad_buffer(1, self.w.shape, dtype) if dtype == self.x2d.dtype else None
             dw = blas.matmul(g.T, self.x2d, out=out)
         return dx, dw, kernels.column_sums(g) if need_b else None
 

@@ -55,14 +55,6 @@ class DistributedDataParallel(Module):
         hook = _SyncHook(self)
         self._hooks = [register_grad_hook(p, hook) for p in module.parameters()]
 
-    def _grad_hook(self, param, grad):
-        if not self._sync:
-            return grad
-        if param.grad is not None:  # fold in gradients accumulated under no_sync()
-            grad = grad + param.grad
-            param.grad = None
-        return self._reducer(param, grad)
-
     def forward(self, *args, **kwargs):
         """The wrapped module's forward, after re-broadcasting its buffers from the root."""
         if self.broadcast_buffers:
@@ -83,9 +75,9 @@ class DistributedDataParallel(Module):
 
 
 class _SyncHook:
-    """The gradient hook of a :class:`DistributedDataParallel`'s parameters: its
-    ``_grad_hook``, and the bucket slot its reducer offers for the gradient (``grad_buffer``,
-    as with ``make_allreduce_cb``) while gradients are synchronised."""
+    """The gradient hook of a :class:`DistributedDataParallel`'s parameters: hands each
+    gradient to the reducer (outside ``no_sync()``), and offers the bucket slot the reducer
+    lends for it (``grad_buffer``, as with ``make_allreduce_cb``)."""
 
     __slots__ = ("ddp",)
 
@@ -93,7 +85,13 @@ class _SyncHook:
         self.ddp = ddp
 
     def __call__(self, param, grad):
-        return self.ddp._grad_hook(param, grad)
+        ddp = self.ddp
+        if not ddp._sync:
+            return grad
+        if param.grad is not None:  # fold in gradients accumulated under no_sync()
+            grad = grad + param.grad
+            param.grad = None
+        return ddp._reducer(param, grad)
 
     def grad_buffer(self, param):
         """The reducer's offer, outside ``no_sync()`` (where the gradient stays local)."""
